@@ -1,0 +1,230 @@
+"""Public entry points. `optimize()` runs capture -> plan -> tune -> integrate -> validate -> report."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from solforge import capture as _capture
+from solforge import plan as _plan
+from solforge.errors import UserError
+from solforge.integrate import integrate
+from solforge.numerics import dtype_name
+from solforge.records import E2EReport, RegionReport, Report, RunResult, TuneResult, TuningRecord
+from solforge.report import write_report
+from solforge.tune import tune
+from solforge.tune.timing import time_kernel
+from solforge.validate import validate
+
+MODES = ("inference",)
+
+
+class Reporter(Protocol):
+    """What optimize() tells the outside world as it goes (the CLI draws progress bars with it)."""
+
+    def stage(self, name: str, detail: str = "") -> None: ...
+    def tune_start(self, workload_key: str, n_candidates: int) -> None: ...
+    def tune_step(self, record: TuningRecord) -> None: ...
+    def tune_end(self, result: TuneResult) -> None: ...
+
+
+class _Silent:
+    def stage(self, name: str, detail: str = "") -> None: ...
+    def tune_start(self, workload_key: str, n_candidates: int) -> None: ...
+    def tune_step(self, record: TuningRecord) -> None: ...
+    def tune_end(self, result: TuneResult) -> None: ...
+
+
+def versions(device: str) -> dict[str, str]:
+    import triton
+
+    v = {"solforge": _version(), "python": platform.python_version(), "torch": torch.__version__,
+         "triton": triton.__version__}
+    try:
+        import transformers
+
+        v["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    if device == "cuda" and torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        v |= {"gpu": p.name, "compute_capability": f"{p.major}.{p.minor}", "cuda": str(torch.version.cuda)}
+    return v
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("solforge")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def check_device(device: str) -> str:
+    if device not in ("cuda", "cpu"):
+        raise UserError(f"unknown device {device!r}: use --device cuda or --device cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("no CUDA device found: run with --device cpu, or on a machine with an NVIDIA GPU")
+    return device
+
+
+def _model_device(model: torch.nn.Module, inputs: Sequence[Any]) -> str:
+    for t in list(model.parameters())[:1] + [x for x in inputs if isinstance(x, torch.Tensor)][:1]:
+        return t.device.type
+    return "cpu"
+
+
+def _model_dtype(model: torch.nn.Module, inputs: Sequence[Any]) -> torch.dtype:
+    for t in [*model.parameters(), *[x for x in inputs if isinstance(x, torch.Tensor)]]:
+        if t.dtype.is_floating_point:
+            return t.dtype
+    return torch.float32
+
+
+def _baseline(group: _plan.WorkloadGroup, device: str) -> RunResult:
+    """Time the region exactly as the model ran it (the extracted ATen subgraph)."""
+    assert group.example is not None
+    sub, metas = _plan.extract(group.example[1])
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    args = [torch.randn(tuple(m.shape), generator=gen, dtype=torch.float32).to(device=device, dtype=m.dtype)
+            for m in metas]
+    with torch.no_grad():
+        return time_kernel(lambda: sub(*args), device)
+
+
+def optimize(
+    model: torch.nn.Module,
+    example_inputs: Sequence[Any],
+    *,
+    mode: str = "inference",
+    budget: float = 120.0,
+    out_dir: str | Path | None = None,
+    make_inputs: Callable[[int], Sequence[Any]] | None = None,
+    is_language_model: bool | None = None,
+    name: str | None = None,
+    families: Sequence[str] | None = None,
+    max_candidates: int | None = None,
+    reporter: Reporter | None = None,
+    command: str = "",
+) -> tuple[Callable[..., Any], Report]:
+    """Optimize `model` for inputs shaped like `example_inputs` (on the device the model is on).
+
+    Returns the optimized model (called exactly like `model`) and the Report. `budget` is the
+    tuning time in seconds across all workloads; every workload measures at least one candidate.
+    With `out_dir`, writes `out_dir/report.json`.
+    """
+    if mode not in MODES:
+        raise UserError(f"mode {mode!r} is not supported yet: use --mode inference (training comes with "
+                        "backward kernels)")
+    if budget <= 0:
+        raise UserError(f"--budget must be positive (got {budget})")
+    rep = reporter or _Silent()
+    example_inputs = tuple(example_inputs)
+    device = check_device(_model_device(model, example_inputs))
+    dtype = _model_dtype(model, example_inputs)
+    fams = tuple(families) if families is not None else None
+    if is_language_model is None:
+        is_language_model = hasattr(getattr(model, "config", None), "vocab_size")
+    notes: list[str] = []
+    if device != "cuda":
+        notes.append("no GPU: kernels ran in Triton's interpreter; every timing here means nothing")
+
+    rep.stage("capture", "torch.compile backend -> ATen graphs")
+    model.eval()
+    try:
+        captured = _capture.capture(model, example_inputs)
+    except Exception as e:
+        raise UserError(f"the model failed to run on its example inputs: {type(e).__name__}: "
+                        f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+    notes += captured.errors
+
+    rep.stage("plan", f"{len(captured.graphs)} graph(s)")
+    groups = _plan.plan(captured.graphs, fams)
+    if not groups:
+        notes.append("nothing to optimize: no region of a known kernel family (rmsnorm) was found")
+
+    results: list[TuneResult] = []
+    t0 = time.perf_counter()
+    for i, group in enumerate(groups):
+        left = max(0.0, budget - (time.perf_counter() - t0))
+        rep.stage("tune", group.workload.key)
+        baseline = _baseline(group, device)
+        from solforge.tune import candidates, family_module
+
+        n = len(candidates(family_module(group.workload.family), group.workload))
+        rep.tune_start(group.workload.key, min(n, max_candidates or n))
+        res = tune(group.workload, baseline, device=device, budget_s=left / (len(groups) - i),
+                   max_candidates=max_candidates, progress=rep.tune_step)
+        rep.tune_end(res)
+        results.append(res)
+
+    winners = {r.workload: _encode(r) for r in results if r.best is not None}
+    optimized: Callable[..., Any] = model
+    e2e: E2EReport | None = None
+    if winners:
+        rep.stage("integrate", f"{len(winners)} kernel(s)")
+        optimized, stats = integrate(model, winners, families=fams)
+        rep.stage("validate", "original vs optimized on fresh inputs")
+        fresh = tuple(make_inputs(1)) if make_inputs is not None else _fresh(example_inputs)
+        e2e = validate(model, optimized, fresh, dtype=dtype, device=device,
+                       is_language_model=bool(is_language_model))
+        planned = sum(g.count for g in groups if g.workload in winners)
+        if stats.total < planned:
+            notes.append(f"integration replaced {stats.total} of {planned} planned regions")
+
+    report = Report(
+        model=name or type(model).__name__, device=_device_name(device), dtype=dtype_name(dtype), mode=mode,
+        versions=versions(device), regions=tuple(_region_report(g, r) for g, r in zip(groups, results, strict=True)),
+        e2e=e2e, timings_meaningful=device == "cuda", notes=tuple(notes),
+        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), command=command or " ".join(sys.argv),
+        graphs=len(captured.graphs),
+    )
+    if out_dir is not None:
+        write_report(report, Path(out_dir))
+    return optimized, report
+
+
+def _fresh(inputs: Sequence[Any]) -> tuple[Any, ...]:
+    from solforge.zoo import fresh_like
+
+    return tuple(fresh_like(tuple(inputs), seed=1))
+
+
+def _encode(result: TuneResult) -> str:
+    from solforge.tune import family_module
+
+    fam = family_module(result.workload.family)
+    assert result.best is not None
+    return fam.Config(**result.best.candidate.config_dict).encode()
+
+
+def _device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name(0)
+    return f"cpu ({platform.processor() or platform.machine()}, Triton interpreter)"
+
+
+def _region_report(group: _plan.WorkloadGroup, res: TuneResult) -> RegionReport:
+    best = res.best
+    rejected = sum(1 for r in res.records if not r.ok)
+    note = None
+    if best is None:
+        errs = [r.error for r in res.records if r.error]
+        note = "no candidate passed: " + (errs[0] if errs else "none measured")
+    return RegionReport(
+        family=group.workload.family, workload=group.workload.key, count=group.count,
+        baseline_us=res.baseline.p50_us if res.baseline.ok else None,
+        best_us=best.time_us if best else None, speedup=res.speedup,
+        backend=best.candidate.backend if best else None,
+        config=best.candidate.config_dict if best else None,
+        verified=best is not None, max_rel_err=best.verdict.max_rel_err if best and best.verdict else None,
+        candidates=len(res.records), rejected=rejected, note=note,
+    )

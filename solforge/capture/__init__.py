@@ -1,0 +1,119 @@
+"""Capture: torch.compile backend (dynamo) -> FX graph -> ATen graph with shapes, dtypes, module paths.
+
+Dynamo gives one FX graph per traceable piece of the model and splits at graph breaks instead of
+failing. Each graph is lowered to ATen with make_fx under dynamo's own fake mode, so every way of
+writing an op (`x.pow(2)`, `x*x`, `nn.RMSNorm`, `.to(float32)`) becomes the same canonical ops,
+and every node carries `meta["val"]` (a fake tensor: shape, dtype, device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.traceback import preserve_node_meta
+
+Rewrite = Callable[[fx.GraphModule, int], fx.GraphModule]
+
+
+@dataclass
+class CapturedGraph:
+    """One dynamo graph and its ATen lowering. Not a record: it holds live graph objects."""
+
+    index: int
+    aten: fx.GraphModule
+    n_inputs: int
+    dynamo_ops: int = 0
+
+    def op_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for node in self.aten.graph.nodes:
+            if node.op == "call_function":
+                name = op_name(node.target)
+                counts[name] = counts.get(name, 0) + 1
+        return counts
+
+
+def op_name(target: Any) -> str:
+    name = getattr(target, "__name__", None) or str(target)
+    overload = getattr(target, "_overloadname", None)
+    packet = getattr(getattr(target, "_overloadpacket", None), "__name__", None)
+    if packet and overload is not None:
+        ns = getattr(target, "namespace", "aten")
+        return f"{ns}.{packet}.{overload}"
+    return name
+
+
+def lower_to_aten(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
+    """Trace a dynamo graph down to ATen ops (below autograd, no decompositions of core ops).
+
+    Executed eagerly, the result is still differentiable: each ATen op goes through autograd.
+    """
+    fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
+    fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    # preserve_node_meta carries nn_module_stack / stack_trace from dynamo's nodes to ATen nodes,
+    # so a region can be named by its module path (model.layers.3.self_attn.q_norm).
+    with fake_mode, preserve_node_meta():
+        # run through an Interpreter: it sets the current node's meta for each op it traces
+        aten = make_fx(lambda *a: fx.Interpreter(gm).run(*a), tracing_mode="real")(*fake_inputs)
+    return aten
+
+
+def module_path(node: fx.Node) -> str | None:
+    """The innermost module path dynamo recorded for a node ("model.layers.0.input_layernorm")."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    # dynamo spells paths as L['self'].model.layers[0] or L['self'].model.layers.0
+    path = path.replace("L['self'].", "").replace("L['self']", "")
+    for a, b in (("._modules['", "."), ("['", "."), ("']", ""), ("[", "."), ("]", "")):
+        path = path.replace(a, b)
+    return path.strip(".") or None
+
+
+@dataclass
+class SolforgeBackend:
+    """A torch.compile backend: lowers every graph to ATen, records it, optionally rewrites it.
+
+    With `rewrite=None` it only captures (the graphs run as traced). With a rewrite function, each
+    lowered graph is passed through it before it runs: this is how integration swaps in kernels.
+    """
+
+    rewrite: Rewrite | None = None
+    graphs: list[CapturedGraph] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        index = len(self.graphs)
+        try:
+            aten = lower_to_aten(gm, example_inputs)
+        except Exception as e:  # a graph we cannot lower still runs, as dynamo gave it
+            self.errors.append(f"graph {index}: lowering failed: {type(e).__name__}: {e}")
+            return gm.forward
+        n_ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+        if self.rewrite is not None:
+            aten = self.rewrite(aten, index)
+        self.graphs.append(CapturedGraph(index=index, aten=aten, n_inputs=len(example_inputs), dynamo_ops=n_ops))
+        return aten
+
+
+def compile_with(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[..., Any]:
+    # dynamic=False: every new input shape gets its own static graph, so the kernels chosen for a
+    # shape are the ones tuned for it (and shapes stay plain ints in the matcher).
+    return torch.compile(model, backend=backend, dynamic=False)
+
+
+def capture(model: torch.nn.Module, inputs: Sequence[Any], *, grad: bool = False) -> SolforgeBackend:
+    """Run the model once through dynamo and return the backend holding the ATen graphs."""
+    backend = SolforgeBackend()
+    compiled = compile_with(model, backend)
+    with torch.set_grad_enabled(grad):
+        compiled(*inputs)
+    return backend

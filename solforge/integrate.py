@@ -1,0 +1,72 @@
+"""Integrate: rewrite the model's graphs so matched regions call solforge's custom ops.
+
+The optimized model is the original module compiled with a backend that lowers each dynamo graph
+to ATen, finds the same regions the planner found, and replaces each by one call of the family's
+`torch.library` op with the tuned config. The model's code is not touched; it is called exactly
+like the original and returns the same structure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from solforge.capture import SolforgeBackend, compile_with
+from solforge.plan import find_matches, rewrite
+from solforge.records import Workload
+from solforge.tune import family_module
+
+
+@dataclass
+class IntegrationStats:
+    """What the rewriting backend did, graph by graph (filled in as dynamo compiles)."""
+
+    replaced: dict[str, int] = field(default_factory=dict)  # workload key -> regions replaced
+    untuned: dict[str, int] = field(default_factory=dict)  # shapes never tuned: heuristic config
+    graphs: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.replaced.values()) + sum(self.untuned.values())
+
+
+@dataclass
+class Integrator:
+    """The rewrite function given to SolforgeBackend. `winners` maps a workload to its tuned
+    config string. A region whose workload was never tuned (a new input shape after
+    optimization) gets the family's heuristic config if `untuned="heuristic"`, or is left as
+    it was if `untuned="skip"`."""
+
+    winners: Mapping[Workload, str]
+    families: tuple[str, ...] | None = None
+    untuned: str = "heuristic"
+    stats: IntegrationStats = field(default_factory=IntegrationStats)
+
+    def __call__(self, gm: fx.GraphModule, index: int) -> fx.GraphModule:
+        self.stats.graphs += 1
+        chosen, configs = [], []
+        for m in find_matches(gm.graph, self.families):
+            config = self.winners.get(m.workload)
+            bucket = self.stats.replaced
+            if config is None:
+                if self.untuned != "heuristic":
+                    continue
+                config = family_module(m.family).heuristic(m.workload).encode()
+                bucket = self.stats.untuned
+            bucket[m.workload.key] = bucket.get(m.workload.key, 0) + 1
+            chosen.append(m)
+            configs.append(config)
+        rewrite(gm, chosen, configs)
+        return gm
+
+
+def integrate(model: torch.nn.Module, winners: Mapping[Workload, str], *,
+              families: tuple[str, ...] | None = None) -> tuple[Callable[..., Any], IntegrationStats]:
+    """The optimized model (called like `model`) and the live stats of what it replaced."""
+    integrator = Integrator(dict(winners), families)
+    optimized = compile_with(model, SolforgeBackend(rewrite=integrator))
+    return optimized, integrator.stats

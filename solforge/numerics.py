@@ -1,0 +1,92 @@
+"""Dtypes, tolerances and error measures: one table for the tests, the verifier and validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from solforge.errors import UserError
+
+DTYPES: dict[str, torch.dtype] = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()} | {torch.float64: "fp64"}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    key = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}.get(
+        name, name
+    )
+    if key not in DTYPES:
+        raise UserError(f"unsupported dtype {name!r}: use one of {', '.join(DTYPES)}")
+    return DTYPES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+
+# Element-wise |out - ref| <= atol + rtol * |ref|, with ref computed in fp32 (fp64 for fp32 inputs)
+# and rounded to the output dtype. bf16 keeps 8 mantissa bits (one ulp is 2**-8 = 0.4% to 0.8%
+# relative), so two correct roundings of nearby fp32 values may differ by one ulp: rtol 1.6e-2
+# leaves room for two. fp16 has 11 bits (one ulp <= 9.8e-4 relative).
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.bfloat16: Tolerance(atol=1e-2, rtol=1.6e-2),
+    torch.float16: Tolerance(atol=1e-3, rtol=2e-3),
+    torch.float32: Tolerance(atol=1e-5, rtol=2e-5),
+    torch.float64: Tolerance(atol=1e-10, rtol=1e-10),
+}
+
+
+def tolerance(dtype: torch.dtype) -> Tolerance:
+    return TOLERANCES[dtype]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    ok: bool
+    max_abs_err: float
+    max_rel_err: float  # max |out - ref| / max |ref|: relative to the output's scale
+    reason: str | None = None
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance | None = None) -> Comparison:
+    """Compare `out` with `ref` element-wise under `tol` (default: the table's for out.dtype).
+
+    Also fails when `out` has NaN/Inf where `ref` has none, or a different shape or dtype.
+    """
+    if out.shape != ref.shape:
+        return Comparison(False, float("inf"), float("inf"), f"shape {tuple(out.shape)} != {tuple(ref.shape)}")
+    tol = tol or tolerance(out.dtype)
+    o = out.detach().double()
+    r = ref.detach().double()
+    bad_nonfinite = (~torch.isfinite(o)) & torch.isfinite(r)
+    if bool(bad_nonfinite.any()):
+        n = int(bad_nonfinite.sum())
+        return Comparison(False, float("inf"), float("inf"), f"{n} NaN/Inf (or unwritten) values where the reference is finite")
+    finite = torch.isfinite(r)
+    diff = (o - r).abs()[finite] if not bool(finite.all()) else (o - r).abs()
+    rr = r.abs()[finite] if not bool(finite.all()) else r.abs()
+    if diff.numel() == 0:
+        return Comparison(True, 0.0, 0.0)
+    max_abs = float(diff.max())
+    scale = float(rr.max())
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
+    excess = diff - (tol.atol + tol.rtol * rr)
+    if bool((excess > 0).any()):
+        i = int(excess.argmax())
+        return Comparison(
+            False, max_abs, max_rel,
+            f"{int((excess > 0).sum())} elements out of tolerance (atol {tol.atol}, rtol {tol.rtol}); "
+            f"worst |err| {float(diff.flatten()[i]):.3g} at |ref| {float(rr.flatten()[i]):.3g}",
+        )
+    return Comparison(True, max_abs, max_rel)

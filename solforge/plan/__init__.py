@@ -1,0 +1,144 @@
+"""Plan: find kernel-family regions in ATen graphs and group them into Workloads.
+
+One matcher per family (`MATCHERS`); a matcher returns `Match`es (live graph nodes). A `Region`
+is the plain record of a match; regions with the same Workload are tuned once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from solforge.capture import CapturedGraph, module_path
+from solforge.records import Workload
+
+
+@dataclass
+class Match:
+    """A region found in a graph: the nodes it replaces and the op call that replaces them.
+
+    `args` are the custom op's arguments before the config string (fx Nodes for tensors,
+    constants otherwise). `nodes` are the region's nodes in graph order, output last; only the
+    output may have users outside the region.
+    """
+
+    family: str
+    op: Any
+    output: fx.Node
+    args: tuple[Any, ...]
+    nodes: list[fx.Node]
+    workload: Workload
+
+    @property
+    def inputs(self) -> list[fx.Node]:
+        return [a for a in self.args if isinstance(a, fx.Node)]
+
+    def region(self, graph_index: int) -> Region:
+        return Region(
+            family=self.family,
+            graph=graph_index,
+            output=self.output.name,
+            inputs=tuple(n.name for n in self.inputs),
+            nodes=tuple(n.name for n in self.nodes),
+            workload=self.workload,
+            module=module_path(self.output),
+        )
+
+
+@dataclass(frozen=True)
+class Region:
+    family: str
+    graph: int
+    output: str
+    inputs: tuple[str, ...]
+    nodes: tuple[str, ...]
+    workload: Workload
+    module: str | None = None
+
+
+@dataclass
+class WorkloadGroup:
+    workload: Workload
+    regions: list[Region] = field(default_factory=list)
+    # one live match kept to extract the baseline subgraph that the model really runs
+    example: tuple[fx.GraphModule, Match] | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.regions)
+
+
+def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
+    from solforge.plan import rmsnorm
+
+    return {"rmsnorm": rmsnorm.match}
+
+
+def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:
+    matches: list[Match] = []
+    claimed: set[fx.Node] = set()
+    for family, matcher in _matchers().items():
+        if families is not None and family not in families:
+            continue
+        for m in matcher(graph):
+            if claimed.isdisjoint(m.nodes):  # a node belongs to one region at most
+                claimed.update(m.nodes)
+                matches.append(m)
+    return matches
+
+
+def plan(graphs: Sequence[CapturedGraph], families: Sequence[str] | None = None) -> list[WorkloadGroup]:
+    """Every region in every graph, grouped by workload, in first-seen order."""
+    groups: dict[Workload, WorkloadGroup] = {}
+    for g in graphs:
+        for m in find_matches(g.aten.graph, families):
+            group = groups.setdefault(m.workload, WorkloadGroup(m.workload))
+            group.regions.append(m.region(g.index))
+            if group.example is None:
+                group.example = (g.aten, m)
+    return list(groups.values())
+
+
+def extract(match: Match) -> tuple[fx.GraphModule, list[Any]]:
+    """The region as a standalone GraphModule (inputs: the match's tensor inputs) and the fake
+    values of those inputs, so the original computation can be timed on the device."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    metas = []
+    for i, node in enumerate(match.inputs):
+        env[node] = graph.placeholder(f"in{i}")
+        metas.append(node.meta["val"])
+    region_nodes = set(match.nodes)
+    for node in match.nodes:
+        for a in node.all_input_nodes:
+            if a not in env and a not in region_nodes:
+                # an input reached only through a cast we left outside (e.g. x before .float())
+                env[a] = graph.placeholder(f"in{len(metas)}")
+                metas.append(a.meta["val"])
+        env[node] = graph.node_copy(node, lambda n: env[n])
+    graph.output(env[match.output])
+    return fx.GraphModule(torch.nn.Module(), graph), metas
+
+
+def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]) -> int:
+    """Replace each match by one call of its custom op; returns how many were replaced."""
+    graph = gm.graph
+    n = 0
+    for m, config in zip(matches, configs, strict=True):
+        with graph.inserting_before(m.output):
+            new = graph.call_function(m.op, (*m.args, config))
+        new.meta.update({k: v for k, v in m.output.meta.items() if k in ("val", "nn_module_stack", "stack_trace")})
+        m.output.replace_all_uses_with(new)
+        # erase explicitly (not eliminate_dead_code): in-place ops such as nn.RMSNorm's add_
+        # count as impure there and would stay behind, still computing.
+        for node in reversed(m.nodes):
+            if not node.users:
+                graph.erase_node(node)
+        n += 1
+    graph.lint()
+    gm.recompile()
+    return n

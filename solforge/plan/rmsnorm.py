@@ -1,0 +1,212 @@
+"""Find RMSNorm in an ATen graph, however the model wrote it.
+
+Canonical chain (Hugging Face Qwen3/Llama, nn.RMSNorm, F.rms_norm and hand-written forms all lower
+to it, or to the fused ATen op handled at the end):
+
+    xf = x.to(float32)                      optional upcast
+    s  = pow(xf, 2) | mul(xf, xf)
+    m  = mean(s, [last dim], keepdim=True)
+    a  = add(m, eps)                        add / add_ with a Python number
+    r  = rsqrt(a)                           or reciprocal(sqrt(a)), pow(a, -0.5)
+    y  = mul(xf, r)                         or div(xf, sqrt(a))
+    then optionally: cast to x.dtype (rounds before the weight, as HF does), mul by a weight of
+    size H, a final downcast.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from solforge.plan import Match
+
+aten = torch.ops.aten
+
+_CASTS = {aten._to_copy.default}
+if hasattr(torch.ops, "prims") and hasattr(torch.ops.prims, "convert_element_type"):
+    _CASTS.add(torch.ops.prims.convert_element_type.default)
+_ADDS = {aten.add.Tensor, aten.add.Scalar, aten.add_.Tensor, aten.add_.Scalar}
+_MULS = {aten.mul.Tensor, aten.mul_.Tensor}
+_FLOAT32 = torch.float32
+
+
+def _val(node: Any) -> torch.Tensor | None:
+    v = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _cast_dtype(node: fx.Node) -> torch.dtype | None:
+    """The target dtype if `node` is a pure dtype cast (no device/layout/memory-format change)."""
+    if node.target not in _CASTS:
+        return None
+    if node.target == aten._to_copy.default:
+        kw = node.kwargs
+        src = _val(node.args[0]) if node.args else None
+        # type_as() spells out layout and device; accept them when they change nothing
+        same = (
+            set(kw) <= {"dtype", "layout", "device", "non_blocking"}
+            and kw.get("layout", torch.strided) == torch.strided
+            and (kw.get("device") is None or (src is not None and torch.device(kw["device"]) == src.device))
+        )
+        if len(node.args) != 1 or not same or "dtype" not in kw:
+            return None
+        return kw["dtype"]
+    return node.args[1]  # prims.convert_element_type(x, dtype)
+
+
+def _only_user(node: fx.Node) -> fx.Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def _is_square_of(node: fx.Node, xf: fx.Node) -> bool:
+    if node.target == aten.pow.Tensor_Scalar:
+        return node.args[0] is xf and node.args[1] in (2, 2.0)
+    if node.target in _MULS:
+        return node.args[0] is xf and node.args[1] is xf
+    return node.target == aten.square.default and node.args[0] is xf
+
+
+def _eps(node: fx.Node, mean: fx.Node) -> float | None:
+    if node.target not in _ADDS or node.kwargs.get("alpha", 1) != 1:
+        return None
+    a, b = node.args[0], node.args[1]
+    other = b if a is mean else a if b is mean else None
+    if isinstance(other, bool) or not isinstance(other, int | float):
+        return None
+    return float(other)
+
+
+def _inverse_sqrt_user(a: fx.Node) -> tuple[fx.Node, list[fx.Node], str] | None:
+    """From `a` (= mean + eps) to the node that equals 1/sqrt(a): (node, interior nodes, kind)."""
+    u = _only_user(a)
+    if u is None:
+        return None
+    if u.target == aten.rsqrt.default:
+        return u, [u], "mul"
+    if u.target == aten.pow.Tensor_Scalar and u.args[1] == -0.5:
+        return u, [u], "mul"
+    if u.target == aten.sqrt.default:
+        v = _only_user(u)
+        if v is not None and v.target == aten.reciprocal.default:
+            return v, [u, v], "mul"
+        return u, [u], "div"  # y = xf / sqrt(a)
+    return None
+
+
+def _match_chain(mean: fx.Node) -> Match | None:
+    from solforge.kernels import rmsnorm as family
+
+    sq = mean.args[0]
+    if not isinstance(sq, fx.Node) or len(sq.users) != 1:
+        return None
+    xf = sq.args[0]
+    if not isinstance(xf, fx.Node) or not _is_square_of(sq, xf):
+        return None
+    xv = _val(xf)
+    if xv is None or not xv.dtype.is_floating_point or xv.dim() < 1 or xv.shape[-1] == 0:
+        return None
+    H = int(xv.shape[-1])
+    dims = mean.args[1] if len(mean.args) > 1 else mean.kwargs.get("dim")
+    keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
+    if not keepdim or list(dims or []) not in ([-1], [xv.dim() - 1]) or mean.kwargs.get("dtype") is not None:
+        return None
+    a = _only_user(mean)
+    eps = _eps(a, mean) if a is not None else None
+    if a is None or eps is None:
+        return None
+    inv = _inverse_sqrt_user(a)
+    if inv is None:
+        return None
+    r, inv_nodes, kind = inv
+    y = _only_user(r)
+    if y is None:
+        return None
+    if kind == "mul" and not (y.target in _MULS and {y.args[0], y.args[1]} == {xf, r}):
+        return None
+    if kind == "div" and not (y.target == aten.div.Tensor and y.args[0] is xf and y.args[1] is r):
+        return None
+
+    # x is the tensor before an upcast to fp32, when there is one
+    x, nodes = xf, [sq, mean, a, *inv_nodes, y]
+    src_dtype = _cast_dtype(xf)
+    if src_dtype == _FLOAT32 and isinstance(xf.args[0], fx.Node) and (xv0 := _val(xf.args[0])) is not None:
+        if xv0.dtype in (torch.bfloat16, torch.float16, torch.float32) and tuple(xv0.shape) == tuple(xv.shape):
+            x, nodes = xf.args[0], [xf, *nodes]
+    x_dtype = _val(x).dtype  # type: ignore[union-attr]
+
+    # optional tail: cast to x.dtype (round_before_weight), weight mul, final downcast
+    tail, weight, round_before_weight = y, None, False
+    nxt = _only_user(tail)
+    if nxt is not None and _cast_dtype(nxt) == x_dtype and x_dtype != _val(tail).dtype:  # type: ignore[union-attr]
+        tail, round_before_weight = nxt, True
+        nodes.append(nxt)
+        nxt = _only_user(tail)
+    if nxt is not None and nxt.target in _MULS:
+        w = nxt.args[1] if nxt.args[0] is tail else nxt.args[0] if nxt.args[1] is tail else None
+        wv = _val(w)
+        if wv is not None and tuple(wv.shape) == (H,) and wv.dtype.is_floating_point \
+                and tuple(_val(nxt).shape) == tuple(xv.shape):  # type: ignore[union-attr]
+            tail, weight = nxt, w
+            nodes.append(nxt)
+            nxt = _only_user(tail)
+    tail_dtype = _val(tail).dtype  # type: ignore[union-attr]
+    if nxt is not None and tail_dtype == _FLOAT32 and _cast_dtype(nxt) in (torch.bfloat16, torch.float16):
+        tail = nxt
+        nodes.append(nxt)
+    if round_before_weight and weight is None:
+        round_before_weight = False  # a lone cast back is just the output dtype
+    out_dtype = _val(tail).dtype  # type: ignore[union-attr]
+    workload = family.workload_for(_val(x), _val(weight) if weight is not None else None, eps,
+                                   out_dtype=out_dtype, round_before_weight=round_before_weight)
+    return Match("rmsnorm", family.rmsnorm_op.default, tail,
+                 (x, weight, eps, out_dtype, round_before_weight), nodes, workload)
+
+
+def _match_fused(node: fx.Node) -> Match | None:
+    """aten.rms_norm / aten._fused_rms_norm, as they appear when not decomposed (e.g. on CUDA)."""
+    from solforge.kernels import rmsnorm as family
+
+    args = list(node.args) + [None] * (4 - len(node.args))
+    x, shape, weight, eps = args[:4]
+    eps = node.kwargs.get("eps", eps)
+    weight = node.kwargs.get("weight", weight)
+    xv = _val(x)
+    if xv is None or len(shape) != 1 or int(shape[0]) != int(xv.shape[-1]):
+        return None
+    if node.target == aten._fused_rms_norm.default:
+        outs = [u for u in node.users if u.target is operator.getitem]
+        if len(outs) != len(node.users) or any(u.args[1] != 0 for u in outs) or len(outs) != 1:
+            return None
+        out, nodes = outs[0], [node, outs[0]]
+    else:
+        out, nodes = node, [node]
+    if eps is None:
+        eps = torch.finfo(xv.dtype).eps
+    wv = _val(weight)
+    if weight is not None and (wv is None or tuple(wv.shape) != (int(xv.shape[-1]),)):
+        return None
+    out_dtype = _val(out).dtype  # type: ignore[union-attr]
+    workload = family.workload_for(xv, wv, float(eps), out_dtype=out_dtype, round_before_weight=False)
+    return Match("rmsnorm", family.rmsnorm_op.default, out, (x, weight, float(eps), out_dtype, False), nodes,
+                 workload)
+
+
+def match(graph: fx.Graph) -> list[Match]:
+    found = []
+    fused = {aten.rms_norm.default}
+    if hasattr(aten, "_fused_rms_norm"):
+        fused.add(aten._fused_rms_norm.default)
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        m = None
+        if node.target == aten.mean.dim:
+            m = _match_chain(node)
+        elif node.target in fused:
+            m = _match_fused(node)
+        if m is not None:
+            found.append(m)
+    return found

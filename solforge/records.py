@@ -1,0 +1,258 @@
+"""Plain records passed between the stages (DESIGN.md, Records).
+
+Every record is a frozen dataclass made of JSON-friendly values (str, int, float, bool, None,
+tuples and nested records), so `to_json(record)` / `from_json(cls, data)` round-trip exactly.
+A failure is a record with an `error` string and infinite time, never an exception.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One kernel problem: a family applied to fixed shapes and dtypes on one device.
+
+    `shapes` and `dtypes` list the family's tensor inputs in its launcher's order; `params` holds
+    the non-tensor arguments (eps, ...) as sorted (name, value) pairs so the record hashes.
+    """
+
+    family: str
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    params: tuple[tuple[str, Any], ...] = ()
+    device: str = "cpu"
+
+    def param(self, name: str, default: Any = None) -> Any:
+        return dict(self.params).get(name, default)
+
+    @property
+    def key(self) -> str:
+        """Stable text key: the same workload always gets the same key."""
+        shapes = ";".join("x".join(str(d) for d in s) for s in self.shapes)
+        params = ",".join(f"{k}={v}" for k, v in self.params)
+        return f"{self.family}[{shapes}|{','.join(self.dtypes)}|{params}]@{self.device}"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One thing to build and measure: a workload, a backend, a template variant and its config."""
+
+    workload: Workload
+    backend: str
+    variant: str
+    config: tuple[tuple[str, Any], ...]
+
+    @property
+    def config_dict(self) -> dict[str, Any]:
+        return dict(self.config)
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}:{self.variant}:" + ",".join(f"{k}={v}" for k, v in self.config)
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    ok: bool
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    trials: int = 0
+    max_abs_err: float = INF
+    max_rel_err: float = INF
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Timing of one callable, microseconds. `meaningful` is False off the GPU (interpreter)."""
+
+    p20_us: float = INF
+    p50_us: float = INF
+    p80_us: float = INF
+    meaningful: bool = True
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and math.isfinite(self.p50_us)
+
+
+@dataclass(frozen=True)
+class TuningRecord:
+    candidate: Candidate
+    build: BuildResult
+    verdict: Verdict | None = None
+    run: RunResult | None = None
+    provenance: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.build.ok and self.verdict is not None and self.verdict.passed
+            and self.run is not None and self.run.ok
+        )
+
+    @property
+    def time_us(self) -> float:
+        return self.run.p50_us if self.ok and self.run is not None else INF
+
+    @property
+    def error(self) -> str | None:
+        if not self.build.ok:
+            return f"build: {self.build.error}"
+        if self.verdict is not None and not self.verdict.passed:
+            return f"verify: {self.verdict.reason}"
+        if self.run is not None and not self.run.ok:
+            return f"run: {self.run.error}"
+        return None
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What tuning one workload produced: the baseline, every record, and the winner (if any)."""
+
+    workload: Workload
+    baseline: RunResult
+    records: tuple[TuningRecord, ...] = ()
+    best: TuningRecord | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best is None or not self.baseline.ok or not self.best.ok:
+            return None
+        return self.baseline.p50_us / self.best.time_us
+
+
+@dataclass(frozen=True)
+class RegionReport:
+    family: str
+    workload: str
+    count: int
+    baseline_us: float | None
+    best_us: float | None
+    speedup: float | None
+    backend: str | None
+    config: dict[str, Any] | None
+    verified: bool
+    max_rel_err: float | None
+    candidates: int = 0
+    rejected: int = 0
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class E2EReport:
+    baseline_ms: float | None
+    optimized_ms: float | None
+    speedup: float | None
+    max_abs_err: float
+    max_rel_err: float
+    argmax_agree: float | None
+    passed: bool
+    timings_meaningful: bool = True
+    outputs_compared: int = 0
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    model: str
+    device: str
+    dtype: str
+    mode: str
+    versions: dict[str, str]
+    regions: tuple[RegionReport, ...]
+    e2e: E2EReport | None
+    timings_meaningful: bool = True
+    notes: tuple[str, ...] = ()
+    created: str = ""
+    command: str = ""
+    graphs: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------------
+# JSON round trip
+
+
+def _encode(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple | list):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _encode(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def to_dict(record: Any) -> Any:
+    """The record as plain JSON data (infinite floats become the strings "inf"/"-inf")."""
+    return _encode(record)
+
+
+def to_json(record: Any, **kwargs: Any) -> str:
+    return json.dumps(_encode(record), **kwargs)
+
+
+def _decode(tp: Any, data: Any) -> Any:
+    if data is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _decode(args[0], data) if len(args) == 1 else data
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return tp(**{f.name: _decode(hints[f.name], data[f.name])
+                     for f in dataclasses.fields(tp) if f.name in data})
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v) for v in data)
+        return tuple(_decode(a, v) for a, v in zip(args, data, strict=True)) if args else tuple(data)
+    if tp is float:
+        if isinstance(data, str):
+            return float(data)
+        return float(data)
+    if tp is Any:
+        return _freeze(data)
+    return data
+
+
+def _freeze(data: Any) -> Any:
+    """Lists inside Any-typed fields (config values, params) come back as tuples so records hash."""
+    if isinstance(data, list):
+        return tuple(_freeze(v) for v in data)
+    return data
+
+
+def from_dict(cls: type[T], data: Any) -> T:
+    return _decode(cls, data)
+
+
+def from_json(cls: type[T], text: str) -> T:
+    return from_dict(cls, json.loads(text))
+
+
+def short_hash(text: str, n: int = 12) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:n]

@@ -1,0 +1,122 @@
+"""Validate: the optimized model against the original on fresh inputs, then both timed end to end."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from solforge.records import E2EReport, RunResult
+from solforge.tune.timing import time_model
+
+# End-to-end thresholds: errors from a different (fp32) reduction order in one op can flip a
+# bf16 rounding, and the flip travels through every later layer, so the bar is the whole model's
+# output relative to its scale (‖out - ref‖ / ‖ref‖), not one op's element-wise tolerance.
+E2E_REL_TOL = {torch.bfloat16: 5e-2, torch.float16: 1e-2, torch.float32: 1e-4, torch.float64: 1e-8}
+ARGMAX_MIN_AGREE = 0.99
+
+
+def flatten_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor in a model output (tensor, tuple/list, dict, ModelOutput), with a path name."""
+    found: list[tuple[str, torch.Tensor]] = []
+
+    def walk(x: Any, path: str) -> None:
+        if isinstance(x, torch.Tensor):
+            found.append((path or "output", x))
+        elif isinstance(x, dict):  # transformers' ModelOutput is an OrderedDict
+            for k, v in x.items():
+                walk(v, f"{path}.{k}" if path else str(k))
+        elif isinstance(x, list | tuple):
+            for i, v in enumerate(x):
+                walk(v, f"{path}[{i}]")
+
+    walk(out, "")
+    return found
+
+
+@dataclass(frozen=True)
+class OutputError:
+    name: str
+    max_abs_err: float
+    max_rel_err: float  # max |a - b| / max |b|
+    norm_rel_err: float  # ‖a - b‖ / ‖b‖
+    nonfinite: bool  # NaN/Inf in the optimized output where the original had none
+
+
+def output_error(name: str, out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 24) -> OutputError:
+    """Errors computed in float64 chunk by chunk, so multi-GB logits need no multi-GB copies."""
+    if out.shape != ref.shape or out.dtype != ref.dtype:
+        return OutputError(name, math.inf, math.inf, math.inf, False)
+    a, b = out.detach().reshape(-1), ref.detach().reshape(-1)
+    max_abs = max_ref = sq_err = sq_ref = 0.0
+    nonfinite = False
+    for i in range(0, a.numel(), chunk):
+        x, y = a[i : i + chunk].double(), b[i : i + chunk].double()
+        fin = torch.isfinite(y)
+        if bool((~torch.isfinite(x) & fin).any()):
+            nonfinite = True
+        d = (x - y)[fin].abs()
+        if d.numel():
+            max_abs = max(max_abs, float(d.max()))
+            sq_err += float((d * d).sum())
+        yr = y[fin]
+        if yr.numel():
+            max_ref = max(max_ref, float(yr.abs().max()))
+            sq_ref += float((yr * yr).sum())
+    rel = max_abs / max_ref if max_ref > 0 else (0.0 if max_abs == 0 else math.inf)
+    norm_rel = math.sqrt(sq_err / sq_ref) if sq_ref > 0 else (0.0 if sq_err == 0 else math.inf)
+    return OutputError(name, max_abs, rel, norm_rel, nonfinite)
+
+
+def argmax_agreement(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.argmax(-1) == ref.argmax(-1)).float().mean())
+
+
+def _logits(outputs: Sequence[tuple[str, torch.Tensor]]) -> int | None:
+    for i, (name, t) in enumerate(outputs):
+        if name.split(".")[-1] == "logits":
+            return i
+    floating = [i for i, (_, t) in enumerate(outputs) if t.dtype.is_floating_point and t.dim() >= 2]
+    return floating[0] if floating else None
+
+
+def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs: Sequence[Any], *,
+             dtype: torch.dtype, device: str, is_language_model: bool, time_it: bool = True,
+             grad: bool = False) -> E2EReport:
+    with torch.set_grad_enabled(grad):
+        ref_out = flatten_tensors(original(*inputs))
+        opt_out = flatten_tensors(optimized(*inputs))
+        if len(ref_out) != len(opt_out) or [n for n, _ in ref_out] != [n for n, _ in opt_out]:
+            return E2EReport(None, None, None, math.inf, math.inf, None, False,
+                             note="the optimized model returned a different output structure")
+        errors = [output_error(n, o, r) for (n, o), (_, r) in zip(opt_out, ref_out, strict=True)]
+        agree = None
+        if is_language_model and (i := _logits(ref_out)) is not None:
+            agree = argmax_agreement(opt_out[i][1], ref_out[i][1])
+        del ref_out, opt_out
+        tol = E2E_REL_TOL.get(dtype, 5e-2)
+        bad = [e for e in errors if e.nonfinite or e.norm_rel_err > tol]
+        passed = not bad and (agree is None or agree >= ARGMAX_MIN_AGREE)
+        note = None
+        if bad:
+            e = bad[0]
+            note = f"{e.name}: " + ("NaN/Inf where the original is finite" if e.nonfinite
+                                    else f"relative error {e.norm_rel_err:.3g} > {tol:g}")
+        elif agree is not None and agree < ARGMAX_MIN_AGREE:
+            note = f"argmax agrees at {agree:.2%} of positions (< {ARGMAX_MIN_AGREE:.0%})"
+        base = opt = RunResult(error="not timed")
+        if time_it:
+            base = time_model(lambda: original(*inputs), device)
+            opt = time_model(lambda: optimized(*inputs), device)
+    ms = lambda r: r.p50_us / 1e3 if r.ok else None  # noqa: E731
+    speedup = base.p50_us / opt.p50_us if base.ok and opt.ok else None
+    return E2EReport(
+        baseline_ms=ms(base), optimized_ms=ms(opt), speedup=speedup,
+        max_abs_err=max((e.max_abs_err for e in errors), default=0.0),
+        max_rel_err=max((e.max_rel_err for e in errors), default=0.0),
+        argmax_agree=agree, passed=passed, timings_meaningful=device == "cuda",
+        outputs_compared=len(errors), note=note,
+    )
