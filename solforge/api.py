@@ -18,7 +18,7 @@ from solforge.errors import UserError
 from solforge.integrate import integrate
 from solforge.numerics import dtype_name
 from solforge.records import E2EReport, RegionReport, Report, RunResult, TuneResult, TuningRecord
-from solforge.report import write_report
+from solforge.report import ensure_writable, write_report
 from solforge.tune import tune
 from solforge.tune.timing import time_kernel
 from solforge.validate import validate
@@ -126,6 +126,8 @@ def optimize(
                         "backward kernels)")
     if budget <= 0:
         raise UserError(f"--budget must be positive (got {budget})")
+    if out_dir is not None:
+        ensure_writable(Path(out_dir))
     rep = reporter or _Silent()
     example_inputs = tuple(example_inputs)
     device = check_device(_model_device(model, example_inputs))
@@ -226,5 +228,7 @@ def _region_report(group: _plan.WorkloadGroup, res: TuneResult) -> RegionReport:
         backend=best.candidate.backend if best else None,
         config=best.candidate.config_dict if best else None,
         verified=best is not None, max_rel_err=best.verdict.max_rel_err if best and best.verdict else None,
-        candidates=len(res.records), rejected=rejected, note=note,
+        candidates=len(res.records), rejected=rejected, note=note, label=group.workload.label,
+        config_text=_encode(res) if best else None,
+        modules=tuple(dict.fromkeys(r.module for r in group.regions if r.module))[:8],
     )

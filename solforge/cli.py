@@ -50,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="tuning time across all kernels (default 120 on a GPU, 60 on the CPU)")
     o.add_argument("--max-candidates", type=int, default=None, metavar="N",
                    help="measure at most N configs per workload (default: all on a GPU, 4 on the CPU)")
-    o.add_argument("--out", default="solforge-out", metavar="DIR", help="where report.json goes (default ./solforge-out)")
+    o.add_argument("--out", default="solforge-out", metavar="DIR",
+                   help="where report.json goes (default ./solforge-out)")
     o.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs (default 0)")
     o.add_argument("--quiet", action="store_true", help="no progress display")
     return p

@@ -72,7 +72,8 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance | None = None) 
     bad_nonfinite = (~torch.isfinite(o)) & torch.isfinite(r)
     if bool(bad_nonfinite.any()):
         n = int(bad_nonfinite.sum())
-        return Comparison(False, float("inf"), float("inf"), f"{n} NaN/Inf (or unwritten) values where the reference is finite")
+        reason = f"{n} NaN/Inf (or unwritten) values where the reference is finite"
+        return Comparison(False, float("inf"), float("inf"), reason)
     finite = torch.isfinite(r)
     diff = (o - r).abs()[finite] if not bool(finite.all()) else (o - r).abs()
     rr = r.abs()[finite] if not bool(finite.all()) else r.abs()

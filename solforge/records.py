@@ -39,6 +39,11 @@ class Workload:
         return dict(self.params).get(name, default)
 
     @property
+    def label(self) -> str:
+        """Short name for tables: the first input's shape and dtype."""
+        return "x".join(str(d) for d in self.shapes[0]) + f" {self.dtypes[0]}"
+
+    @property
     def key(self) -> str:
         """Stable text key: the same workload always gets the same key."""
         shapes = ";".join("x".join(str(d) for d in s) for s in self.shapes)
@@ -156,6 +161,9 @@ class RegionReport:
     candidates: int = 0
     rejected: int = 0
     note: str | None = None
+    label: str = ""  # short shape/dtype name for tables
+    config_text: str | None = None  # the config as the custom op receives it
+    modules: tuple[str, ...] = ()  # module paths of the regions (first few)
 
 
 @dataclass(frozen=True)

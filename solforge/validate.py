@@ -76,7 +76,7 @@ def argmax_agreement(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _logits(outputs: Sequence[tuple[str, torch.Tensor]]) -> int | None:
-    for i, (name, t) in enumerate(outputs):
+    for i, (name, _) in enumerate(outputs):
         if name.split(".")[-1] == "logits":
             return i
     floating = [i for i, (_, t) in enumerate(outputs) if t.dtype.is_floating_point and t.dim() >= 2]

@@ -59,12 +59,11 @@ def _us(x: float | None) -> str:
 
 def print_report(report: Report, console: Console) -> None:
     t = Table(title=f"solforge: {report.model} on {report.device} ({report.dtype}, {report.mode})")
-    for col in ("family", "workload", "regions", "baseline µs", "best µs", "speedup", "config", "verified",
-                "max rel err"):
-        t.add_column(col, justify="right" if col in ("regions", "baseline µs", "best µs", "speedup") else "left")
+    for col in ("region", "n", "before µs", "after µs", "speedup", "config", "ok", "rel err"):
+        t.add_column(col, justify="left" if col in ("region", "config", "ok") else "right")
     for r in report.regions:
-        cfg = ",".join(f"{k}={v}" for k, v in (r.config or {}).items()) or (r.note or "-")
-        t.add_row(r.family, r.workload, str(r.count), _us(r.baseline_us), _us(r.best_us),
+        cfg = r.config_text or r.note or "-"
+        t.add_row(f"{r.family} {r.label}", str(r.count), _us(r.baseline_us), _us(r.best_us),
                   "-" if r.speedup is None else f"{r.speedup:.2f}x", cfg,
                   "yes" if r.verified else "[red]no[/]", "-" if r.max_rel_err is None else f"{r.max_rel_err:.1e}")
     console.print(t)

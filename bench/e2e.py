@@ -1,0 +1,244 @@
+"""Benchmark on a GPU: eager vs torch.compile vs Liger-Kernel (when installed) vs solforge.
+
+    python bench/e2e.py [--what rmsnorm,qwen3] [--out bench/results/NAME.json]
+
+- rmsnorm: the RMSNorm shapes of ../shared/BASELINES.md (bf16, eps 1e-6, weight), medians of
+  triton.testing.do_bench (L2 flushed between runs). solforge's kernel is tuned for each shape
+  first (full space). The decode shape (1 x 2560) is also timed through the integrated model path:
+  a module holding one RMSNorm, optimized by solforge.optimize, called in a loop (wall clock per
+  call, CPU launch overhead included), and the custom op alone.
+- qwen3: the Qwen3-4B forward (published config, random bf16 weights, sdpa, B2 S8192,
+  inference_mode) of the model body, each variant in its own process (Liger patches classes).
+
+Writes one JSON file with device, versions, date, command and every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+EPS = 1e-6
+RMSNORM_SHAPES = [(16384, 2560), (1048576, 128), (1, 2560), (32768, 4096)]
+
+
+def hf_rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Hugging Face Qwen3RMSNorm.forward, written out."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    var = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(var + EPS)
+    return w * h.to(dtype)
+
+
+class OneNorm(torch.nn.Module):
+    def __init__(self, H: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(H))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return hf_rmsnorm(x, self.weight)
+
+
+def versions() -> dict[str, str]:
+    import triton
+
+    v = {"torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0],
+         "cuda": str(torch.version.cuda), "gpu": torch.cuda.get_device_name(0)}
+    for mod in ("transformers", "liger_kernel"):
+        try:
+            from importlib.metadata import version
+
+            v[mod] = version(mod.replace("_", "-"))
+        except Exception:
+            v[mod] = "not installed"
+    return v
+
+
+def bench_us(fn: Any) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=50, rep=300, return_mode="median")) * 1e3
+
+
+def loop_us(fn: Any, n: int = 2000) -> float:
+    """Wall clock per call over n back-to-back calls: what a decode loop pays (launch included)."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def rmsnorm_rows() -> list[dict[str, Any]]:
+    try:
+        from liger_kernel.transformers.rms_norm import LigerRMSNorm
+    except ImportError:
+        LigerRMSNorm = None  # noqa: N806
+    rows_out = []
+    for rows, H in RMSNORM_SHAPES:
+        rows_out.append(rmsnorm_row(rows, H, LigerRMSNorm))
+        print(json.dumps(rows_out[-1]), flush=True)
+    return rows_out
+
+
+def rmsnorm_row(rows: int, H: int, LigerRMSNorm: Any) -> dict[str, Any]:  # noqa: N803
+    from solforge.kernels import rmsnorm as fam
+    from solforge.records import RunResult
+    from solforge.tune import tune
+
+    torch.manual_seed(0)
+    x = torch.randn(rows, H, device="cuda", dtype=torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(H, device="cuda")).to(torch.bfloat16)
+    nbytes = 2 * x.numel() * x.element_size()
+    row: dict[str, Any] = {"shape": [rows, H], "bytes_moved": nbytes}
+    row["eager_us"] = bench_us(lambda: hf_rmsnorm(x, w))
+    comp = torch.compile(hf_rmsnorm, dynamic=False)
+    comp(x, w)
+    row["compile_us"] = bench_us(lambda: comp(x, w))
+    lig = None
+    if LigerRMSNorm is not None:
+        lig = LigerRMSNorm(H, eps=EPS).cuda().to(torch.bfloat16)
+        lig.weight.data.copy_(w)
+        with torch.no_grad():
+            lig(x)
+            row["liger_us"] = bench_us(lambda: lig(x))
+    wl = fam.workload_for(x, w, EPS, out_dtype=torch.bfloat16, round_before_weight=True)
+    t0 = time.perf_counter()
+    res = tune(wl, RunResult(), device="cuda", budget_s=600)
+    row["tune_s"] = round(time.perf_counter() - t0, 1)
+    row["candidates"] = len(res.records)
+    row["rejected"] = sum(1 for r in res.records if not r.ok)
+    assert res.best is not None, [r.error for r in res.records]
+    cfg = fam.Config(**res.best.candidate.config_dict)
+    enc = cfg.encode()
+    op = fam.rmsnorm_op.default
+    row["solforge_config"] = enc
+    row["solforge_tuned_p50_us"] = res.best.time_us
+    row["solforge_us"] = bench_us(lambda: fam.rmsnorm(x, w, EPS, round_before_weight=True, config=cfg))
+    row["solforge_op_us"] = bench_us(lambda: op(x, w, EPS, torch.bfloat16, True, enc))
+    if rows == 1:
+        from solforge.api import optimize
+
+        m = OneNorm(H).cuda().to(torch.bfloat16)
+        with torch.no_grad():
+            opt, rep = optimize(m, (x,), budget=60)
+            assert rep.e2e is not None and rep.e2e.passed, rep
+            row["model_path_do_bench_us"] = bench_us(lambda: opt(x))
+            row["model_path_loop_us"] = loop_us(lambda: opt(x))
+            row["op_loop_us"] = loop_us(lambda: op(x, w, EPS, torch.bfloat16, True, enc))
+            row["eager_loop_us"] = loop_us(lambda: m(x))
+            if lig is not None:
+                row["liger_loop_us"] = loop_us(lambda: lig(x))
+    for k in [k for k in row if k.endswith("_us")]:
+        if rows > 1:
+            row[k.replace("_us", "_TBps")] = round(nbytes / (row[k] * 1e-6) / 1e12, 3)
+        row[k] = round(row[k], 2)
+    return row
+
+
+QWEN3_4B = dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                rms_norm_eps=1e-6, rope_theta=1000000, tie_word_embeddings=True, use_cache=False)
+
+
+def qwen3_variant(variant: str, batch: int, seq: int, budget: float) -> dict[str, Any]:
+    """One variant of the Qwen3-4B body forward, in this process."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if variant.startswith("liger"):
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3
+
+        apply_liger_kernel_to_qwen3(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False)
+    cfg = Qwen3Config(**QWEN3_4B)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    body = model.model.eval()
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
+    out: dict[str, Any] = {"variant": variant, "batch": batch, "seq": seq}
+    t0 = time.time()
+    if variant == "solforge":
+        from solforge.api import optimize
+
+        with torch.no_grad():
+            f, rep = optimize(body, (ids,), budget=budget, is_language_model=False)
+        out["optimize_s"] = round(time.time() - t0, 1)
+        out["regions"] = [{"workload": r.workload, "count": r.count, "baseline_us": r.baseline_us,
+                           "best_us": r.best_us, "speedup": r.speedup, "config": r.config} for r in rep.regions]
+        out["validate"] = {"passed": rep.e2e.passed, "max_rel_err": rep.e2e.max_rel_err} if rep.e2e else None
+    elif variant.endswith("compile"):
+        f = torch.compile(body)
+    else:
+        f = body
+    with torch.inference_mode():
+        t1 = time.time()
+        h = f(ids).last_hidden_state
+        torch.cuda.synchronize()
+        out["first_call_s"] = round(time.time() - t1, 1)
+        ms = float(__import__("triton").testing.do_bench(lambda: f(ids), warmup=300, rep=1500,
+                                                          return_mode="median"))
+        out["fwd_ms"] = round(ms, 2)
+        out["checksum"] = float(h.float().abs().mean())
+    out["peak_GB"] = round(torch.cuda.max_memory_allocated() / 1e9, 1)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--what", default="rmsnorm,qwen3")
+    p.add_argument("--variants", default="eager,compile,liger,solforge")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--budget", type=float, default=180.0, help="solforge tuning budget for qwen3 (s)")
+    p.add_argument("--out", default=None)
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one qwen3 variant
+    a = p.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/e2e.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if a.one:
+        print("RESULT " + json.dumps(qwen3_variant(a.one, a.batch, a.seq, a.budget)), flush=True)
+        return 0
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0), "versions": versions(),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": "python " + " ".join(sys.argv),
+    }
+    what = a.what.split(",")
+    if "rmsnorm" in what:
+        result["rmsnorm"] = rmsnorm_rows()
+    if "qwen3" in what:
+        result["qwen3_4b_fwd"] = []
+        for v in a.variants.split(","):
+            if v.startswith("liger") and result["versions"]["liger_kernel"] == "not installed":
+                continue
+            cmd = [sys.executable, __file__, "--one", v, "--batch", str(a.batch), "--seq", str(a.seq),
+                   "--budget", str(a.budget)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            row = json.loads(lines[-1][7:]) if lines else {"variant": v, "error": proc.stderr[-2000:]}
+            print(json.dumps(row), flush=True)
+            result["qwen3_4b_fwd"].append(row)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

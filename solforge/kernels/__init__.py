@@ -1,0 +1,1 @@
+"""Kernel families: one file per family (reference, Triton kernels, launcher, custom op, config triad)."""

@@ -1,0 +1,21 @@
+"""Test setup. Triton's interpreter runs the kernels when there is no GPU; it must be switched on
+before triton is imported anywhere, hence here. With a GPU, the same tests run on it."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles models with its own backends: start every test with dynamo's caches
+    empty so earlier compilations never count against the recompile limit."""
+    torch.compiler.reset()
+    yield

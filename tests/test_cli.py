@@ -1,0 +1,135 @@
+"""The main job end to end (CLI and API), the report's schema, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import DEVICE
+
+from solforge.cli import main
+from solforge.records import Report, from_dict
+
+REGION_KEYS = {"family", "workload", "count", "baseline_us", "best_us", "speedup", "backend", "config",
+               "verified", "max_rel_err"}
+E2E_KEYS = {"baseline_ms", "optimized_ms", "speedup", "max_abs_err", "max_rel_err", "argmax_agree", "passed"}
+
+
+def test_optimize_qwen3_tiny_writes_a_passing_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["optimize", "qwen3-tiny", "--device", DEVICE, "--out", str(tmp_path), "--quiet",
+               "--max-candidates", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert {"model", "device", "dtype", "mode", "versions", "regions", "e2e"} <= set(data)
+    assert data["model"] == "qwen3-tiny" and data["dtype"] == "bf16" and data["mode"] == "inference"
+    assert {"torch", "triton", "python"} <= set(data["versions"])
+    # qwen3-tiny: 2 layers -> 4 hidden norms + the final one, 2 q-norms, 2 k-norms; 3 workloads
+    assert sorted(r["count"] for r in data["regions"]) == [2, 2, 5]
+    for r in data["regions"]:
+        assert REGION_KEYS <= set(r)
+        assert r["family"] == "rmsnorm" and r["verified"] is True and r["backend"] == "triton"
+        assert r["max_rel_err"] < 0.02 and r["best_us"] > 0 and r["config"]
+    e2e = data["e2e"]
+    assert E2E_KEYS <= set(e2e)
+    assert e2e["passed"] is True and e2e["argmax_agree"] >= 0.99
+    assert e2e["max_rel_err"] < 0.05
+    if DEVICE == "cpu":
+        assert data["timings_meaningful"] is False
+        assert any("means nothing" in n for n in data["notes"])
+    report = from_dict(Report, data)  # the file round-trips into the record
+    assert report.regions[0].family == "rmsnorm"
+    assert "qwen3-tiny" in out and "passed" in out
+
+
+def test_api_returns_a_model_called_like_the_original() -> None:
+    from solforge import optimize
+    from solforge.zoo import load_model
+
+    lm = load_model("qwen3-tiny", device=DEVICE, batch=1, seq=16)
+    opt, report = optimize(lm.model, lm.example_inputs, budget=5, max_candidates=1, make_inputs=lm.make_inputs)
+    assert report.e2e is not None and report.e2e.passed
+    ids = lm.make_inputs(7)[0]
+    with torch.no_grad():
+        a, b = opt(ids), lm.model(ids)
+    assert type(a) is type(b) and a.keys() == b.keys()
+    assert torch.equal(a.logits.argmax(-1), b.logits.argmax(-1))
+
+
+MODEL_FILE = """
+import torch
+class Model(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.lin = torch.nn.Linear(n, n)
+    def forward(self, x):
+        return torch.relu(self.lin(x))
+def get_inputs():
+    return [torch.randn(4, 8)]
+def get_init_inputs():
+    return [8]
+"""
+
+
+def test_model_with_nothing_to_optimize_still_gets_a_report(tmp_path: Path) -> None:
+    f = tmp_path / "plain.py"
+    f.write_text(MODEL_FILE)
+    rc = main(["optimize", str(f), "--device", DEVICE, "--dtype", "fp32", "--out", str(tmp_path / "o"), "--quiet"])
+    assert rc == 0
+    data = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert data["regions"] == [] and data["e2e"] is None
+    assert any("nothing to optimize" in n for n in data["notes"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["optimize", "qwen9-huge"], "unknown model"),
+        (["optimize", "qwen3-tiny", "--dtype", "int8"], "unsupported dtype"),
+        (["optimize", "does/not/exist.py"], "exist"),
+        (["optimize", "qwen3-tiny", "--budget", "0"], "budget"),
+        (["optimize", "qwen3-tiny", "--batch", "0"], "batch"),
+    ],
+)
+def test_bad_input_is_one_clear_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
+                                     tmp_path: Path) -> None:
+    rc = main([*argv, "--device", DEVICE, "--out", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert message in err.lower(), err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_file_without_model_class(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "nomodel.py"
+    f.write_text("def get_inputs():\n    return []\n")
+    assert main(["optimize", str(f), "--device", DEVICE, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Model" in err and "get_init_inputs" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_without_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["optimize", "qwen3-tiny", "--device", "cuda", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA device" in err and "--device cpu" in err
+
+
+def test_unwritable_out_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    rc = main(["optimize", "qwen3-tiny", "--device", DEVICE, "--out", str(blocker / "sub"), "--quiet",
+               "--max-candidates", "1", "--budget", "1"])
+    assert rc == 2
+    assert "cannot write" in capsys.readouterr().err
+
+
+def test_console_script_help() -> None:
+    exe = Path(sys.executable).parent / "solforge"
+    out = subprocess.run([str(exe), "optimize", "--help"], capture_output=True, text=True, check=True).stdout
+    for flag in ("--device", "--mode", "--batch", "--seq", "--dtype", "--budget", "--out", "--weights"):
+        assert flag in out

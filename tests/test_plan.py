@@ -1,0 +1,177 @@
+"""Matching: every way of writing RMSNorm is found (and look-alikes are not), regions group into
+workloads, and the rewritten graph computes the same function as the original."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from conftest import DEVICE
+
+from solforge import capture, plan
+from solforge.integrate import integrate
+from solforge.kernels import rmsnorm as fam
+from solforge.numerics import compare
+
+H = 48
+
+
+class HFNorm(nn.Module):
+    """Hugging Face Qwen3/Llama RMSNorm, as transformers writes it."""
+
+    def __init__(self, h: int = H) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(h))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        variance = x.pow(2).mean(-1, keepdim=True)
+        x = x * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * x.to(dtype)
+
+
+class MulSelf(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(1 + 0.1 * torch.randn(H))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt((x * x).mean(dim=x.dim() - 1, keepdim=True) + 1e-5) * self.w
+
+
+class Functional(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(1 + 0.1 * torch.randn(H))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (H,), self.w, 1e-6)
+
+
+class Module(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = nn.RMSNorm(H, eps=1e-5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.n(x)
+
+
+class NoWeightSqrt(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / torch.sqrt(x.square().mean(-1, keepdim=True) + 1e-6)
+
+
+class HeadNorm(nn.Module):
+    """Qwen3's q/k norm: RMSNorm over head_dim of a 4-D view of a projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(H, 4 * 16, bias=False)
+        self.q_norm = HFNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.proj(x).view(*x.shape[:-1], 4, 16)
+        return self.q_norm(q).transpose(1, 2)
+
+
+SPELLINGS = {
+    "hf": (HFNorm, 1),
+    "x*x": (MulSelf, 1),
+    "F.rms_norm": (Functional, 1),
+    "nn.RMSNorm": (Module, 1),
+    "x/sqrt, no weight": (NoWeightSqrt, 1),
+    "head_dim 4-D": (HeadNorm, 1),
+}
+
+
+def _run(m: nn.Module, x: torch.Tensor) -> tuple[list[plan.WorkloadGroup], torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        groups = plan.plan(capture.capture(m, (x,)).graphs)
+        winners = {g.workload: fam.heuristic(g.workload).encode() for g in groups}
+        opt, stats = integrate(m, winners)
+        out, ref = opt(x), m(x)
+    assert stats.total == sum(g.count for g in groups)
+    return groups, out, ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(SPELLINGS))
+def test_every_spelling_is_found_and_swapped(name: str, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    cls, expected = SPELLINGS[name]
+    m = cls().to(DEVICE, dtype)
+    x = torch.randn(2, 5, H, device=DEVICE, dtype=dtype)
+    groups, out, ref = _run(m, x)
+    assert sum(g.count for g in groups) == expected, [g.workload.key for g in groups]
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    c = compare(out, ref)
+    assert c.ok, c.reason
+
+
+def test_workload_records_what_the_region_computes() -> None:
+    m = HFNorm().to(DEVICE, torch.bfloat16)
+    x = torch.randn(3, 7, H, device=DEVICE, dtype=torch.bfloat16)
+    with torch.no_grad():
+        (g,) = plan.plan(capture.capture(m, (x,)).graphs)
+    wl = g.workload
+    assert wl.family == "rmsnorm"
+    assert wl.shapes == ((21, H), (H,))
+    assert wl.param("eps") == pytest.approx(1e-6)
+    assert wl.param("round_before_weight") is True  # HF rounds to bf16 before the weight
+    assert wl.param("out_dtype") == "bf16"
+
+
+class LookAlikes(nn.Module):
+    """Reductions that are not an RMSNorm over the last dim must be left alone."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + 1e-6)  # over the first dim
+        b = x * torch.rsqrt(x.pow(3).mean(-1, keepdim=True) + 1e-6)  # not a square
+        c = (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True) + 1e-6)  # layernorm
+        y = x + 1
+        d = y * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)  # scales another tensor
+        return a + b + c + d
+
+
+def test_look_alikes_do_not_match() -> None:
+    x = torch.randn(4, H, device=DEVICE)
+    with torch.no_grad():
+        assert plan.plan(capture.capture(LookAlikes(), (x,)).graphs) == []
+
+
+class SharedIntermediate(nn.Module):
+    """The rsqrt is used twice: replacing the norm would leave it computed anyway, so no match."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return x * r, r
+
+
+def test_region_with_escaping_intermediate_is_left_alone() -> None:
+    x = torch.randn(4, H, device=DEVICE)
+    with torch.no_grad():
+        assert plan.plan(capture.capture(SharedIntermediate(), (x,)).graphs) == []
+
+
+def test_qwen3_counts_and_workloads_at_36_layers() -> None:
+    """Qwen3-4B's structure (36 layers) with a small hidden size: 72 + 1 hidden norms, 36 q-norms
+    and 36 k-norms, i.e. 3 workloads, each named by its module path."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=36,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, use_cache=False)
+    cfg._attn_implementation = "sdpa"
+    model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 64, (1, 4))
+    with torch.no_grad():
+        groups = plan.plan(capture.capture(model, (ids,)).graphs)
+    counts = sorted(g.count for g in groups)
+    assert counts == [36, 36, 73]
+    modules = {r.module for g in groups for r in g.regions}
+    assert "model.layers.3.self_attn.q_norm" in modules
+    assert "model.layers.35.post_attention_layernorm" in modules
+    assert "model.norm" in modules
