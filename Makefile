@@ -7,15 +7,24 @@ BIN := $(VENV)/bin
 # pull several GB of CUDA packages; 2.13.0 resolves to the CPU build there. A machine that already
 # has torch (a GPU box) keeps its own: the venv sees system packages and nothing replaces them.
 CPU_PINS := torch==2.13.0 triton==3.6.0 transformers==5.17.0
+# Extra pip flags, e.g. PIP_FLAGS="--no-index --find-links DIR --no-build-isolation" offline.
+PIP_FLAGS ?=
+PIP := $(BIN)/pip install $(PIP_FLAGS)
 
 .PHONY: setup test lint clean
 
 setup:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install $(CPU_PINS)
-	$(BIN)/python -c "import triton" 2>/dev/null || $(BIN)/pip install triton==3.6.0
-	$(BIN)/python -c "import transformers" 2>/dev/null || $(BIN)/pip install transformers==5.17.0
-	$(BIN)/pip install -e ".[hf,dev]"
+	@# A python that already has torch (a GPU box, often itself a venv, whose packages
+	@# --system-site-packages does not reach): the new venv sees its site-packages through a .pth.
+	@if $(PYTHON) -c "import torch" 2>/dev/null; then \
+	  $(PYTHON) -c "import site; print(*site.getsitepackages(), sep='\n')" \
+	    > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_solforge_host.pth"; \
+	  echo "using the torch of $(PYTHON): $$($(PYTHON) -c 'import torch; print(torch.__version__)')"; fi
+	$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) $(CPU_PINS)
+	$(BIN)/python -c "import triton" 2>/dev/null || $(PIP) triton==3.6.0
+	$(BIN)/python -c "import transformers" 2>/dev/null || $(PIP) transformers==5.17.0
+	$(PIP) -e ".[hf,dev]"
 	$(BIN)/solforge --help > /dev/null
 
 test:

@@ -28,7 +28,9 @@ from typing import Any
 import torch
 
 EPS = 1e-6
-RMSNORM_SHAPES = [(16384, 2560), (1048576, 128), (1, 2560), (32768, 4096)]
+# BASELINES.md's q/k-norm row says 1048576 x 128 but its speed of light (88.9 us) is 524288 x 128,
+# Qwen3-4B's q-norm at B2 S8192: both are timed.
+RMSNORM_SHAPES = [(16384, 2560), (1048576, 128), (524288, 128), (1, 2560), (32768, 4096)]
 
 
 def hf_rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -80,6 +82,21 @@ def loop_us(fn: Any, n: int = 2000) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t) / n * 1e6
+
+
+def graph_us(fn: Any, per_graph: int = 32) -> float:
+    """Per call of `fn` when `per_graph` calls are captured in one CUDA graph and replayed."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(per_graph):
+            fn()
+    return bench_us(g.replay) / per_graph
 
 
 def rmsnorm_rows() -> list[dict[str, Any]]:
@@ -142,6 +159,10 @@ def rmsnorm_row(rows: int, H: int, LigerRMSNorm: Any) -> dict[str, Any]:  # noqa
             row["eager_loop_us"] = loop_us(lambda: m(x))
             if lig is not None:
                 row["liger_loop_us"] = loop_us(lambda: lig(x))
+            # the way decode loops are served: the step captured in a CUDA graph, so the host's
+            # launch cost is paid once per graph, not per kernel
+            row["model_path_cuda_graph_us"] = graph_us(lambda: opt(x))
+            row["eager_cuda_graph_us"] = graph_us(lambda: m(x))
     for k in [k for k in row if k.endswith("_us")]:
         if rows > 1:
             row[k.replace("_us", "_TBps")] = round(nbytes / (row[k] * 1e-6) / 1e12, 3)
