@@ -147,6 +147,10 @@ def optimize(
         raise UserError(f"the model failed to run on its example inputs: {type(e).__name__}: "
                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
     notes += captured.errors
+    restored = sum(g.attention_restored for g in captured.graphs)
+    if restored:
+        notes.append(f"attention: {restored} SDPA call(s) traced with a materialized causal mask run as "
+                     "is_causal SDPA again, as in eager (no K/V repeat copies)")
 
     rep.stage("plan", f"{len(captured.graphs)} graph(s)")
     groups = _plan.plan(captured.graphs, fams)

@@ -175,3 +175,31 @@ def test_qwen3_counts_and_workloads_at_36_layers() -> None:
     assert "model.layers.3.self_attn.q_norm" in modules
     assert "model.layers.35.post_attention_layernorm" in modules
     assert "model.norm" in modules
+
+
+def test_fused_aten_rms_norm_is_matched() -> None:
+    """On CUDA, F.rms_norm / nn.RMSNorm lower to aten._fused_rms_norm -> (out, rstd), rstd unused.
+    (On the CPU it decomposes, so the graph is built by hand here.)"""
+    import operator
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        xv = torch.empty(6, H, dtype=torch.bfloat16)
+        wv = torch.empty(H, dtype=torch.bfloat16)
+    g = torch.fx.Graph()
+    x, w = g.placeholder("x"), g.placeholder("w")
+    x.meta["val"], w.meta["val"] = xv, wv
+    fused = g.call_function(torch.ops.aten._fused_rms_norm.default, (x, [H], w, None))
+    out = g.call_function(operator.getitem, (fused, 0))
+    g.call_function(operator.getitem, (fused, 1))  # rstd, dead
+    out.meta["val"] = xv
+    y = g.call_function(torch.ops.aten.mul.Tensor, (out, 2))
+    g.output(y)
+    gm = torch.fx.GraphModule(nn.Module(), g)
+    (m,) = plan.find_matches(gm.graph)
+    assert m.workload.shapes == ((6, H), (H,))
+    assert m.workload.param("eps") == torch.finfo(torch.float32).eps  # eps=None: fp32's eps, as PyTorch
+    plan.rewrite(gm, [m], [fam.heuristic(m.workload).encode()])
+    ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert ops == ["solforge.rmsnorm.default", "aten.mul.Tensor"]

@@ -19,6 +19,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.traceback import preserve_node_meta
 
+from solforge.capture.canonical import restore_causal_attention
+
 Rewrite = Callable[[fx.GraphModule, int], fx.GraphModule]
 
 
@@ -30,6 +32,7 @@ class CapturedGraph:
     aten: fx.GraphModule
     n_inputs: int
     dynamo_ops: int = 0
+    attention_restored: int = 0  # SDPA calls given back is_causal (see canonical.py)
 
     def op_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -98,9 +101,15 @@ class SolforgeBackend:
             self.errors.append(f"graph {index}: lowering failed: {type(e).__name__}: {e}")
             return gm.forward
         n_ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+        try:
+            restored = restore_causal_attention(aten)
+        except Exception as e:  # the graph as traced is still correct, only slower
+            self.errors.append(f"graph {index}: attention pass failed: {type(e).__name__}: {e}")
+            restored = 0
         if self.rewrite is not None:
             aten = self.rewrite(aten, index)
-        self.graphs.append(CapturedGraph(index=index, aten=aten, n_inputs=len(example_inputs), dynamo_ops=n_ops))
+        self.graphs.append(CapturedGraph(index=index, aten=aten, n_inputs=len(example_inputs), dynamo_ops=n_ops,
+                                         attention_restored=restored))
         return aten
 
 

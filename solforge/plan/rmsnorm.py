@@ -177,14 +177,16 @@ def _match_fused(node: fx.Node) -> Match | None:
     if xv is None or len(shape) != 1 or int(shape[0]) != int(xv.shape[-1]):
         return None
     if node.target == aten._fused_rms_norm.default:
-        outs = [u for u in node.users if u.target is operator.getitem]
-        if len(outs) != len(node.users) or any(u.args[1] != 0 for u in outs) or len(outs) != 1:
+        # (out, rstd): the rstd getitem may exist but must be dead (inference)
+        items = [u for u in node.users if u.target is operator.getitem]
+        outs = [u for u in items if u.args[1] == 0]
+        if len(items) != len(node.users) or len(outs) != 1 or any(u.users for u in items if u.args[1] != 0):
             return None
-        out, nodes = outs[0], [node, outs[0]]
+        out, nodes = outs[0], [node, *[u for u in items if u.args[1] != 0], outs[0]]
     else:
         out, nodes = node, [node]
-    if eps is None:
-        eps = torch.finfo(xv.dtype).eps
+    if eps is None:  # PyTorch's default: the eps of the compute dtype (fp32 for half types)
+        eps = torch.finfo(torch.float32 if xv.dtype in (torch.bfloat16, torch.float16) else xv.dtype).eps
     wv = _val(weight)
     if weight is not None and (wv is None or tuple(wv.shape) != (int(xv.shape[-1]),)):
         return None
