@@ -111,7 +111,7 @@ def rmsnorm_rows() -> list[dict[str, Any]]:
     return rows_out
 
 
-def rmsnorm_row(rows: int, H: int, LigerRMSNorm: Any) -> dict[str, Any]:  # noqa: N803
+def rmsnorm_row(rows: int, H: int, LigerRMSNorm: Any, tune_budget: float = 30.0) -> dict[str, Any]:  # noqa: N803
     from solforge.kernels import rmsnorm as fam
     from solforge.records import RunResult
     from solforge.tune import tune
@@ -134,7 +134,7 @@ def rmsnorm_row(rows: int, H: int, LigerRMSNorm: Any) -> dict[str, Any]:  # noqa
             row["liger_us"] = bench_us(lambda: lig(x))
     wl = fam.workload_for(x, w, EPS, out_dtype=torch.bfloat16, round_before_weight=True)
     t0 = time.perf_counter()
-    res = tune(wl, RunResult(), device="cuda", budget_s=600)
+    res = tune(wl, RunResult(), device="cuda", budget_s=tune_budget)
     row["tune_s"] = round(time.perf_counter() - t0, 1)
     row["candidates"] = len(res.records)
     row["rejected"] = sum(1 for r in res.records if not r.ok)

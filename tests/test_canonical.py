@@ -70,3 +70,16 @@ def test_mask_from_an_input_is_left_alone() -> None:
         out = capture.compile_with(lm.model, capture.SolforgeBackend())(ids, att).logits
         ref = lm.model(ids, att).logits
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_additive_masks() -> None:
+    from solforge.capture.canonical import _is_causal
+
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    for blocked in (-65536.0, torch.finfo(torch.bfloat16).min, float("-inf"), -1e9):
+        bias = torch.zeros(5, 5).masked_fill(~causal, blocked)[None, None]
+        assert _is_causal(bias, 5, 5)
+    soft = torch.zeros(5, 5).masked_fill(~causal, -5.0)  # a real bias, not a mask
+    assert not _is_causal(soft, 5, 5)
+    assert not _is_causal(causal.T.contiguous(), 5, 5)
+    assert not _is_causal(causal, 5, 6)

@@ -75,13 +75,18 @@ def _evaluate(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
     return out if isinstance(out, torch.Tensor) else None
 
 
+_BLOCKED = -1e4
+
+
 def _is_causal(mask: torch.Tensor, L: int, S: int) -> bool:
     """True if the mask allows exactly key j <= query i (bool mask, or additive 0 / very negative)."""
     if L != S or mask.dim() < 2 or tuple(mask.shape[-2:]) != (L, S):
         return False
     allowed = mask if mask.dtype == torch.bool else (mask == 0)
     if mask.dtype != torch.bool:
-        blocked = mask <= torch.finfo(mask.dtype).min / 2
+        # a bias <= -1e4 gives exactly zero weight after softmax in fp32 (exp(-1e4) underflows),
+        # which is why masks use it: HF wrote -65536 on an H100 (bf16), others finfo.min or -1e9
+        blocked = mask <= _BLOCKED
         if not bool((allowed | blocked).all()):  # some other bias value: not a pure mask
             return False
     causal = torch.ones(L, S, dtype=torch.bool, device=mask.device).tril()
@@ -109,6 +114,25 @@ def _unrepeat(node: fx.Node) -> tuple[fx.Node, int] | None:
     if tuple(ev.shape) != (xv.shape[0], xv.shape[1], n, xv.shape[2], xv.shape[3]):
         return None
     return x, n  # type: ignore[return-value]
+
+
+_LAYOUT_OPS = {aten.transpose.int, aten.permute.default, aten.view.default, aten._unsafe_view.default,
+               aten.reshape.default, aten.unsqueeze.default, aten.squeeze.dim}
+
+
+def _views_to_reshapes(node: fx.Node) -> None:
+    """The traced graph assumed the old kernel's output strides (HF's `.contiguous()` after the
+    transpose vanished in tracing because the fake strides made it a no-op). The restored call may
+    pick another backend with another layout, so views downstream become reshapes: free when the
+    layout allows a view, a copy when it does not."""
+    stack = list(node.users)
+    while stack:
+        u = stack.pop()
+        if u.op != "call_function" or u.target not in _LAYOUT_OPS:
+            continue
+        if u.target in (aten.view.default, aten._unsafe_view.default):
+            u.target = aten.reshape.default
+        stack.extend(u.users)
 
 
 def restore_causal_attention(gm: fx.GraphModule) -> int:
@@ -153,6 +177,7 @@ def restore_causal_attention(gm: fx.GraphModule) -> int:
             new = graph.call_function(aten.scaled_dot_product_attention.default, (q, k, v), new_kwargs)
         new.meta.update({key: out.meta[key] for key in ("val", "nn_module_stack", "stack_trace") if key in out.meta})
         out.replace_all_uses_with(new)
+        _views_to_reshapes(new)
         restored += 1
     if restored:
         graph.eliminate_dead_code()  # the old calls, the repeat_kv copies, the mask
