@@ -215,8 +215,32 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float) -> dict[str
                                                           return_mode="median"))
         out["fwd_ms"] = round(ms, 2)
         out["checksum"] = float(h.float().abs().mean())
+        # next-token argmax through the (tied) lm_head, to compare every variant with eager
+        top2 = model.lm_head(f(ids).last_hidden_state).topk(2, dim=-1).values.float()
+        am = model.lm_head(f(ids).last_hidden_state).argmax(-1)
+        torch.save({"argmax": am.cpu(), "margin": (top2[..., 0] - top2[..., 1]).cpu()}, f"/tmp/argmax_{variant}.pt")
     out["peak_GB"] = round(torch.cuda.max_memory_allocated() / 1e9, 1)
     return out
+
+
+def agreement(rows: list[dict[str, Any]]) -> None:
+    """Each variant's argmax agreement with eager: all positions, and positions where eager's
+    top-1/top-2 logit margin exceeds a threshold (random weights give near-ties everywhere)."""
+    try:
+        ref = torch.load("/tmp/argmax_eager.pt")
+    except FileNotFoundError:
+        return
+    for row in rows:
+        try:
+            other = torch.load(f"/tmp/argmax_{row['variant']}.pt")
+        except FileNotFoundError:
+            continue
+        same = other["argmax"] == ref["argmax"]
+        row["argmax_agree_vs_eager"] = round(float(same.float().mean()), 5)
+        for m in (0.05, 0.1, 0.25):
+            sel = ref["margin"] > m
+            row[f"argmax_agree_vs_eager_margin_gt_{m}"] = round(float(same[sel].float().mean()), 5)
+            row[f"positions_margin_gt_{m}"] = round(float(sel.float().mean()), 4)
 
 
 def main() -> int:
@@ -255,6 +279,7 @@ def main() -> int:
             row = json.loads(lines[-1][7:]) if lines else {"variant": v, "error": proc.stderr[-2000:]}
             print(json.dumps(row), flush=True)
             result["qwen3_4b_fwd"].append(row)
+        agreement(result["qwen3_4b_fwd"])
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
