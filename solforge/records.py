@@ -178,6 +178,9 @@ class E2EReport:
     timings_meaningful: bool = True
     outputs_compared: int = 0
     note: str | None = None
+    # agreement where the original's top-1/top-2 logit margin is > 2% of its largest |logit|:
+    # what `passed` judges (validate.py says why)
+    argmax_agree_decisive: float | None = None
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,12 @@ from solforge.tune.timing import time_model
 # bf16 rounding, and the flip travels through every later layer, so the bar is the whole model's
 # output relative to its scale (‖out - ref‖ / ‖ref‖), not one op's element-wise tolerance.
 E2E_REL_TOL = {torch.bfloat16: 5e-2, torch.float16: 1e-2, torch.float32: 1e-4, torch.float64: 1e-8}
+# Argmax agreement is judged where the original's top-1/top-2 margin is decisive: more than 2% of
+# its largest |logit|. Random-weight models tie almost everywhere: on Qwen3-4B (B2 S8192, H100,
+# 2026-11-22) torch.compile agreed with eager at 88.1% of all positions and Liger at 88.5%, but at
+# 98.97% / 99.31% where the margin was > 0.1 (~2% of the largest logit) and 100% above 0.25.
 ARGMAX_MIN_AGREE = 0.99
+DECISIVE_MARGIN = 0.02
 
 
 def flatten_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
@@ -71,8 +76,16 @@ def output_error(name: str, out: torch.Tensor, ref: torch.Tensor, chunk: int = 1
     return OutputError(name, max_abs, rel, norm_rel, nonfinite)
 
 
-def argmax_agreement(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.argmax(-1) == ref.argmax(-1)).float().mean())
+def argmax_agreement(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float | None]:
+    """(agreement at every position, agreement where the reference's top-2 margin is decisive;
+    None when no position is)."""
+    same = out.argmax(-1) == ref.argmax(-1)
+    top2 = ref.topk(2, dim=-1).values.float() if ref.shape[-1] > 1 else None
+    decisive = None
+    if top2 is not None:
+        sel = (top2[..., 0] - top2[..., 1]) > DECISIVE_MARGIN * float(ref.abs().max())
+        decisive = float(same[sel].float().mean()) if bool(sel.any()) else None
+    return float(same.float().mean()), decisive
 
 
 def _logits(outputs: Sequence[tuple[str, torch.Tensor]]) -> int | None:
@@ -93,20 +106,22 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
             return E2EReport(None, None, None, math.inf, math.inf, None, False,
                              note="the optimized model returned a different output structure")
         errors = [output_error(n, o, r) for (n, o), (_, r) in zip(opt_out, ref_out, strict=True)]
-        agree = None
+        agree = decisive = None
         if is_language_model and (i := _logits(ref_out)) is not None:
-            agree = argmax_agreement(opt_out[i][1], ref_out[i][1])
+            agree, decisive = argmax_agreement(opt_out[i][1], ref_out[i][1])
         del ref_out, opt_out
         tol = E2E_REL_TOL.get(dtype, 5e-2)
         bad = [e for e in errors if e.nonfinite or e.norm_rel_err > tol]
-        passed = not bad and (agree is None or agree >= ARGMAX_MIN_AGREE)
+        judged = decisive if decisive is not None else agree
+        passed = not bad and (judged is None or judged >= ARGMAX_MIN_AGREE)
         note = None
         if bad:
             e = bad[0]
             note = f"{e.name}: " + ("NaN/Inf where the original is finite" if e.nonfinite
                                     else f"relative error {e.norm_rel_err:.3g} > {tol:g}")
-        elif agree is not None and agree < ARGMAX_MIN_AGREE:
-            note = f"argmax agrees at {agree:.2%} of positions (< {ARGMAX_MIN_AGREE:.0%})"
+        elif judged is not None and judged < ARGMAX_MIN_AGREE:
+            note = (f"argmax agrees at {judged:.2%} of the positions with a decisive margin "
+                    f"(< {ARGMAX_MIN_AGREE:.0%})")
         base = opt = RunResult(error="not timed")
         if time_it:
             base = time_model(lambda: original(*inputs), device)
@@ -117,6 +132,6 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
         baseline_ms=ms(base), optimized_ms=ms(opt), speedup=speedup,
         max_abs_err=max((e.max_abs_err for e in errors), default=0.0),
         max_rel_err=max((e.max_rel_err for e in errors), default=0.0),
-        argmax_agree=agree, passed=passed, timings_meaningful=device == "cuda",
+        argmax_agree=agree, argmax_agree_decisive=decisive, passed=passed, timings_meaningful=device == "cuda",
         outputs_compared=len(errors), note=note,
     )

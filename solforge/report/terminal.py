@@ -74,6 +74,8 @@ def print_report(report: Report, console: Console) -> None:
                   if e.baseline_ms is not None and e.optimized_ms is not None and e.speedup is not None
                   else "not timed")
         agree = "" if e.argmax_agree is None else f", argmax agrees at {e.argmax_agree:.2%} of positions"
+        if e.argmax_agree_decisive is not None:
+            agree += f" ({e.argmax_agree_decisive:.2%} where the margin is decisive)"
         console.print(f"end to end: {timing}; max abs err {e.max_abs_err:.3g}, max rel err "
                       f"{e.max_rel_err:.3g}{agree}: {status}")
     for note in report.notes:
