@@ -19,7 +19,7 @@ from solforge.integrate import integrate
 from solforge.numerics import dtype_name
 from solforge.records import E2EReport, RegionReport, Report, RunResult, TuneResult, TuningRecord
 from solforge.report import ensure_writable, write_report
-from solforge.tune import tune
+from solforge.tune import candidates, family_module, tune
 from solforge.tune.timing import time_kernel
 from solforge.validate import validate
 
@@ -69,11 +69,10 @@ def _version() -> str:
 
 
 def check_device(device: str) -> str:
-    if device not in ("cuda", "cpu"):
-        raise UserError(f"unknown device {device!r}: use --device cuda or --device cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("no CUDA device found: run with --device cpu, or on a machine with an NVIDIA GPU")
-    return device
+    """'cuda' or 'cpu', or a UserError saying what to do (one check for loaders and optimize)."""
+    from solforge.zoo.base import resolve_device
+
+    return resolve_device(device).type
 
 
 def _model_device(model: torch.nn.Module, inputs: Sequence[Any]) -> str:
@@ -163,8 +162,6 @@ def optimize(
         left = max(0.0, budget - (time.perf_counter() - t0))
         rep.stage("tune", group.workload.key)
         baseline = _baseline(group, device)
-        from solforge.tune import candidates, family_module
-
         n = len(candidates(family_module(group.workload.family), group.workload))
         rep.tune_start(group.workload.key, min(n, max_candidates or n))
         res = tune(group.workload, baseline, device=device, budget_s=left / (len(groups) - i),
@@ -205,8 +202,6 @@ def _fresh(inputs: Sequence[Any]) -> tuple[Any, ...]:
 
 
 def _encode(result: TuneResult) -> str:
-    from solforge.tune import family_module
-
     fam = family_module(result.workload.family)
     assert result.best is not None
     return fam.Config(**result.best.candidate.config_dict).encode()
