@@ -44,8 +44,8 @@ def time_model(fn: Callable[[], Any], device: str, *, warmup: int = 2, runs: int
     """Time a whole forward: CUDA events around each call after `warmup` calls, median of `runs`
     (fewer when one call is slow, so a large model stays within `max_seconds`)."""
     try:
-        if device != "cuda":
-            return _wall_clock(fn, runs=max(1, min(runs, 3)), warmup=1)
+        if device != "cuda":  # interpreter: one run, its time means nothing anyway
+            return _wall_clock(fn, runs=1, warmup=0)
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize()
