@@ -170,21 +170,18 @@ def rmsnorm_row(rows: int, H: int, LigerRMSNorm: Any, tune_budget: float = 30.0)
     return row
 
 
-QWEN3_4B = dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                rms_norm_eps=1e-6, rope_theta=1000000, tie_word_embeddings=True, use_cache=False)
-
-
 def qwen3_variant(variant: str, batch: int, seq: int, budget: float) -> dict[str, Any]:
     """One variant of the Qwen3-4B body forward, in this process."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
+
+    from solforge.zoo import zoo_config
 
     if variant.startswith("liger"):
         from liger_kernel.transformers import apply_liger_kernel_to_qwen3
 
         apply_liger_kernel_to_qwen3(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                                     fused_linear_cross_entropy=False)
-    cfg = Qwen3Config(**QWEN3_4B)
+    cfg = zoo_config("qwen3-4b")  # the published config, use_cache=False
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -216,9 +213,10 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float) -> dict[str
         out["fwd_ms"] = round(ms, 2)
         out["checksum"] = float(h.float().abs().mean())
         # next-token argmax through the (tied) lm_head, to compare every variant with eager
-        top2 = model.lm_head(f(ids).last_hidden_state).topk(2, dim=-1).values.float()
-        am = model.lm_head(f(ids).last_hidden_state).argmax(-1)
-        torch.save({"argmax": am.cpu(), "margin": (top2[..., 0] - top2[..., 1]).cpu()}, f"/tmp/argmax_{variant}.pt")
+        logits = model.lm_head(h)
+        top2 = logits.topk(2, dim=-1).values.float()
+        torch.save({"argmax": logits.argmax(-1).cpu(), "margin": (top2[..., 0] - top2[..., 1]).cpu()},
+                   f"/tmp/argmax_{variant}.pt")
     out["peak_GB"] = round(torch.cuda.max_memory_allocated() / 1e9, 1)
     return out
 

@@ -8,7 +8,6 @@ A failure is a record with an `error` string and infinite time, never an excepti
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import types
@@ -241,9 +240,7 @@ def _decode(tp: Any, data: Any) -> Any:
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(_decode(args[0], v) for v in data)
         return tuple(_decode(a, v) for a, v in zip(args, data, strict=True)) if args else tuple(data)
-    if tp is float:
-        if isinstance(data, str):
-            return float(data)
+    if tp is float:  # also "inf" / "-inf", as _encode writes them
         return float(data)
     if tp is Any:
         return _freeze(data)
@@ -263,7 +260,3 @@ def from_dict(cls: type[T], data: Any) -> T:
 
 def from_json(cls: type[T], text: str) -> T:
     return from_dict(cls, json.loads(text))
-
-
-def short_hash(text: str, n: int = 12) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:n]

@@ -30,17 +30,7 @@ class CapturedGraph:
 
     index: int
     aten: fx.GraphModule
-    n_inputs: int
-    dynamo_ops: int = 0
     attention_restored: int = 0  # SDPA calls given back is_causal (see canonical.py)
-
-    def op_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for node in self.aten.graph.nodes:
-            if node.op == "call_function":
-                name = op_name(node.target)
-                counts[name] = counts.get(name, 0) + 1
-        return counts
 
 
 def op_name(target: Any) -> str:
@@ -100,7 +90,6 @@ class SolforgeBackend:
         except Exception as e:  # a graph we cannot lower still runs, as dynamo gave it
             self.errors.append(f"graph {index}: lowering failed: {type(e).__name__}: {e}")
             return gm.forward
-        n_ops = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
         try:
             restored = restore_causal_attention(aten)
         except Exception as e:  # the graph as traced is still correct, only slower
@@ -108,8 +97,7 @@ class SolforgeBackend:
             restored = 0
         if self.rewrite is not None:
             aten = self.rewrite(aten, index)
-        self.graphs.append(CapturedGraph(index=index, aten=aten, n_inputs=len(example_inputs), dynamo_ops=n_ops,
-                                         attention_restored=restored))
+        self.graphs.append(CapturedGraph(index=index, aten=aten, attention_restored=restored))
         return aten
 
 
