@@ -59,7 +59,7 @@ class Match:
             inputs=tuple(n.name for n in self.inputs),
             nodes=tuple(n.name for n in self.nodes),
             workload=self.workload,
-            module=module_path(self.output),
+            module=module_path(self.outputs[-1]),  # add_rmsnorm: the norm, not the add
         )
 
 
@@ -88,9 +88,10 @@ class WorkloadGroup:
 
 
 def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
-    from solforge.plan import rmsnorm
+    from solforge.plan import add_rmsnorm, rmsnorm
 
-    return {"rmsnorm": rmsnorm.match}
+    # first claim wins: a residual add + norm is one add_rmsnorm, not an rmsnorm
+    return {"add_rmsnorm": add_rmsnorm.match, "rmsnorm": rmsnorm.match}
 
 
 def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:
@@ -149,16 +150,21 @@ def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]
     every input is defined by then), and each output's users read an `operator.getitem` of it."""
     graph = gm.graph
     order = {node: i for i, node in enumerate(graph.nodes)}
+    # an earlier region's output may be this one's input (a residual stream through add_rmsnorm
+    # after add_rmsnorm): the Match still names the node it replaced
+    replaced: dict[fx.Node, fx.Node] = {}
     n = 0
     for m, config in zip(matches, configs, strict=True):
         first = min(m.outputs, key=order.__getitem__)
+        args = tuple(replaced.get(a, a) if isinstance(a, fx.Node) else a for a in m.args)
         with graph.inserting_before(first):
-            new = graph.call_function(m.op, (*m.args, config))
+            new = graph.call_function(m.op, (*args, config))
             items = [graph.call_function(operator.getitem, (new, i)) for i in range(len(m.outputs))] \
                 if m.multi else [new]
         for item, old in zip(items, m.outputs, strict=True):
             item.meta.update({k: v for k, v in old.meta.items() if k in _META})
             old.replace_all_uses_with(item)
+            replaced[old] = item
         if m.multi:
             new.meta["val"] = tuple(o.meta.get("val") for o in m.outputs)
             new.meta.update({k: v for k, v in m.output.meta.items() if k in _META and k != "val"})
