@@ -180,6 +180,12 @@ class E2EReport:
     # agreement where the original's top-1/top-2 logit margin is > 2% of its largest |logit|:
     # what `passed` judges (validate.py says why)
     argmax_agree_decisive: float | None = None
+    # mode train: parameter gradients of the training loss (validate.train_loss) compared too,
+    # and the timings are whole steps (forward + backward)
+    grads_compared: int = 0
+    grad_max_rel_err: float | None = None  # worst ‖g - g_ref‖ / ‖g_ref‖ over the parameters
+    baseline_peak_gb: float | None = None
+    optimized_peak_gb: float | None = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ E2E_REL_TOL = {torch.bfloat16: 5e-2, torch.float16: 1e-2, torch.float32: 1e-4, t
 # 2026-11-22) torch.compile agreed with eager at 88.1% of all positions and Liger at 88.5%, but at
 # 98.97% / 99.31% where the margin was > 0.1 (~2% of the largest logit) and 100% above 0.25.
 ARGMAX_MIN_AGREE = 0.99
+# Gradients go through the backward of every layer after the first difference, so they are held to
+# twice the outputs' bar (the worst parameter, norm-relative).
+GRAD_REL_TOL = {k: 2 * v for k, v in E2E_REL_TOL.items()}
 DECISIVE_MARGIN = 0.02
 
 
@@ -96,12 +99,61 @@ def _logits(outputs: Sequence[tuple[str, torch.Tensor]]) -> int | None:
     return floating[0] if floating else None
 
 
+Params = Sequence[tuple[str, torch.nn.Parameter]]
+
+
+def train_loss(out: Any) -> torch.Tensor:
+    """The loss the train-mode check differentiates: the mean square of every floating output that
+    carries a gradient (BASELINES.md's training step uses the last hidden state's), in fp32."""
+    ts = [t for _, t in flatten_tensors(out) if t.dtype.is_floating_point and t.requires_grad]
+    if not ts:
+        raise ValueError("no output of the model carries a gradient: nothing to train")
+    return torch.stack([t.float().pow(2).mean() for t in ts]).sum()
+
+
+def _step(fn: Callable[..., Any], inputs: Sequence[Any], params: Params) -> tuple[Any, dict[str, torch.Tensor]]:
+    """One forward and backward; returns the outputs and a copy of every parameter's gradient."""
+    for _, p in params:
+        p.grad = None
+    out = fn(*inputs)
+    train_loss(out).backward()
+    grads = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
+    for _, p in params:
+        p.grad = None
+    return out, grads
+
+
+def _peak_gb(fn: Callable[[], Any], device: str) -> float | None:
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return round(torch.cuda.max_memory_allocated() / 1e9, 2)
+
+
 def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs: Sequence[Any], *,
              dtype: torch.dtype, device: str, is_language_model: bool, time_it: bool = True,
-             grad: bool = False) -> E2EReport:
-    with torch.set_grad_enabled(grad):
-        ref_out = flatten_tensors(original(*inputs))
-        opt_out = flatten_tensors(optimized(*inputs))
+             params: Params | None = None) -> E2EReport:
+    """Compare outputs (and, with `params`, i.e. in train mode, the parameters' gradients of
+    `train_loss`) and time both models: forwards, or whole training steps with `params`."""
+    train = params is not None
+    with torch.set_grad_enabled(train):
+        grad_err: float | None = None
+        if train:
+            assert params is not None
+            ref_raw, ref_g = _step(original, inputs, params)
+            opt_raw, opt_g = _step(optimized, inputs, params)
+            if set(ref_g) != set(opt_g):
+                return E2EReport(None, None, None, math.inf, math.inf, None, False,
+                                 note="the optimized model's backward reached different parameters")
+            grad_err = max((output_error(n, opt_g[n], g).norm_rel_err for n, g in ref_g.items()), default=0.0)
+            del ref_g, opt_g
+        else:
+            ref_raw, opt_raw = original(*inputs), optimized(*inputs)
+        ref_out, opt_out = flatten_tensors(ref_raw), flatten_tensors(opt_raw)
+        del ref_raw, opt_raw
         if len(ref_out) != len(opt_out) or [n for n, _ in ref_out] != [n for n, _ in opt_out]:
             return E2EReport(None, None, None, math.inf, math.inf, None, False,
                              note="the optimized model returned a different output structure")
@@ -113,9 +165,12 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
         tol = E2E_REL_TOL.get(dtype, 5e-2)
         bad = [e for e in errors if e.nonfinite or e.norm_rel_err > tol]
         judged = decisive if decisive is not None else agree
-        passed = not bad and (judged is None or judged >= ARGMAX_MIN_AGREE)
+        grads_ok = grad_err is None or grad_err <= GRAD_REL_TOL.get(dtype, 1e-1)
+        passed = not bad and grads_ok and (judged is None or judged >= ARGMAX_MIN_AGREE)
         note = None
-        if bad:
+        if not grads_ok:
+            note = f"parameter gradients: relative error {grad_err:.3g} > {GRAD_REL_TOL.get(dtype, 1e-1):g}"
+        elif bad:
             e = bad[0]
             note = f"{e.name}: " + ("NaN/Inf where the original is finite" if e.nonfinite
                                     else f"relative error {e.norm_rel_err:.3g} > {tol:g}")
@@ -123,9 +178,15 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
             note = (f"argmax agrees at {judged:.2%} of the positions with a decisive margin "
                     f"(< {ARGMAX_MIN_AGREE:.0%})")
         base = opt = RunResult(error="not timed")
+        peaks: tuple[float | None, float | None] = (None, None)
         if time_it:
-            base = time_model(lambda: original(*inputs), device)
-            opt = time_model(lambda: optimized(*inputs), device)
+            if train:
+                assert params is not None
+                runs = [lambda f=f: _step(f, inputs, params) for f in (original, optimized)]
+                peaks = (_peak_gb(runs[0], device), _peak_gb(runs[1], device))
+            else:
+                runs = [lambda f=f: f(*inputs) for f in (original, optimized)]
+            base, opt = time_model(runs[0], device), time_model(runs[1], device)
     ms = lambda r: r.p50_us / 1e3 if r.ok else None  # noqa: E731
     speedup = base.p50_us / opt.p50_us if base.ok and opt.ok else None
     return E2EReport(
@@ -133,5 +194,6 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
         max_abs_err=max((e.max_abs_err for e in errors), default=0.0),
         max_rel_err=max((e.max_rel_err for e in errors), default=0.0),
         argmax_agree=agree, argmax_agree_decisive=decisive, passed=passed, timings_meaningful=device == "cuda",
-        outputs_compared=len(errors), note=note,
+        outputs_compared=len(errors), note=note, grads_compared=len(params or ()) if train else 0,
+        grad_max_rel_err=grad_err, baseline_peak_gb=peaks[0], optimized_peak_gb=peaks[1],
     )
