@@ -159,7 +159,7 @@ def test_region_with_escaping_intermediate_is_left_alone() -> None:
 
 def test_qwen3_counts_and_workloads_at_36_layers() -> None:
     """Qwen3-4B's structure (36 layers) with a small hidden size: 72 + 1 hidden norms, 36 q-norms
-    and 36 k-norms, i.e. 3 workloads, each named by its module path."""
+    and 36 k-norms, i.e. 3 rmsnorm workloads, and 36 SwiGLUs, each named by its module path."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=36,
@@ -169,12 +169,14 @@ def test_qwen3_counts_and_workloads_at_36_layers() -> None:
     ids = torch.randint(0, 64, (1, 4))
     with torch.no_grad():
         groups = plan.plan(capture.capture(model, (ids,)).graphs)
-    counts = sorted(g.count for g in groups)
+    counts = sorted(g.count for g in groups if g.workload.family == "rmsnorm")
     assert counts == [36, 36, 73]
+    assert [g.count for g in groups if g.workload.family == "swiglu"] == [36]
     modules = {r.module for g in groups for r in g.regions}
     assert "model.layers.3.self_attn.q_norm" in modules
     assert "model.layers.35.post_attention_layernorm" in modules
     assert "model.norm" in modules
+    assert "model.layers.35.mlp" in modules
 
 
 def test_fused_aten_rms_norm_is_matched() -> None:

@@ -243,13 +243,24 @@ def _launch_args(n_rows: int, N: int, config: Config, device: torch.device) -> t
     return grid, (n_col_tiles, n_iter, grid), kw
 
 
-def _resolve(shape: torch.Size, dtype: torch.dtype, act: str, config: Config | None) -> Config:
-    rows = math.prod(int(d) for d in shape[:-1])
-    wl = Workload(FAMILY, ((rows, int(shape[-1])),) * 2, (dtype_name(dtype),) * 2, (("act", act),))
-    cfg = heuristic(wl) if config is None else config
-    if not is_valid(cfg, wl):  # a bad config could silently skip columns: refuse it
-        raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
-    return cfg
+# Everything about a launch that depends only on (shape, dtype, act, config, device), cached so
+# a decode step pays for a dict lookup, not for Workload/heuristic/Config work.
+_Plan = tuple[int, tuple[int, ...], dict[str, Any]]
+_PLANS: dict[tuple[Any, ...], _Plan] = {}
+
+
+def _plan(n_rows: int, N: int, dtype: torch.dtype, act: str, config: Config | None, device: torch.device) -> _Plan:
+    key = (n_rows, N, dtype, act, config, device)
+    plan = _PLANS.get(key)
+    if plan is None:
+        wl = Workload(FAMILY, ((n_rows, N),) * 2, (dtype_name(dtype),) * 2, (("act", act),))
+        cfg = heuristic(wl) if config is None else config
+        if not is_valid(cfg, wl):  # a bad config could silently skip columns: refuse it
+            raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
+        if len(_PLANS) > 4096:  # many distinct row counts (varying sequence lengths): start over
+            _PLANS.clear()
+        plan = _PLANS[key] = _launch_args(n_rows, N, cfg, device)
+    return plan
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, act: str = "silu", *, config: Config | None = None,
@@ -272,8 +283,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, act: str = "silu", *, config: C
     u2, su = _rows_view(up, N)
     y2, sy = _rows_out(out, N, "out")
     n_rows = g2.shape[0]
-    cfg = _resolve(shape, gate.dtype, act, config)
-    grid, extra, kw = _launch_args(n_rows, N, cfg, device)
+    grid, extra, kw = _plan(n_rows, N, gate.dtype, act, config, device)
     _swiglu_fwd_kernel[(grid,)](g2, u2, y2, n_rows, N, sg, su, sy, *extra, ACT=act, **kw)
     return out
 
@@ -332,8 +342,7 @@ def swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, act: str 
     g2, sg = _rows_view(gate, N)
     u2, su = _rows_view(up, N)
     n_rows = g2.shape[0]
-    cfg = _resolve(shape, gate.dtype, act, config)
-    grid, extra, kw = _launch_args(n_rows, N, cfg, device)
+    grid, extra, kw = _plan(n_rows, N, gate.dtype, act, config, device)
     _swiglu_bwd_kernel[(grid,)](dy2, g2, u2, dg, du, n_rows, N, sdy, sg, su, N, *extra, ACT=act, **kw)
     return dg, du
 
@@ -509,7 +518,7 @@ def space(workload: Workload) -> list[Config]:
     cands: list[Config] = []
     for bn in blocks:
         for elems in (2048, 4096, 8192, 16384):
-            r = max(1, elems // bn)
+            r = max(1, min(elems // bn, triton.next_power_of_2(max(rows, 1))))
             for ept in (8, 16):
                 cands.append(Config("tile", bn, r, _warps_for(r * bn, ept)))
     h = heuristic(workload)

@@ -73,9 +73,9 @@ class WorkloadGroup:
 
 
 def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
-    from solforge.plan import rmsnorm
+    from solforge.plan import rmsnorm, swiglu
 
-    return {"rmsnorm": rmsnorm.match}
+    return {"rmsnorm": rmsnorm.match, "swiglu": swiglu.match}
 
 
 def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:
