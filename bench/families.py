@@ -83,7 +83,29 @@ def _fwd_bwd(f: Callable[..., torch.Tensor], g: torch.Tensor, u: torch.Tensor, d
     return step
 
 
-def swiglu_row(rows: int, N: int, label: str, act: str, budget: float) -> dict[str, Any]:
+def bwd_sweep(fam: Any, wl: Any, dy: torch.Tensor, g: torch.Tensor, u: torch.Tensor, act: str,
+              elem: int) -> list[tuple[float, float, str]]:
+    """The backward kernel over the forward's space (the tune loop verifies one output per call,
+    the backward has two): each config checked against swiglu_bwd_ref once, then timed.
+    Returns (us, TB/s, config) for the fastest 10, the heuristic marked with '*'."""
+    from solforge.numerics import compare
+
+    rg, ru = fam.swiglu_bwd_ref(dy, g, u, act)
+    heur = fam.heuristic(wl)
+    out = []
+    for c in [heur, *[c for c in fam.space(wl) if c != heur]]:
+        with torch.no_grad():
+            dg, du = fam.swiglu_bwd(dy, g, u, act, config=c)
+            if not (compare(dg, rg).ok and compare(du, ru).ok):
+                out.append((float("inf"), 0.0, c.encode() + " FAILED"))
+                continue
+            us = bench_us(lambda c=c: fam.swiglu_bwd(dy, g, u, act, config=c))
+        out.append((round(us, 2), _tbps(5 * elem, us), c.encode() + ("*" if c == heur else "")))
+    top = sorted(out)[:10]
+    return top + [r for r in out if r[2].endswith("*") and r not in top]
+
+
+def swiglu_row(rows: int, N: int, label: str, act: str, budget: float, sweep_bwd: bool) -> dict[str, Any]:
     from solforge.kernels import swiglu as fam
     from solforge.records import RunResult
     from solforge.tune import tune
@@ -136,6 +158,8 @@ def swiglu_row(rows: int, N: int, label: str, act: str, budget: float) -> dict[s
         row["fwd_solforge_chunked_us"] = bench_us(lambda: op(gc, uc, act, enc))
         row["fwd_solforge_heuristic_us"] = bench_us(lambda: op(g, u, act, ""))
         row["bwd_solforge_kernel_us"] = bench_us(lambda: fam.swiglu_bwd_op(dy, g, u, act, ""))
+    if sweep_bwd:
+        row["bwd_sweep"] = bwd_sweep(fam, wl, dy, g, u, act, elem)
     # forward + backward through autograd
     for name, f in fns.items():
         a = (g.clone() if name == "liger" else g).requires_grad_(True)
@@ -164,7 +188,7 @@ def swiglu_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     out = []
     for act in args.acts.split(","):
         for rows, N, label in SWIGLU_SHAPES:
-            out.append(swiglu_row(rows, N, label, act, args.budget))
+            out.append(swiglu_row(rows, N, label, act, args.budget, not args.no_bwd_sweep))
             print(json.dumps(out[-1]), flush=True)
     return out
 
@@ -179,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of: {', '.join(FAMILIES)}")
     p.add_argument("--budget", type=float, default=120.0, help="solforge tuning budget per shape (s)")
     p.add_argument("--acts", default="silu", help="swiglu activations: silu,gelu_tanh,gelu")
+    p.add_argument("--no-bwd-sweep", action="store_true", help="skip timing the backward kernel over the space")
     p.add_argument("--out", default=None, help="JSON file to write")
     a = p.parse_args(argv)
     unknown = [f for f in a.families.split(",") if f not in FAMILIES]

@@ -446,7 +446,8 @@ def test_qwen3_tiny_zoo_model_has_two_swiglu_regions() -> None:
 @pytest.mark.parametrize("act", ACTS)
 def test_gpu_every_config_at_qwen3_width(act: str) -> None:
     wl = _wl(16384, 9728, act=act, device="cuda")
-    for c in space(wl):
+    configs = space(wl) if act == "silu" else space(wl)[::4]  # every config compiles: ~1 s each
+    for c in configs:
         _check(wl, c, rows=1237)  # odd row count, fewer rows: compile-bound, still fills the GPU
 
 
