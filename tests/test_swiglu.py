@@ -424,6 +424,29 @@ def test_look_alikes_do_not_match() -> None:
         assert plan.plan(capture.capture(LookAlikes(), (g, u, v)).graphs) == []
 
 
+def test_hugging_face_mlp_classes() -> None:
+    """transformers' own Llama, Gemma (gelu_pytorch_tanh) and Phi-3 (fused gate_up) MLPs: found and
+    swapped, same outputs."""
+    from transformers import GemmaConfig, LlamaConfig, Phi3Config
+    from transformers.models.gemma.modeling_gemma import GemmaMLP
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    from transformers.models.phi3.modeling_phi3 import Phi3MLP as HFPhi3MLP
+
+    small = dict(hidden_size=H, intermediate_size=FF, num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    torch.manual_seed(0)
+    for cls, cfg, act in [(LlamaMLP, LlamaConfig(**small), "silu"),
+                          (GemmaMLP, GemmaConfig(**small, hidden_act="gelu_pytorch_tanh"), "gelu_tanh"),
+                          (HFPhi3MLP, Phi3Config(**small), "silu")]:
+        m = cls(cfg).to(DEVICE, BF16).eval()
+        x = torch.randn(2, 9, H, device=DEVICE, dtype=BF16)
+        with torch.no_grad():
+            groups = plan.plan(capture.capture(m, (x,)).graphs)
+            assert [(g.workload.family, g.count, g.workload.param("act")) for g in groups] == [("swiglu", 1, act)]
+            opt, stats = integrate(m, _winners(groups))
+            c = compare(opt(x), m(x))
+        assert stats.total == 1 and c.ok, (cls.__name__, c.reason)
+
+
 def test_qwen3_tiny_zoo_model_has_two_swiglu_regions() -> None:
     from solforge.zoo import load_model
 
