@@ -154,7 +154,8 @@ def optimize(
     rep.stage("plan", f"{len(captured.graphs)} graph(s)")
     groups = _plan.plan(captured.graphs, fams)
     if not groups:
-        notes.append("nothing to optimize: no region of a known kernel family (rmsnorm) was found")
+        known = ", ".join(_plan._matchers())
+        notes.append(f"nothing to optimize: no region of a known kernel family ({known}) was found")
 
     results: list[TuneResult] = []
     t0 = time.perf_counter()

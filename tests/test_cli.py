@@ -29,9 +29,9 @@ def test_optimize_qwen3_tiny_writes_a_passing_report(tmp_path: Path, capsys: pyt
     assert data["model"] == "qwen3-tiny" and data["dtype"] == "bf16" and data["mode"] == "inference"
     assert {"torch", "triton", "python"} <= set(data["versions"])
     # qwen3-tiny: 2 layers -> 4 hidden norms + the final one (all but the first after a residual
-    # add), 2 q-norms, 2 k-norms
+    # add), 2 q-norms, 2 k-norms; 2 MLPs -> 2 SwiGLUs
     assert sorted((r["family"], r["count"]) for r in data["regions"]) == [
-        ("add_rmsnorm", 4), ("rmsnorm", 1), ("rmsnorm", 2), ("rmsnorm", 2)]
+        ("add_rmsnorm", 4), ("rmsnorm", 1), ("rmsnorm", 2), ("rmsnorm", 2), ("swiglu", 2)]
     for r in data["regions"]:
         assert REGION_KEYS <= set(r)
         assert r["verified"] is True and r["backend"] == "triton"

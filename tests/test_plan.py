@@ -159,7 +159,8 @@ def test_region_with_escaping_intermediate_is_left_alone() -> None:
 
 def test_qwen3_counts_and_workloads_at_36_layers() -> None:
     """Qwen3-4B's structure (36 layers) with a small hidden size: 72 + 1 hidden norms (72 of them
-    after a residual add: add_rmsnorm), 36 q-norms and 36 k-norms, each named by its module path."""
+    after a residual add: add_rmsnorm), 36 q-norms and 36 k-norms, and 36 SwiGLUs, each named by
+    its module path."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=36,
@@ -170,11 +171,12 @@ def test_qwen3_counts_and_workloads_at_36_layers() -> None:
     with torch.no_grad():
         groups = plan.plan(capture.capture(model, (ids,)).graphs)
     counts = sorted((g.workload.family, g.count) for g in groups)
-    assert counts == [("add_rmsnorm", 72), ("rmsnorm", 1), ("rmsnorm", 36), ("rmsnorm", 36)]
+    assert counts == [("add_rmsnorm", 72), ("rmsnorm", 1), ("rmsnorm", 36), ("rmsnorm", 36), ("swiglu", 36)]
     modules = {r.module for g in groups for r in g.regions}
     assert "model.layers.3.self_attn.q_norm" in modules
     assert "model.layers.35.post_attention_layernorm" in modules
     assert "model.norm" in modules
+    assert "model.layers.35.mlp" in modules
 
 
 def test_fused_aten_rms_norm_is_matched() -> None:

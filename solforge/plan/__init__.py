@@ -88,10 +88,10 @@ class WorkloadGroup:
 
 
 def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
-    from solforge.plan import add_rmsnorm, rmsnorm
+    from solforge.plan import add_rmsnorm, rmsnorm, swiglu
 
     # first claim wins: a residual add + norm is one add_rmsnorm, not an rmsnorm
-    return {"add_rmsnorm": add_rmsnorm.match, "rmsnorm": rmsnorm.match}
+    return {"add_rmsnorm": add_rmsnorm.match, "rmsnorm": rmsnorm.match, "swiglu": swiglu.match}
 
 
 def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:
