@@ -168,9 +168,12 @@ def test_qwen3_counts_and_workloads_at_36_layers() -> None:
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
     ids = torch.randint(0, 64, (1, 4))
     with torch.no_grad():
-        groups = plan.plan(capture.capture(model, (ids,)).graphs)
+        graphs = capture.capture(model, (ids,)).graphs
+        groups = plan.plan(graphs, families=("rmsnorm",))  # alone: the q/k norms are rmsnorm regions
+        fused = plan.plan(graphs)  # with rope: each layer's q/k norms join its rope region
     counts = sorted(g.count for g in groups)
     assert counts == [36, 36, 73]
+    assert sorted((g.workload.family, g.count) for g in fused) == [("rmsnorm", 73), ("rope", 36)]
     modules = {r.module for g in groups for r in g.regions}
     assert "model.layers.3.self_attn.q_norm" in modules
     assert "model.layers.35.post_attention_layernorm" in modules

@@ -88,9 +88,10 @@ class WorkloadGroup:
 
 
 def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
-    from solforge.plan import rmsnorm
+    from solforge.plan import rmsnorm, rope
 
-    return {"rmsnorm": rmsnorm.match}
+    # rope first: it takes the q/k RMSNorms it fuses before the rmsnorm matcher sees them
+    return {"rope": rope.match, "rmsnorm": rmsnorm.match}
 
 
 def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:
