@@ -142,8 +142,10 @@ def _fusable(nq: Match | None, nk: Match | None) -> bool:
 def _pair(q: _Rope, k: _Rope, norms: dict[fx.Node, Match], order: dict[fx.Node, int]) -> Match | None:
     from solforge.kernels import rope as family
 
+    if q.x is k.x:  # one tensor rotated twice: not a q/k pair (and its nodes would be claimed twice)
+        return None
     sq, sk = _source(q, norms), _source(k, norms)
-    if sq is None or sk is None:
+    if sq is None or sk is None or sq[0] is sk[0]:
         return None
     (vq, eq, nq), (vk, ek, nk) = sq, sk
     nodes = [*eq, *ek, *q.nodes, *k.nodes]
