@@ -29,9 +29,9 @@ def test_optimize_qwen3_tiny_writes_a_passing_report(tmp_path: Path, capsys: pyt
     assert data["model"] == "qwen3-tiny" and data["dtype"] == "bf16" and data["mode"] == "inference"
     assert {"torch", "triton", "python"} <= set(data["versions"])
     # qwen3-tiny: 2 layers -> 4 hidden norms + the final one (all but the first after a residual
-    # add), 2 q-norms, 2 k-norms; 2 MLPs -> 2 SwiGLUs
+    # add); 2 (q, k) pairs of norm + rope, fused; 2 MLPs -> 2 SwiGLUs
     assert sorted((r["family"], r["count"]) for r in data["regions"]) == [
-        ("add_rmsnorm", 4), ("rmsnorm", 1), ("rmsnorm", 2), ("rmsnorm", 2), ("swiglu", 2)]
+        ("add_rmsnorm", 4), ("rmsnorm", 1), ("rope", 2), ("swiglu", 2)]
     for r in data["regions"]:
         assert REGION_KEYS <= set(r)
         assert r["verified"] is True and r["backend"] == "triton"
@@ -44,7 +44,7 @@ def test_optimize_qwen3_tiny_writes_a_passing_report(tmp_path: Path, capsys: pyt
         assert data["timings_meaningful"] is False
         assert any("means nothing" in n for n in data["notes"])
     report = from_dict(Report, data)  # the file round-trips into the record
-    assert {r.family for r in report.regions} == {"add_rmsnorm", "rmsnorm"}
+    assert {r.family for r in report.regions} == {"add_rmsnorm", "rmsnorm", "rope", "swiglu"}
     assert "qwen3-tiny" in out and "passed" in out
 
 

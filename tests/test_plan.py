@@ -169,10 +169,14 @@ def test_qwen3_counts_and_workloads_at_36_layers() -> None:
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
     ids = torch.randint(0, 64, (1, 4))
     with torch.no_grad():
-        groups = plan.plan(capture.capture(model, (ids,)).graphs)
-    counts = sorted((g.workload.family, g.count) for g in groups)
-    assert counts == [("add_rmsnorm", 72), ("rmsnorm", 1), ("rmsnorm", 36), ("rmsnorm", 36), ("swiglu", 36)]
-    modules = {r.module for g in groups for r in g.regions}
+        graphs = capture.capture(model, (ids,)).graphs
+        groups = plan.plan(graphs, families=("rmsnorm",))  # alone: the q/k norms are rmsnorm regions
+        fused = plan.plan(graphs)  # with every family
+    counts = sorted(g.count for g in groups)
+    assert counts == [36, 36, 73]
+    assert sorted((g.workload.family, g.count) for g in fused) == [
+        ("add_rmsnorm", 72), ("rmsnorm", 1), ("rope", 36), ("swiglu", 36)]
+    modules = {r.module for g in groups + fused for r in g.regions}
     assert "model.layers.3.self_attn.q_norm" in modules
     assert "model.layers.35.post_attention_layernorm" in modules
     assert "model.norm" in modules

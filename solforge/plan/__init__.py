@@ -88,10 +88,11 @@ class WorkloadGroup:
 
 
 def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
-    from solforge.plan import add_rmsnorm, rmsnorm, swiglu
+    from solforge.plan import add_rmsnorm, rmsnorm, rope, swiglu
 
-    # first claim wins: a residual add + norm is one add_rmsnorm, not an rmsnorm
-    return {"add_rmsnorm": add_rmsnorm.match, "rmsnorm": rmsnorm.match, "swiglu": swiglu.match}
+    # first claim wins: rope takes the q/k RMSNorms it fuses, and a residual add + norm is one
+    # add_rmsnorm, before the rmsnorm matcher sees them
+    return {"rope": rope.match, "add_rmsnorm": add_rmsnorm.match, "rmsnorm": rmsnorm.match, "swiglu": swiglu.match}
 
 
 def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:

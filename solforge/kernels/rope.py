@@ -1,0 +1,708 @@
+"""RoPE family: rotary position embedding of q and k in one launch, optionally fused with the
+per-head RMSNorm that Qwen3 applies right before it (q_norm / k_norm over head_dim).
+
+    n   = rmsnorm(x, weight, eps) over D            (only with norm=True; else n = x)
+    out = n * cos + rotate_half(n) * sin            rotate_half(n) = cat(-n[D/2:], n[:D/2])
+
+for x = q (B, S, Hq, D) and x = k (B, S, Hk, D), with cos, sin of shape (Bc, S, D) or (S, D),
+Bc in {1, B}, shared by every head. Nothing is materialized: a program loads the two halves of
+its rows and of cos/sin, and stores the two halves of the result, so q and k cross memory once.
+
+Layout. The op takes q and k token-major, (B, S, H, D), as a projection writes them (any strides,
+last dim contiguous); that is the tensor the graph has before Hugging Face's `.transpose(1, 2)`
+(and before the norm, when it is fused). With heads_first=True (the HF form) the outputs are
+(B, H, S, D) with the strides of a transposed (B, S, H, D)-contiguous tensor: exactly the values,
+shape and strides that eager HF produces for q_embed/k_embed, and what SDPA reads. With
+heads_first=False they are (B, S, H, D) contiguous (models that rotate before transposing).
+
+Numerics. Every kernel loads the native dtype, computes in fp32 and casts on store. Eager HF rounds
+to bf16 after the norm (`round_before_weight`, kept here because it changes the function), after
+the weight multiply and after each rope product and the sum; those extra roundings are not
+reproduced (they only add error), see `output_tolerance`.
+
+Backward: dq_in, dk_in (through the rope and, when fused, the norm) and dq_weight, dk_weight.
+Gradients with respect to cos and sin are not computed: HF builds them from positions under
+no_grad. Rather than return a silently wrong None, the backward raises if cos or sin requires grad.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from solforge.numerics import Tolerance, dtype_name, parse_dtype, tolerance
+from solforge.records import Workload
+
+FAMILY = "rope"
+
+_SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference
+
+
+def _ref_one(x: torch.Tensor, w: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, eps: float,
+             norm: bool, round_before_weight: bool, heads_first: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    acc = torch.float64 if x.dtype in (torch.float32, torch.float64) else torch.float32
+    n = x.to(acc)
+    if norm:
+        n = n * torch.rsqrt(n.pow(2).mean(dim=-1, keepdim=True) + eps)
+        if round_before_weight:
+            n = n.to(x.dtype).to(acc)
+        if w is not None:
+            n = n * w.to(acc)
+    c, s = cos.to(acc).unsqueeze(-2), sin.to(acc).unsqueeze(-2)  # (.., S, 1, D): one per head
+    h = x.shape[-1] // 2
+    out = (n * c + torch.cat((-n[..., h:], n[..., :h]), dim=-1) * s).to(out_dtype)
+    return out.transpose(1, 2) if heads_first else out
+
+
+def rope_ref(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+             q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 1e-6, *,
+             norm: bool = False, round_before_weight: bool = False, heads_first: bool = True,
+             out_dtype: torch.dtype | None = None) -> Pair:
+    """The function every kernel must compute, in fp32 (fp64 for fp32 inputs); differentiable, so
+    it is the backward's reference too. `round_before_weight` rounds the normalized value to the
+    input dtype before the weight multiply, as HF's RMSNorm does."""
+    od = out_dtype or q.dtype
+    return (_ref_one(q, q_weight, cos, sin, eps, norm, round_before_weight, heads_first, od),
+            _ref_one(k, k_weight, cos, sin, eps, norm, round_before_weight, heads_first, od))
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels. A program owns a [TOKENS, HEADS, D/2] tile twice (the two halves of each row):
+# rotate_half is then plain arithmetic between the halves. Grid axis 1 enumerates the head blocks
+# of q, then those of k, so one launch covers both tensors and each program reads the cos/sin rows
+# of its tokens once for HEADS heads.
+
+
+@triton.jit
+def _probe() -> None:
+    pass
+
+
+# The interpreter replaces @triton.jit functions when TRITON_INTERPRET=1 is set before import.
+_INTERPRETED = type(_probe).__name__ == "InterpretedFunction"
+# Triton 3.6's interpreter casts fp32 to bf16 by truncation (1.0 + 2^-8 + 2^-12 -> 1.0), while the
+# GPU rounds to nearest even like torch: off the GPU the kernels round by hand, so CPU tests
+# compare the same function the GPU computes (bf16 results then match the reference bit for bit
+# except at rare rounding ties), not one with a systematic one-ulp bias.
+_RNE_BY_HAND = tl.constexpr(_INTERPRETED)
+
+
+@triton.jit
+def _cast(x, dtype: tl.constexpr):
+    """fp32 x to dtype, rounding to nearest even (see _RNE_BY_HAND)."""
+    if _RNE_BY_HAND:
+        if dtype == tl.bfloat16:
+            b = x.to(tl.uint32, bitcast=True)
+            b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+            x = b.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _offsets(b, s, heads, sb, ss, sh):
+    """[T, H, 1] element offsets (int64: B*S*H*D passes 2^31 at long contexts)."""
+    return (b.to(tl.int64) * sb + s.to(tl.int64) * ss)[:, None, None] + heads.to(tl.int64)[None, :, None] * sh
+
+
+@triton.jit
+def _load_cs(c_ptr, b, s, scb, scs, d, m, D2: tl.constexpr):
+    """cos or sin halves of these tokens as fp32 [T, 1, BLOCK]."""
+    off = (b.to(tl.int64) * scb + s.to(tl.int64) * scs)[:, None, None] + d
+    lo = tl.load(c_ptr + off, mask=m, other=0.0).to(tl.float32)
+    hi = tl.load(c_ptr + off + D2, mask=m, other=0.0).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _dmask(d, D2: tl.constexpr, BLOCK: tl.constexpr):
+    """Column mask; a constant true one when D/2 is a power of two, so loads stay vectorized."""
+    if BLOCK == D2:
+        m = tl.full([1, 1, BLOCK], 1, tl.int1)
+    else:
+        m = d < D2
+    return m
+
+
+@triton.jit
+def _rstd(x1, x2, eps, D2: tl.constexpr):
+    ss = tl.sum(x1 * x1, axis=2) + tl.sum(x2 * x2, axis=2)
+    return tl.rsqrt(ss / (2 * D2) + eps)[:, :, None]
+
+
+@triton.jit
+def _fwd_tile(x_ptr, w_ptr, o_ptr, sxb, sxs, sxh, sob, sos, soh, H, head0, b, s, tmask, d, dmask,
+              c1, c2, s1, s2, eps, D2: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr,
+              HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr):
+    heads = head0 + tl.arange(0, HEADS)
+    m = tmask[:, None, None] & (heads < H)[None, :, None] & dmask
+    xp = x_ptr + _offsets(b, s, heads, sxb, sxs, sxh) + d
+    x1 = tl.load(xp, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(xp + D2, mask=m, other=0.0).to(tl.float32)
+    if NORM:
+        r = _rstd(x1, x2, eps, D2)
+        x1 = x1 * r
+        x2 = x2 * r
+        if ROUND:  # HF rounds the normalized value to the input dtype before the weight
+            x1 = _cast(x1, x_ptr.dtype.element_ty).to(tl.float32)
+            x2 = _cast(x2, x_ptr.dtype.element_ty).to(tl.float32)
+        if HAS_WEIGHT:
+            x1 = x1 * tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
+            x2 = x2 * tl.load(w_ptr + D2 + d, mask=dmask, other=0.0).to(tl.float32)
+    op = o_ptr + _offsets(b, s, heads, sob, sos, soh) + d
+    tl.store(op, _cast(x1 * c1 - x2 * s1, o_ptr.dtype.element_ty), mask=m)
+    tl.store(op + D2, _cast(x2 * c2 + x1 * s2, o_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _rope_fwd_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, qo_ptr, ko_ptr, n_tok, S, Hq, Hk, n_qb,
+                     sqb, sqs, sqh, skb, sks, skh, scb, scs, ssb, sss, sqob, sqos, sqoh, skob, skos, skoh, eps,
+                     D2: tl.constexpr, BLOCK: tl.constexpr, TOKENS: tl.constexpr, HEADS: tl.constexpr,
+                     NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr):
+    tok = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
+    hb = tl.program_id(1)
+    tmask = tok < n_tok
+    b = tok // S
+    s = tok - b * S
+    d = tl.arange(0, BLOCK)[None, None, :]
+    dmask = _dmask(d, D2, BLOCK)
+    cm = tmask[:, None, None] & dmask
+    c1, c2 = _load_cs(cos_ptr, b, s, scb, scs, d, cm, D2)
+    s1, s2 = _load_cs(sin_ptr, b, s, ssb, sss, d, cm, D2)
+    if hb < n_qb:
+        _fwd_tile(q_ptr, qw_ptr, qo_ptr, sqb, sqs, sqh, sqob, sqos, sqoh, Hq, hb * HEADS, b, s, tmask, d, dmask,
+                  c1, c2, s1, s2, eps, D2, HEADS, NORM, HAS_WEIGHT, ROUND)
+    else:
+        _fwd_tile(k_ptr, kw_ptr, ko_ptr, skb, sks, skh, skob, skos, skoh, Hk, (hb - n_qb) * HEADS, b, s, tmask,
+                  d, dmask, c1, c2, s1, s2, eps, D2, HEADS, NORM, HAS_WEIGHT, ROUND)
+
+
+@triton.jit
+def _bwd_tile(g_ptr, x_ptr, w_ptr, dx_ptr, sgb, sgs, sgh, sxb, sxs, sxh, sdb, sds, sdh, H, head0, b, s, tmask,
+              d, dmask, c1, c2, s1, s2, eps, D2: tl.constexpr, BLOCK: tl.constexpr, HEADS: tl.constexpr,
+              NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr):
+    """dx of a tile, and the tile's share of dweight (two [BLOCK] halves; zeros without a weight).
+    Rope: out1 = n1 c1 - n2 s1, out2 = n2 c2 + n1 s2, hence dn1 = g1 c1 + g2 s2, dn2 = g2 c2 - g1 s1.
+    Norm: y = x r with r = rsqrt(mean(x^2) + eps); dy = dn w; dx = r (dy - y mean(dy y)); the
+    weight gets sum(dn * y) with y rounded as the forward used it (HF: weight * y.to(bf16))."""
+    heads = head0 + tl.arange(0, HEADS)
+    m = tmask[:, None, None] & (heads < H)[None, :, None] & dmask
+    gp = g_ptr + _offsets(b, s, heads, sgb, sgs, sgh) + d
+    g1 = tl.load(gp, mask=m, other=0.0).to(tl.float32)
+    g2 = tl.load(gp + D2, mask=m, other=0.0).to(tl.float32)
+    dn1 = g1 * c1 + g2 * s2
+    dn2 = g2 * c2 - g1 * s1
+    dw1 = tl.zeros([BLOCK], tl.float32)
+    dw2 = tl.zeros([BLOCK], tl.float32)
+    if NORM:
+        xp = x_ptr + _offsets(b, s, heads, sxb, sxs, sxh) + d
+        x1 = tl.load(xp, mask=m, other=0.0).to(tl.float32)
+        x2 = tl.load(xp + D2, mask=m, other=0.0).to(tl.float32)
+        r = _rstd(x1, x2, eps, D2)
+        y1 = x1 * r
+        y2 = x2 * r
+        if HAS_WEIGHT:
+            if ROUND:
+                dw1 = tl.sum(tl.sum(dn1 * _cast(y1, x_ptr.dtype.element_ty).to(tl.float32), axis=0), axis=0)
+                dw2 = tl.sum(tl.sum(dn2 * _cast(y2, x_ptr.dtype.element_ty).to(tl.float32), axis=0), axis=0)
+            else:
+                dw1 = tl.sum(tl.sum(dn1 * y1, axis=0), axis=0)
+                dw2 = tl.sum(tl.sum(dn2 * y2, axis=0), axis=0)
+            dn1 = dn1 * tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
+            dn2 = dn2 * tl.load(w_ptr + D2 + d, mask=dmask, other=0.0).to(tl.float32)
+        dot = (tl.sum(dn1 * y1, axis=2) + tl.sum(dn2 * y2, axis=2))[:, :, None] / (2 * D2)
+        dn1 = r * (dn1 - y1 * dot)
+        dn2 = r * (dn2 - y2 * dot)
+    dp = dx_ptr + _offsets(b, s, heads, sdb, sds, sdh) + d
+    tl.store(dp, _cast(dn1, dx_ptr.dtype.element_ty), mask=m)
+    tl.store(dp + D2, _cast(dn2, dx_ptr.dtype.element_ty), mask=m)
+    return dw1, dw2
+
+
+@triton.jit
+def _bwd_step(tb, hb, acc1, acc2, gq_ptr, gk_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, dq_ptr, dk_ptr,
+              n_tok, S, Hq, Hk, n_qb, sgqb, sgqs, sgqh, sgkb, sgks, sgkh, sqb, sqs, sqh, skb, sks, skh,
+              scb, scs, ssb, sss, sdqb, sdqs, sdqh, sdkb, sdks, sdkh, eps, D2: tl.constexpr, BLOCK: tl.constexpr,
+              TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+              ROUND: tl.constexpr):
+    tok = tb * TOKENS + tl.arange(0, TOKENS)
+    tmask = tok < n_tok  # a token block past the end (grid-stride tail) is all masked
+    b = tok // S
+    s = tok - b * S
+    d = tl.arange(0, BLOCK)[None, None, :]
+    dmask = _dmask(d, D2, BLOCK)
+    cm = tmask[:, None, None] & dmask
+    c1, c2 = _load_cs(cos_ptr, b, s, scb, scs, d, cm, D2)
+    s1, s2 = _load_cs(sin_ptr, b, s, ssb, sss, d, cm, D2)
+    if hb < n_qb:
+        dw1, dw2 = _bwd_tile(gq_ptr, q_ptr, qw_ptr, dq_ptr, sgqb, sgqs, sgqh, sqb, sqs, sqh, sdqb, sdqs, sdqh, Hq,
+                             hb * HEADS, b, s, tmask, d, dmask, c1, c2, s1, s2, eps, D2, BLOCK, HEADS, NORM,
+                             HAS_WEIGHT, ROUND)
+    else:
+        dw1, dw2 = _bwd_tile(gk_ptr, k_ptr, kw_ptr, dk_ptr, sgkb, sgks, sgkh, skb, sks, skh, sdkb, sdks, sdkh, Hk,
+                             (hb - n_qb) * HEADS, b, s, tmask, d, dmask, c1, c2, s1, s2, eps, D2, BLOCK, HEADS,
+                             NORM, HAS_WEIGHT, ROUND)
+    return acc1 + dw1, acc2 + dw2
+
+
+@triton.jit
+def _rope_bwd_kernel(gq_ptr, gk_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, dq_ptr, dk_ptr, dw_ptr,
+                     n_tok, S, Hq, Hk, n_qb, n_iter, n_progs, sgqb, sgqs, sgqh, sgkb, sgks, sgkh, sqb, sqs, sqh,
+                     skb, sks, skh, scb, scs, ssb, sss, sdqb, sdqs, sdqh, sdkb, sdks, sdkh, eps, D2: tl.constexpr,
+                     BLOCK: tl.constexpr, TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr,
+                     HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, INTERP: tl.constexpr):
+    """Grid (n_progs, head blocks of q then k): a grid-stride loop over token blocks, so each
+    program sums its share of dweight in registers and writes one partial row (the launcher adds
+    the n_progs rows: a few hundred KB, not one row per token)."""
+    pid = tl.program_id(0)
+    hb = tl.program_id(1)
+    acc1 = tl.zeros([BLOCK], tl.float32)
+    acc2 = tl.zeros([BLOCK], tl.float32)
+    if INTERP:
+        # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
+        # (triton-lang/triton#9171, as in kernels/rmsnorm.py); a while loop works there.
+        i = 0
+        while i < n_iter:
+            acc1, acc2 = _bwd_step(pid + i * n_progs, hb, acc1, acc2, gq_ptr, gk_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr,
+                                   qw_ptr, kw_ptr, dq_ptr, dk_ptr, n_tok, S, Hq, Hk, n_qb, sgqb, sgqs, sgqh, sgkb,
+                                   sgks, sgkh, sqb, sqs, sqh, skb, sks, skh, scb, scs, ssb, sss, sdqb, sdqs, sdqh,
+                                   sdkb, sdks, sdkh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND)
+            i += 1
+    else:
+        for i in range(0, n_iter):
+            acc1, acc2 = _bwd_step(pid + i * n_progs, hb, acc1, acc2, gq_ptr, gk_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr,
+                                   qw_ptr, kw_ptr, dq_ptr, dk_ptr, n_tok, S, Hq, Hk, n_qb, sgqb, sgqs, sgqh, sgkb,
+                                   sgks, sgkh, sqb, sqs, sqh, skb, sks, skh, scb, scs, ssb, sss, sdqb, sdqs, sdqh,
+                                   sdkb, sdks, sdkh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND)
+    if NORM and HAS_WEIGHT:
+        d = tl.arange(0, BLOCK)
+        row = dw_ptr + (hb * n_progs + pid) * (2 * D2)
+        tl.store(row + d, acc1, mask=d < D2)
+        tl.store(row + D2 + d, acc2, mask=d < D2)
+
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+
+
+def _bad(msg: str) -> ValueError:
+    return ValueError(f"solforge rope: {msg}")
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x with a contiguous last dim (the kernels address rows through strides)."""
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
+
+
+def _cs_strides(c: torch.Tensor, name: str, B: int, S: int, D: int) -> tuple[torch.Tensor, int, int]:
+    """cos/sin as (tensor, batch stride, seq stride); batch stride 0 when shared by the batch."""
+    if c.dim() not in (2, 3) or tuple(c.shape[-2:]) != (S, D) or (c.dim() == 3 and c.shape[0] not in (1, B)):
+        raise _bad(f"{name} must have shape (S, D), (1, S, D) or (B, S, D) = (..., {S}, {D}); got {tuple(c.shape)}")
+    c = _rows(c)
+    sb = c.stride(0) if c.dim() == 3 and c.shape[0] == B and B > 1 else 0
+    return c, sb, c.stride(-2)
+
+
+def _new_out(B: int, S: int, H: int, D: int, dtype: torch.dtype, device: torch.device,
+             heads_first: bool) -> torch.Tensor:
+    """(B, S, H, D)-contiguous memory; seen as (B, H, S, D) when heads_first (HF's layout)."""
+    if heads_first:
+        return torch.empty_strided((B, H, S, D), (S * H * D, D, H * D, 1), dtype=dtype, device=device)
+    return torch.empty((B, S, H, D), dtype=dtype, device=device)
+
+
+def _token_major(t: torch.Tensor, heads_first: bool) -> torch.Tensor:
+    return _rows(t.transpose(1, 2) if heads_first else t)
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+           norm: bool) -> tuple[int, int, int, int, int]:
+    if q.dim() != 4 or k.dim() != 4 or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+        raise _bad(f"q and k must be (B, S, H, D) with the same B, S, D; got {tuple(q.shape)}, {tuple(k.shape)}")
+    B, S, Hq, D = (int(v) for v in q.shape)
+    if D % 2:
+        raise _bad(f"head_dim must be even (rotate_half splits it); got {D}")
+    if q.dtype not in _SUPPORTED or k.dtype != q.dtype:
+        raise _bad(f"q and k must share a dtype among bf16, fp16, fp32; got {q.dtype}, {k.dtype}")
+    if q.device.type != "cuda" and not _INTERPRETED:
+        raise _bad(f"q is on {q.device}; the Triton kernels need CUDA tensors "
+                   "(or TRITON_INTERPRET=1 set before triton is imported, for CPU tests)")
+    if (q_weight is None) != (k_weight is None) or (q_weight is not None and not norm):
+        raise _bad("pass both q_weight and k_weight or neither, and weights only with norm=True")
+    for w in (q_weight, k_weight):
+        if w is not None and (tuple(w.shape) != (D,) or w.dtype not in _SUPPORTED):
+            raise _bad(f"norm weights must be 1-D of size {D} in bf16/fp16/fp32; got {tuple(w.shape)} {w.dtype}")
+    return B, S, Hq, int(k.shape[2]), D
+
+
+def _common(cfg: Config, D: int) -> dict[str, Any]:
+    return dict(D2=D // 2, BLOCK=triton.next_power_of_2(D // 2), TOKENS=cfg.tokens, HEADS=cfg.heads,
+                num_warps=cfg.num_warps)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None, eps: float = 1e-6, *,
+         norm: bool = False, round_before_weight: bool = False, heads_first: bool = True,
+         out_dtype: torch.dtype | None = None, config: Config | None = None, out: Pair | None = None) -> Pair:
+    """(q_out, k_out) = rope of q and k (each RMS-normalized first when `norm`), one launch.
+
+    q, k: (B, S, H, D) token-major, any strides with a contiguous last dim. Outputs: (B, H, S, D)
+    views of (B, S, H, D) memory when heads_first, else (B, S, H, D); `out` (a pair of tensors of
+    those shapes, any strides with a contiguous last dim) is written in place when given.
+    """
+    B, S, Hq, Hk, D = _check(q, k, q_weight, k_weight, norm)
+    od = out_dtype or q.dtype
+    if od not in _SUPPORTED:
+        raise _bad(f"out_dtype {od} is not bf16, fp16 or fp32")
+    device = q.device
+    if out is None:
+        out = (_new_out(B, S, Hq, D, od, device, heads_first), _new_out(B, S, Hk, D, od, device, heads_first))
+    for o, H in zip(out, (Hq, Hk), strict=True):
+        want = (B, H, S, D) if heads_first else (B, S, H, D)
+        if tuple(o.shape) != want or o.dtype != od or o.stride(-1) != 1:
+            raise _bad(f"out tensors must have shape {want}, dtype {od} and a contiguous last dim")
+    if q.numel() == 0 or k.numel() == 0:
+        if q.numel() + k.numel():
+            raise _bad("q and k must both be empty or both non-empty")
+        return out
+    q4, k4 = _rows(q), _rows(k)
+    c, scb, scs = _cs_strides(cos, "cos", B, S, D)
+    sn, ssb, sss = _cs_strides(sin, "sin", B, S, D)
+    qo, ko = (_token_major(o, heads_first) for o in out)
+    wl = workload_for(q, k, cos, sin, q_weight, k_weight, eps, norm=norm, round_before_weight=round_before_weight,
+                      heads_first=heads_first, out_dtype=od)
+    cfg = heuristic(wl) if config is None else config
+    if not is_valid(cfg, wl):
+        raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
+    n_tok = B * S
+    n_qb, n_kb = triton.cdiv(Hq, cfg.heads), triton.cdiv(Hk, cfg.heads)
+    qw = q4 if q_weight is None else _rows(q_weight)  # never read without a weight; any pointer will do
+    kw = k4 if k_weight is None else _rows(k_weight)
+    _rope_fwd_kernel[(triton.cdiv(n_tok, cfg.tokens), n_qb + n_kb)](
+        q4, k4, c, sn, qw, kw, qo, ko, n_tok, S, Hq, Hk, n_qb,
+        q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1), k4.stride(2), scb, scs, ssb, sss,
+        qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2), eps,
+        NORM=norm, HAS_WEIGHT=q_weight is not None, ROUND=norm and round_before_weight, **_common(cfg, D))
+    return out
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few fake SMs so the grid-stride loop runs several trips
+
+
+def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+             sin: torch.Tensor, q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None,
+             eps: float = 1e-6, *, norm: bool = False, round_before_weight: bool = False, heads_first: bool = True,
+             config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor, Any, Any]:
+    """(dq, dk, dq_weight, dk_weight) for grads of `rope`'s outputs (dweights None without weights).
+    dq, dk are (B, S, H, D) contiguous like q and k; the weight grads are summed in fp32."""
+    B, S, Hq, Hk, D = _check(q, k, q_weight, k_weight, norm)
+    dq, dk = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    has_w = q_weight is not None
+    if q.numel() == 0:
+        z = (torch.zeros_like(q_weight), torch.zeros_like(k_weight)) if has_w else (None, None)  # type: ignore[arg-type]
+        return dq, dk, *z
+    gq, gk = _token_major(grad_q, heads_first), _token_major(grad_k, heads_first)
+    q4, k4 = _rows(q), _rows(k)
+    c, scb, scs = _cs_strides(cos, "cos", B, S, D)
+    sn, ssb, sss = _cs_strides(sin, "sin", B, S, D)
+    wl = workload_for(q, k, cos, sin, q_weight, k_weight, eps, norm=norm, round_before_weight=round_before_weight,
+                      heads_first=heads_first, out_dtype=grad_q.dtype)
+    cfg = bwd_heuristic(wl) if config is None else config
+    if not is_valid(cfg, wl):
+        raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
+    n_tok = B * S
+    n_qb, n_kb = triton.cdiv(Hq, cfg.heads), triton.cdiv(Hk, cfg.heads)
+    n_tb = triton.cdiv(n_tok, cfg.tokens)
+    # With a weight gradient: ~4 programs per SM in all, each writing one partial dweight row.
+    progs = max(1, min(n_tb, 4 * _sm_count(q.device) // (n_qb + n_kb))) if has_w else n_tb
+    dw = torch.empty(((n_qb + n_kb) * progs, D), dtype=torch.float32, device=q.device) if has_w else q4
+    qw = q4 if q_weight is None else _rows(q_weight)
+    kw = k4 if k_weight is None else _rows(k_weight)
+    _rope_bwd_kernel[(progs, n_qb + n_kb)](
+        gq, gk, q4, k4, c, sn, qw, kw, dq, dk, dw, n_tok, S, Hq, Hk, n_qb, triton.cdiv(n_tb, progs), progs,
+        gq.stride(0), gq.stride(1), gq.stride(2), gk.stride(0), gk.stride(1), gk.stride(2),
+        q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1), k4.stride(2), scb, scs, ssb, sss,
+        dq.stride(0), dq.stride(1), dq.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), eps,
+        NORM=norm, HAS_WEIGHT=has_w, ROUND=norm and round_before_weight, INTERP=_INTERPRETED, **_common(cfg, D))
+    if not has_w:
+        return dq, dk, None, None
+    dqw = dw[: n_qb * progs].sum(0).to(q_weight.dtype)  # type: ignore[union-attr]
+    dkw = dw[n_qb * progs:].sum(0).to(k_weight.dtype)  # type: ignore[union-attr]
+    return dq, dk, dqw, dkw
+
+
+# ----------------------------------------------------------------------------------------------
+# Config triad
+
+VARIANTS = ("tile",)
+_WARPS = (1, 2, 4, 8, 16)
+_POW2 = (1, 2, 4, 8, 16, 32, 64)
+# fp32 values of x per thread: the two halves of every row of the tile (the backward holds about
+# twice as many: grad and x). Past 64 the compiler spills (same budget as kernels/rmsnorm.py).
+_MAX_PER_THREAD = 64
+_ABBREV = {"tokens": "t", "heads": "h", "num_warps": "w"}
+_FIELD = {v: k for k, v in _ABBREV.items()}
+
+
+@dataclass(frozen=True)
+class Config:
+    """A [tokens, heads, D] tile per program (q heads and k heads in separate programs)."""
+
+    variant: str = "tile"
+    tokens: int = 4  # tokens per program: cos/sin rows are loaded once per program
+    heads: int = 8  # heads per program
+    num_warps: int = 4
+
+    def items(self) -> tuple[tuple[str, Any], ...]:
+        return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+
+    def encode(self) -> str:
+        """Compact text, e.g. "tile:t=4:h=8:w=4"."""
+        return ":".join([self.variant] + [f"{_ABBREV[k]}={v}" for k, v in self.items() if k != "variant"])
+
+    @staticmethod
+    def decode(text: str) -> Config:
+        return _decode_config(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode_config(text: str) -> Config:
+    variant, *parts = text.split(":")
+    if variant not in VARIANTS:
+        raise ValueError(f"bad rope config {text!r}: variant must be one of {VARIANTS}")
+    kw: dict[str, Any] = {}
+    for p in parts:
+        k, sep, v = p.partition("=")
+        if not sep or k not in _FIELD or not v.isdigit():
+            raise ValueError(f"bad rope config {text!r}: field {p!r} (keys: {', '.join(_FIELD)})")
+        kw[_FIELD[k]] = int(v)
+    return Config(variant, **kw)
+
+
+def _dims(workload: Workload) -> tuple[int, int, int, int]:
+    """(tokens B*S, Hq, Hk, D)."""
+    (B, S, Hq, D), (_, _, Hk, _) = workload.shapes[0], workload.shapes[1]
+    return B * S, Hq, Hk, D
+
+
+def _elems(c: Config, D: int) -> int:
+    return c.tokens * c.heads * triton.next_power_of_2(D // 2) * 2
+
+
+def is_valid(config: Config, workload: Workload) -> bool:
+    """Can this config compute this workload correctly without spilling registers? A tile wider
+    than the tensor (more heads than H, more tokens than B*S) would only mask lanes: refused."""
+    c = config
+    n_tok, Hq, Hk, D = _dims(workload)
+    if c.variant not in VARIANTS or c.num_warps not in _WARPS or c.tokens not in _POW2 or c.heads not in _POW2:
+        return False
+    if c.heads > triton.next_power_of_2(max(Hq, Hk)) or c.tokens > triton.next_power_of_2(max(n_tok, 1)):
+        return False
+    return _elems(c, D) // (32 * c.num_warps) <= _MAX_PER_THREAD
+
+
+def space(workload: Workload) -> list[Config]:
+    """tokens x heads per program (tiles of 2K-8K values) x warps (8-32 values a thread):
+    ~50 configs at Qwen3's shapes (fewer where tiles would be wider than the tensor)."""
+    n_tok, Hq, Hk, D = _dims(workload)
+    out: list[Config] = []
+    for heads in _POW2:
+        for tokens in _POW2:
+            c = Config("tile", tokens, heads, 4)
+            elems = _elems(c, D)
+            if not (2048 <= elems <= 8192) and not (tokens == 1 and heads == 1):
+                continue
+            for w in _WARPS:
+                per = elems // (32 * w)
+                cand = Config("tile", tokens, heads, w)
+                if (8 <= per <= 32 or w == 1) and is_valid(cand, workload):
+                    out.append(cand)
+    if not out:
+        out.append(heuristic(workload))
+    return out
+
+
+def heuristic(workload: Workload) -> Config:
+    """Untuned default (always valid): heads per program = Hk (capped at 8) so a GQA k tensor is one
+    head block, tokens to fill ~4K values (32 KB of fp32 in registers), 16 values a thread.
+    Not measured yet on a GPU: a first guess from kernels/rmsnorm.py's sweeps of short rows."""
+    n_tok, Hq, Hk, D = _dims(workload)
+    heads = min(8, triton.next_power_of_2(max(1, min(Hq, Hk))))
+    width = 2 * triton.next_power_of_2(D // 2)
+    tokens = max(1, min(4096 // (heads * width), triton.next_power_of_2(max(n_tok, 1))))
+    while tokens * heads * width > 4096 and tokens > 1:
+        tokens //= 2
+    c = Config("tile", tokens, heads, 4)
+    w = max(1, min(16, triton.next_power_of_2(_elems(c, D) // (32 * 16))))
+    return Config("tile", tokens, heads, w)
+
+
+def bwd_heuristic(workload: Workload) -> Config:
+    """The backward holds grad and x per row: half the forward's tile, same threads."""
+    c = heuristic(workload)
+    if c.tokens > 1:
+        return dataclasses.replace(c, tokens=c.tokens // 2)
+    if c.heads > 1:
+        return dataclasses.replace(c, heads=c.heads // 2)
+    return c
+
+
+def workload_for(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, *, norm: bool,
+                 round_before_weight: bool, heads_first: bool, out_dtype: torch.dtype | None = None) -> Workload:
+    """The Workload record of one rope call: shapes of q, k (token-major), cos, sin [, weights]."""
+    tensors = [q, k, cos, sin] + ([q_weight, k_weight] if q_weight is not None and k_weight is not None else [])
+    out_dtype = out_dtype or q.dtype
+    shapes = tuple(tuple(int(d) for d in t.shape) for t in tensors)
+    dtypes = tuple(dtype_name(t.dtype) for t in tensors) + (dtype_name(out_dtype),)
+    params = (("eps", float(eps)), ("heads_first", bool(heads_first)), ("norm", bool(norm)),
+              ("out_dtype", dtype_name(out_dtype)), ("round_before_weight", bool(norm and round_before_weight)))
+    return Workload(family=FAMILY, shapes=shapes, dtypes=dtypes, params=params, device=q.device.type)
+
+
+def verify_rows(workload: Workload) -> int:
+    """The verifier's odd shape replaces the sequence length S (see make_inputs' `rows`)."""
+    return workload.shapes[0][1]
+
+
+def output_tolerance(workload: Workload) -> Tolerance:
+    """The table's entry for the output dtype, except with round_before_weight in a half dtype.
+    There the kernel and the reference round the normalized value y to bf16/fp16 from fp32 values
+    that differ in their last bits, so once in a few 10^4 elements they land one ulp of y apart;
+    the rope then adds that ulp (times |weight| <= 2 and |cos|, |sin| <= 1) to an output that may
+    be near zero, where no relative tolerance helps. One ulp of a |y| below 4 (normalized values
+    of random data beyond 4 are ~1e-4 rare) is 2 * eps(dtype): atol = 4 * eps covers weight 2."""
+    tol = tolerance(parse_dtype(workload.param("out_dtype", workload.dtypes[0])))
+    if workload.param("round_before_weight", False):
+        x_dtype = parse_dtype(workload.dtypes[0])
+        if x_dtype in (torch.bfloat16, torch.float16):
+            tol = Tolerance(max(tol.atol, 4 * torch.finfo(x_dtype).eps), tol.rtol)
+    return tol
+
+
+def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
+                device: str | torch.device | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Fresh random (args, kwargs) for `rope` / `rope_ref`; `rows` replaces the sequence length.
+    cos/sin are those of random angles (|cos|, |sin| <= 1 as in any rotary table), drawn on the CPU
+    from `seed` and moved, so a seed gives the same numbers on any device."""
+    device = device or workload.device
+    g = torch.Generator().manual_seed(seed)
+    S = workload.shapes[0][1] if rows is None else rows
+
+    def resized(shape: tuple[int, ...], seq_axis: int) -> tuple[int, ...]:
+        return tuple(S if i == seq_axis else d for i, d in enumerate(shape))
+
+    q_shape, k_shape, c_shape = resized(workload.shapes[0], 1), resized(workload.shapes[1], 1), workload.shapes[2]
+    c_shape = resized(c_shape, len(c_shape) - 2)
+    dt = [parse_dtype(n) for n in workload.dtypes]
+    q = torch.randn(q_shape, generator=g).to(dt[0]).to(device)
+    k = torch.randn(k_shape, generator=g).to(dt[1]).to(device)
+    theta = torch.rand(c_shape, generator=g) * 6.2832
+    cos, sin = theta.cos().to(dt[2]).to(device), theta.sin().to(dt[3]).to(device)
+    qw = kw = None
+    if len(workload.shapes) > 4:
+        D = q_shape[-1]
+        qw = (1.0 + 0.1 * torch.randn(D, generator=g)).to(dt[4]).to(device)
+        kw = (1.0 + 0.1 * torch.randn(D, generator=g)).to(dt[5]).to(device)
+    kwargs = {"norm": bool(workload.param("norm")), "round_before_weight": bool(workload.param("round_before_weight")),
+              "heads_first": bool(workload.param("heads_first")),
+              "out_dtype": parse_dtype(workload.param("out_dtype", workload.dtypes[0]))}
+    return (q, k, cos, sin, qw, kw, float(workload.param("eps", 1e-6))), kwargs
+
+
+# ----------------------------------------------------------------------------------------------
+# Custom ops: what the graph rewrite calls (config: encoded string, "" for the heuristic).
+# Library API rather than @custom_op, for the per-call cost (see kernels/rmsnorm.py).
+
+_LIB = torch.library.Library("solforge", "FRAGMENT")
+_LIB.define("rope(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? q_weight, Tensor? k_weight, float eps, "
+            "bool norm, bool round_before_weight, bool heads_first, ScalarType out_dtype, str config) "
+            "-> (Tensor, Tensor)")
+_LIB.define("rope_bwd(Tensor grad_q, Tensor grad_k, Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? q_weight, "
+            "Tensor? k_weight, float eps, bool norm, bool round_before_weight, bool heads_first, str config) "
+            "-> (Tensor, Tensor, Tensor, Tensor)")
+
+
+def _rope_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_weight: torch.Tensor | None,
+             k_weight: torch.Tensor | None, eps: float, norm: bool, round_before_weight: bool, heads_first: bool,
+             out_dtype: torch.dtype, config: str) -> Pair:
+    return rope(q, k, cos, sin, q_weight, k_weight, eps, norm=norm, round_before_weight=round_before_weight,
+                heads_first=heads_first, out_dtype=out_dtype, config=Config.decode(config) if config else None)
+
+
+def _rope_fake(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_weight: torch.Tensor | None,
+               k_weight: torch.Tensor | None, eps: float, norm: bool, round_before_weight: bool, heads_first: bool,
+               out_dtype: torch.dtype, config: str) -> Pair:
+    B, S, Hq, D = q.shape
+    Hk = k.shape[2]
+    return _new_out(B, S, Hq, D, out_dtype, q.device, heads_first), _new_out(B, S, Hk, D, out_dtype, q.device,
+                                                                             heads_first)
+
+
+def _no_weight_grad(w: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    # the schema returns tensors: an empty one stands for "no weight"
+    return like.new_empty(0) if w is None else w.new_empty(w.shape)
+
+
+def _rope_bwd_op(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+                 norm: bool, round_before_weight: bool, heads_first: bool, config: str) -> tuple[torch.Tensor, ...]:
+    dq, dk, dqw, dkw = rope_bwd(grad_q, grad_k, q, k, cos, sin, q_weight, k_weight, eps, norm=norm,
+                                round_before_weight=round_before_weight, heads_first=heads_first,
+                                config=Config.decode(config) if config else None)
+    return dq, dk, q.new_empty(0) if dqw is None else dqw, q.new_empty(0) if dkw is None else dkw
+
+
+def _rope_bwd_fake(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+                   norm: bool, round_before_weight: bool, heads_first: bool, config: str) -> tuple[torch.Tensor, ...]:
+    return (q.new_empty(q.shape), k.new_empty(k.shape), _no_weight_grad(q_weight, q), _no_weight_grad(k_weight, q))
+
+
+_LIB.impl("rope", _rope_op, "CompositeExplicitAutograd")
+_LIB.impl("rope_bwd", _rope_bwd_op, "CompositeExplicitAutograd")
+torch.library.register_fake("solforge::rope", _rope_fake)
+torch.library.register_fake("solforge::rope_bwd", _rope_bwd_fake)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    q, k, cos, sin, qw, kw, eps, norm, rbw, heads_first, _out_dtype, _config = inputs
+    ctx.save_for_backward(q, k, cos, sin, qw, kw)
+    ctx.args = (eps, norm, rbw, heads_first)
+
+
+def _backward(ctx: Any, grad_q: torch.Tensor | None, grad_k: torch.Tensor | None) -> tuple[Any, ...]:
+    q, k, cos, sin, qw, kw = ctx.saved_tensors
+    if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
+        raise NotImplementedError("solforge rope: gradients with respect to cos/sin are not implemented")
+    eps, norm, rbw, heads_first = ctx.args
+    B, S, Hq, D = q.shape
+    Hk = k.shape[2]
+    if grad_q is None:
+        grad_q = torch.zeros((B, Hq, S, D) if heads_first else q.shape, dtype=q.dtype, device=q.device)
+    if grad_k is None:
+        grad_k = torch.zeros((B, Hk, S, D) if heads_first else k.shape, dtype=k.dtype, device=k.device)
+    dq, dk, dqw, dkw = rope_bwd_op(grad_q, grad_k, q, k, cos, sin, qw, kw, eps, norm, rbw, heads_first, "")
+    return (dq, dk, None, None, dqw if qw is not None else None, dkw if kw is not None else None,
+            None, None, None, None, None, None)
+
+
+torch.library.register_autograd("solforge::rope", _backward, setup_context=_setup_context)
+
+rope_op = torch.ops.solforge.rope
+rope_bwd_op = torch.ops.solforge.rope_bwd.default
