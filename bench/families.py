@@ -194,8 +194,92 @@ def swiglu_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------
+# add_rmsnorm: s = x + residual; y = rmsnorm(s) -> (s, y), Hugging Face's rounding (bf16, eps 1e-6)
 
-FAMILIES: dict[str, Callable[[argparse.Namespace], list[dict[str, Any]]]] = {"swiglu": swiglu_rows}
+ADD_RMSNORM_SHAPES = [(16384, 2560, "Qwen3-4B inference, B2 S8192"), (4096, 2560, "Qwen3-4B training, B1 S4096")]
+
+
+def _hf_add_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    s = r + x
+    h = s.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return s, w * h.to(s.dtype)
+
+
+def add_rmsnorm_row(rows: int, H: int, label: str, budget: float) -> dict[str, Any]:
+    from solforge.kernels import add_rmsnorm as fam
+    from solforge.records import RunResult
+    from solforge.tune import tune
+
+    torch.manual_seed(0)
+    dt_ = torch.bfloat16
+    x, r, ds, dy = (torch.randn(rows, H, device=DEVICE).to(dt_) for _ in range(4))
+    w = (1 + 0.1 * torch.randn(H, device=DEVICE)).to(dt_)
+    elem = x.numel() * x.element_size()
+    # forward reads x, r and writes s, y; backward reads dy, ds, s and writes dx (dr is the same tensor)
+    fwd_bytes, train_bytes = 4 * elem, 8 * elem
+    row: dict[str, Any] = {"shape": [rows, H], "what": label, "dtype": "bf16", "fwd_bytes": fwd_bytes,
+                           "fwd_bwd_bytes": train_bytes}
+    fns: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+        "eager": _hf_add_norm, "compile": torch.compile(_hf_add_norm, dynamic=False)}
+    try:
+        from liger_kernel.ops import LigerFusedAddRMSNormFunction
+
+        fns["liger"] = lambda x, r, w: LigerFusedAddRMSNormFunction.apply(x, r, w, 1e-6, 0.0, "llama", False)[::-1]
+    except ImportError:
+        pass
+    wl = fam.workload_for(x, r, w, 1e-6, dt_, True)
+    t0 = time.perf_counter()
+    res = tune(wl, RunResult(), device=DEVICE, budget_s=budget)
+    row["tune_s"] = round(time.perf_counter() - t0, 1)
+    row["candidates"] = len(res.records)
+    assert res.best is not None, [r.error for r in res.records]
+    enc = fam.Config(**res.best.candidate.config_dict).encode()
+    row["solforge_config"] = enc
+    row["solforge_heuristic"] = fam.heuristic(wl).encode()
+    fns["solforge"] = lambda x, r, w: fam.add_rmsnorm_op(x, r, w, 1e-6, dt_, True, enc)
+    with torch.no_grad():
+        ref = fam.add_rmsnorm_ref(x, r, w, 1e-6, round_before_weight=True)
+        for name, f in fns.items():
+            f(x, r, w)
+            row[f"fwd_{name}_us"] = bench_us(lambda f=f: f(x, r, w))
+            got = f(x, r, w)
+            row[f"max_abs_err_{name}"] = max(float((a.float() - b.float()).abs().max())
+                                             for a, b in zip(got, ref, strict=True))
+    for name, f in fns.items():
+        leaves = [t.clone().requires_grad_(True) for t in (x, r, w)]
+
+        def step(f: Callable[..., Any] = f, leaves: list[torch.Tensor] = leaves) -> Any:
+            s, y = f(*leaves)
+            return torch.autograd.grad((s, y), leaves, (ds, dy))
+
+        step()
+        row[f"fwd_bwd_{name}_us"] = bench_us(step)
+    for k in [k for k in row if k.endswith("_us") and k.startswith("fwd_")]:
+        row[k.replace("_us", "_TBps")] = _tbps(train_bytes if k.startswith("fwd_bwd_") else fwd_bytes, row[k])
+        row[k] = round(row[k], 2)
+    row["speed_of_light_fwd_us_at_3.02TBps"] = round(fwd_bytes / 3.02e12 * 1e6, 2)
+    return row
+
+
+def add_rmsnorm_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    out = []
+    for rows, H, label in ADD_RMSNORM_SHAPES:
+        out.append(add_rmsnorm_row(rows, H, label, args.budget))
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def rope_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import family_rope
+
+    return family_rope.run(args.budget)
+
+
+# ---------------------------------------------------------------------------------------------
+
+FAMILIES: dict[str, Callable[[argparse.Namespace], list[dict[str, Any]]]] = {
+    "swiglu": swiglu_rows, "add_rmsnorm": add_rmsnorm_rows, "rope": rope_rows}
 
 
 def main(argv: list[str] | None = None) -> int:
