@@ -11,6 +11,8 @@ the backward is rmsnorm's (kernels/rmsnorm_bwd.py) with the residual stream's gr
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -100,17 +102,28 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | 
     x2, r2 = _rows_view(x, H), _rows_view(residual, H)
     s2, y2 = s.view(-1, H), y.view(-1, H)
     n_rows = x2.shape[0]
-    wl = workload_for(x, residual, weight, eps, out_dtype, round_before_weight)
+    grid, kw = _launch_plan(n_rows, H, x.dtype, weight.dtype if weight is not None else None, out_dtype,
+                            float(eps), round_before_weight, config, x.device.type)
+    w = weight.contiguous() if weight is not None else x2
+    _add_rmsnorm_kernel[(grid,)](x2, r2, w, s2, y2, n_rows, H, x2.stride(0), r2.stride(0), s2.stride(0),
+                                 y2.stride(0), eps, **kw)
+    return s, y
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_plan(n_rows: int, H: int, dtype: torch.dtype, wdtype: torch.dtype | None, out_dtype: torch.dtype,
+                 eps: float, rbw: bool, config: Config | None, device: str) -> tuple[int, dict[str, Any]]:
+    """Grid and kernel options for one shape and config: cached, so a call pays a lookup, not the
+    Workload/heuristic/validity work (tens of microseconds of Python on the GPU hosts)."""
+    x = torch.empty((n_rows, H), dtype=dtype, device="meta")
+    w = torch.empty((H,), dtype=wdtype, device="meta") if wdtype is not None else None
+    wl = dataclasses.replace(workload_for(x, x, w, eps, out_dtype, rbw), device=device)
     c = config or heuristic(wl)
     if not is_valid(c, wl):
         raise ValueError(f"solforge add_rmsnorm: config {c.encode()} is not valid for {wl.key}")
-    w = weight.contiguous() if weight is not None else x2
-    _add_rmsnorm_kernel[(triton.cdiv(n_rows, c.rows),)](
-        x2, r2, w, s2, y2, n_rows, H, x2.stride(0), r2.stride(0), s2.stride(0), y2.stride(0), eps,
+    return triton.cdiv(n_rows, c.rows), dict(
         ROWS=c.rows, BLOCK_H=c.block_h, BLOCK_T=c.block_t, EVEN_H=H == c.block_h + c.block_t,
-        HAS_WEIGHT=weight is not None, ROUND=round_before_weight, EVICT="evict_first" if c.evict else "",
-        num_warps=c.num_warps)
-    return s, y
+        HAS_WEIGHT=wdtype is not None, ROUND=rbw, EVICT="evict_first" if c.evict else "", num_warps=c.num_warps)
 
 
 # ----------------------------------------------------------------------------------------------
