@@ -85,7 +85,7 @@ def measure(device: str) -> Ceilings:
     copy_bytes = (1 << 30) if gpu else (32 << 20)
     src = torch.empty(copy_bytes, dtype=torch.uint8, device=device).random_(0, 255)
     dst = torch.empty_like(src)
-    copy_gbs = 2 * copy_bytes / _seconds(lambda: dst.copy_(src), device) / 1e9  # noqa: F821 (ruff: del)
+    copy_gbs = 2 * copy_bytes / _seconds(lambda: dst.copy_(src), device) / 1e9
     rates = {}
     for dt in (torch.bfloat16, torch.float32):
         n = 8192 if gpu else 256
