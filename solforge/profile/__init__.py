@@ -106,7 +106,10 @@ def profile_model(
         what = "GPU kernels" if device == "cuda" else "ATen ops"
         raise UserError(f"the profile of {name or 'the model'} holds no {what}: nothing ran on the device "
                         "during the profiled forward (is the model on the device it was asked to run on?)")
-    return summarize(annotator.regions, att, ceil, name=name, device=device, forward_us=timed.p50_us,
+    # On the CPU one wall-clock run says little (the first calls of an op are slow): the profiled
+    # forward's own span is the measurement there. On a GPU, CUDA events around unprofiled runs.
+    forward_us = timed.p50_us if device == "cuda" else att.span_us
+    return summarize(annotator.regions, att, ceil, name=name, device=device, forward_us=forward_us,
                      graphs=annotator.graphs, notes=notes, trace=str(path) if keep else None)
 
 

@@ -74,7 +74,8 @@ def nbytes(node: fx.Node) -> int:
 
 
 def node_flops(node: fx.Node) -> int:
-    """FLOPs of a matmul or attention node from its shapes (multiply-add = 2); 0 for the rest."""
+    """FLOPs of a node from its shapes: matmuls and attention exactly (multiply-add = 2), the
+    elementwise rest as one per element, copies none."""
     t, args = node.target, node.args
     out = _val(node)
     name = getattr(getattr(t, "_overloadpacket", None), "__name__", "")
@@ -94,6 +95,15 @@ def node_flops(node: fx.Node) -> int:
         causal = bool(node.kwargs.get("is_causal", args[4] if len(args) > 4 else False))
         f = 2 * heads * sq * sk * (d + dv)  # QK^T and PV
         return f // 2 if causal and sq == sk else f
+    # elementwise arithmetic, roughly one FLOP per element (what puts memory-bound work at the
+    # far left of a roofline instead of off the chart)
+    kind = node_kind(node)
+    if kind == "pointwise" and out is not None:
+        return out.numel()
+    if kind == "reduction" and (src := _val(args[0]) if args else None) is not None:
+        return src.numel()
+    if kind == "normalization" and out is not None:
+        return 4 * out.numel()
     return 0
 
 
@@ -158,7 +168,7 @@ def partition(graph: fx.Graph, graph_index: int, first_id: int = 0,
         r = Region(0, graph_index, pm.family, FAMILY_KIND[pm.family], mod, list(pm.nodes))
         regions.append(r)
         merged.setdefault((pm.family, mod), r)
-    groups: dict[tuple[str, str], Region] = {}
+    groups: dict[tuple[str, str], Region] = {}  # (module, family)
     views: list[fx.Node] = []
     for n in graph.nodes:
         if n.op != "call_function" or n in claimed:
@@ -168,9 +178,12 @@ def partition(graph: fx.Graph, graph_index: int, first_id: int = 0,
             views.append(n)
             continue
         mod = module_path(n) or ""
-        r = groups.get((mod, kind))
+        # a solforge op (an optimized model) is its family's region; other ops group by kind
+        family = getattr(getattr(n.target, "_overloadpacket", None), "__name__", kind) \
+            if getattr(n.target, "namespace", "") == "solforge" else kind
+        r = groups.get((mod, family))
         if r is None:
-            r = groups[(mod, kind)] = Region(0, graph_index, kind, kind, mod, [])
+            r = groups[(mod, family)] = Region(0, graph_index, family, kind, mod, [])
             regions.append(r)
         r.nodes.append(n)
     by_module: dict[str, Region] = {}
