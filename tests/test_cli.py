@@ -43,6 +43,13 @@ def test_optimize_qwen3_tiny_writes_a_passing_report(tmp_path: Path, capsys: pyt
         assert any("means nothing" in n for n in data["notes"])
     report = from_dict(Report, data)  # the file round-trips into the record
     assert report.regions[0].family == "rmsnorm"
+    # the profile stage: baseline and optimized model, traces and the page
+    assert report.profile is not None and report.profile.complete and report.profile_after is not None
+    # the swapped-in solforge.rmsnorm ops, profiled as regions of their own
+    assert sum(r.count for r in report.profile_after.regions if r.family == "rmsnorm") == 9
+    assert not any(r.family == "rmsnorm" and r.workload for r in report.profile_after.regions)  # no aten chain left
+    for name in ("trace_baseline.json", "trace_optimized.json", "report.html"):
+        assert (tmp_path / name).stat().st_size > 0
     assert "qwen3-tiny" in out and "passed" in out
 
 
