@@ -207,7 +207,7 @@ class RegionProfile:
     family: str  # a kernel family (rmsnorm), a pseudo-family (residual_add, silu_mul, rope) or a kind
     kind: str  # gemm | attention | normalization | pointwise | reduction | copy | other
     label: str  # shapes and dtype, for tables
-    module: str  # module path with layer numbers folded: model.layers.*.self_attn.q_norm
+    module: str  # module path(s) with layer numbers folded: model.layers.*.self_attn.q_norm
     count: int
     kernels: int  # device kernels attributed to it (on the CPU: top-level ATen ops), all repeats
     time_us: float  # all repeats

@@ -50,8 +50,8 @@ def test_qwen3_tiny_counts_per_family(tiny_profile: Profile) -> None:
     assert counts["rmsnorm"] == 9 and counts["rope"] == 2 and counts["silu_mul"] == 2
     assert counts["residual_add"] == 4 and counts["attention"] == 2 and counts["gemm"] == 16
     rms = {r.module: r.count for r in tiny_profile.regions if r.family == "rmsnorm"}
-    assert rms == {"model.layers.*.input_layernorm": 5, "model.layers.*.self_attn.q_norm": 2,
-                   "model.layers.*.self_attn.k_norm": 2}
+    assert rms == {"model.layers.*.input_layernorm, model.layers.*.post_attention_layernorm, model.norm": 5,
+                   "model.layers.*.self_attn.q_norm": 2, "model.layers.*.self_attn.k_norm": 2}
     q = next(r for r in tiny_profile.regions if r.module == "model.layers.*.self_attn.q_norm")
     assert q.modules == ("model.layers.0.self_attn.q_norm", "model.layers.1.self_attn.q_norm")
     assert q.workload is not None and q.workload.startswith("rmsnorm[") and q.label == "1x24x4x16 bf16"
@@ -121,6 +121,10 @@ def test_gpu_kernels_follow_their_launch_into_the_range() -> None:
         _x("kernel", "copy_kernel", 150, 5, tid=7, correlation=3),
         _x("kernel", "late_kernel", 300, 1, tid=7, correlation=4),
     ]
+    # no launch event, but the External id of the op that launched it: still found
+    fallback = [_x("cpu_op", "solforge::rmsnorm", 16, 2, **{"External id": 42}),
+                _x("kernel", "rms_kernel", 112, 1, tid=7, correlation=77, **{"External id": 42})]
+    assert attribute([*events, *fallback], gpu=True).region_us[0] == 11.0
     att = attribute(events, gpu=True)
     assert att.region_us == {0: 10.0, 1: 30.0} and att.region_kernels == {0: 2, 1: 1}
     assert att.outside_us == 5.0 and att.outside_kernels == 1 and att.kernels == 4

@@ -131,7 +131,9 @@ def summarize(regions: Sequence[Region], att: Attribution, ceil: Ceilings, *, na
         sol = roofline.sol_us(r0.bytes, r0.flops, ceil, r0.dtype)
         gbs, tflops = roofline.achieved(r0.bytes, r0.flops, n, t)
         rows.append(RegionProfile(
-            key=key, family=r0.family, kind=r0.kind, label=r0.label, module=fold_layers(r0.module), count=n,
+            key=key, family=r0.family, kind=r0.kind, label=r0.label, count=n,
+            # one workload can serve several modules (input and post-attention norms, the final norm)
+            module=", ".join(dict.fromkeys(fold_layers(r.module) for r in members)),
             kernels=k, time_us=t, bytes=r0.bytes, flops=r0.flops, sol_us=sol, achieved_gbs=gbs,
             achieved_tflops=tflops, pct_of_sol=roofline.pct_of_sol(sol, n, t),
             bound=roofline.bound(r0.bytes, r0.flops, t / k if k else 0.0, ceil, r0.dtype) if k else "-",

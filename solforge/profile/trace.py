@@ -138,13 +138,14 @@ def attribute(events: Iterable[dict[str, Any]], *, gpu: bool) -> Attribution:
     unlinked = 0
     if gpu:
         launches: dict[Any, tuple[Any, float]] = {}
+        # fallback: the profiler also tags a kernel with the External id of the op that launched it
         by_external: dict[Any, tuple[Any, float]] = {}
         for e in evs:
             args = e.get("args") or {}
-            if e.get("cat") in DEVICE_CATS:
-                continue
-            if "correlation" in args:
-                launches[args["correlation"]] = (e.get("tid"), float(e["ts"]))
+            cat = str(e.get("cat", ""))
+            # cudaLaunchKernel & co. (cuda_runtime) and cuLaunchKernel (cuda_driver: Triton)
+            if cat.endswith(("_runtime", "_driver")) and "correlation" in args:
+                launches.setdefault(args["correlation"], (e.get("tid"), float(e["ts"])))
             if e.get("cat") == "cpu_op" and "External id" in args:
                 by_external.setdefault(args["External id"], (e.get("tid"), float(e["ts"])))
         for e in evs:
