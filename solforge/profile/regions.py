@@ -73,6 +73,17 @@ def nbytes(node: fx.Node) -> int:
     return int(n)
 
 
+def _arg(node: fx.Node, name: str, default: Any) -> Any:
+    """An argument by its schema name, passed by keyword or by position."""
+    if name in node.kwargs:
+        return node.kwargs[name]
+    schema = getattr(node.target, "_schema", None)
+    for i, a in enumerate(getattr(schema, "arguments", ())):
+        if a.name == name and i < len(node.args):
+            return node.args[i]
+    return default
+
+
 def node_flops(node: fx.Node) -> int:
     """FLOPs of a node from its shapes: matmuls and attention exactly (multiply-add = 2), the
     elementwise rest as one per element, copies none."""
@@ -92,7 +103,7 @@ def node_flops(node: fx.Node) -> int:
         sq, d, sk = int(q.shape[-2]), int(q.shape[-1]), int(k.shape[-2])
         heads = math.prod(int(s) for s in q.shape[:-2])
         dv = int(_val(args[2]).shape[-1]) if _val(args[2]) is not None else d  # type: ignore[union-attr]
-        causal = bool(node.kwargs.get("is_causal", args[4] if len(args) > 4 else False))
+        causal = bool(_arg(node, "is_causal", False))
         f = 2 * heads * sq * sk * (d + dv)  # QK^T and PV
         return f // 2 if causal and sq == sk else f
     # elementwise arithmetic, roughly one FLOP per element (what puts memory-bound work at the
