@@ -48,6 +48,11 @@ def test_optimize_qwen3_tiny_writes_a_passing_report(tmp_path: Path, capsys: pyt
     # the swapped-in solforge.rmsnorm ops, profiled as regions of their own
     assert sum(r.count for r in report.profile_after.regions if r.family == "rmsnorm") == 9
     assert not any(r.family == "rmsnorm" and r.workload for r in report.profile_after.regions)  # no aten chain left
+    # tuned in the order of the Amdahl ranking (largest end-to-end saving first)
+    saving = {r.workload: r.saving_us for r in report.profile.regions if r.workload}
+    assert set(saving) == {r.workload for r in report.regions}
+    order = [saving[r.workload] for r in report.regions]
+    assert order == sorted(order, reverse=True)
     for name in ("trace_baseline.json", "trace_optimized.json", "report.html"):
         assert (tmp_path / name).stat().st_size > 0
     assert "qwen3-tiny" in out and "passed" in out

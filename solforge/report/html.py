@@ -25,6 +25,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 .bad{color:#b00020;font-weight:600}.good{color:#137333;font-weight:600}
 table{border-collapse:collapse;font-size:12.5px;width:100%}th,td{padding:3px 7px;border-bottom:1px solid #eee;
 text-align:right;white-space:nowrap}th{background:#f6f6f6;position:sticky;top:0}td.l,th.l{text-align:left}
+td.l{white-space:normal;max-width:380px;overflow-wrap:anywhere}
 .cards{display:flex;gap:12px;flex-wrap:wrap}.card{border:1px solid #ddd;border-radius:6px;padding:8px 12px;
 min-width:150px}.card b{display:block;font-size:18px}svg{background:#fff;display:block}
 svg text{font:11px system-ui,sans-serif;fill:#333}.legend span{display:inline-block;margin-right:12px}
