@@ -99,13 +99,13 @@ def graph_us(fn: Any, per_graph: int = 32) -> float:
     return bench_us(g.replay) / per_graph
 
 
-def rmsnorm_rows() -> list[dict[str, Any]]:
+def rmsnorm_rows(shapes: list[tuple[int, int]]) -> list[dict[str, Any]]:
     try:
         from liger_kernel.transformers.rms_norm import LigerRMSNorm
     except ImportError:
         LigerRMSNorm = None  # noqa: N806
     rows_out = []
-    for rows, H in RMSNORM_SHAPES:
+    for rows, H in shapes:
         rows_out.append(rmsnorm_row(rows, H, LigerRMSNorm))
         print(json.dumps(rows_out[-1]), flush=True)
     return rows_out
@@ -148,6 +148,7 @@ def rmsnorm_row(rows: int, H: int, LigerRMSNorm: Any, tune_budget: float = 30.0)
     row["solforge_op_us"] = bench_us(lambda: op(x, w, EPS, torch.bfloat16, True, enc))
     if rows == 1:
         from solforge.api import optimize
+        from solforge.graphed import Graphed
 
         m = OneNorm(H).cuda().to(torch.bfloat16)
         with torch.no_grad():
@@ -163,6 +164,13 @@ def rmsnorm_row(rows: int, H: int, LigerRMSNorm: Any, tune_budget: float = 30.0)
             # launch cost is paid once per graph, not per kernel
             row["model_path_cuda_graph_us"] = graph_us(lambda: opt(x))
             row["eager_cuda_graph_us"] = graph_us(lambda: m(x))
+            # the same, one step per replay, through solforge.graphed (what a decode loop would use)
+            gopt, geager = Graphed(opt, (x,)), Graphed(m, (x,))
+            row["model_path_graphed_do_bench_us"] = bench_us(lambda: gopt(x))
+            row["model_path_graphed_loop_us"] = loop_us(lambda: gopt(x))
+            row["eager_graphed_do_bench_us"] = bench_us(lambda: geager(x))
+            row["eager_graphed_loop_us"] = loop_us(lambda: geager(x))
+            assert gopt.fallbacks == 0 and geager.fallbacks == 0
     for k in [k for k in row if k.endswith("_us")]:
         if rows > 1:
             row[k.replace("_us", "_TBps")] = round(nbytes / (row[k] * 1e-6) / 1e12, 3)
@@ -244,6 +252,8 @@ def agreement(rows: list[dict[str, Any]]) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--what", default="rmsnorm,qwen3")
+    p.add_argument("--shapes", default=",".join(f"{r}x{h}" for r, h in RMSNORM_SHAPES),
+                   help="rmsnorm shapes, ROWSxH,... (default: BASELINES.md's)")
     p.add_argument("--variants", default="eager,compile,liger,solforge")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=8192)
@@ -264,7 +274,8 @@ def main() -> int:
     }
     what = a.what.split(",")
     if "rmsnorm" in what:
-        result["rmsnorm"] = rmsnorm_rows()
+        shapes = [tuple(int(d) for d in s.split("x")) for s in a.shapes.split(",")]
+        result["rmsnorm"] = rmsnorm_rows(shapes)  # type: ignore[arg-type]
     if "qwen3" in what:
         result["qwen3_4b_fwd"] = []
         for v in a.variants.split(","):

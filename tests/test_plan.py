@@ -158,8 +158,8 @@ def test_region_with_escaping_intermediate_is_left_alone() -> None:
 
 
 def test_qwen3_counts_and_workloads_at_36_layers() -> None:
-    """Qwen3-4B's structure (36 layers) with a small hidden size: 72 + 1 hidden norms, 36 q-norms
-    and 36 k-norms, i.e. 3 workloads, each named by its module path."""
+    """Qwen3-4B's structure (36 layers) with a small hidden size: 72 + 1 hidden norms (72 of them
+    after a residual add: add_rmsnorm), 36 q-norms and 36 k-norms, each named by its module path."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=36,
@@ -169,8 +169,8 @@ def test_qwen3_counts_and_workloads_at_36_layers() -> None:
     ids = torch.randint(0, 64, (1, 4))
     with torch.no_grad():
         groups = plan.plan(capture.capture(model, (ids,)).graphs)
-    counts = sorted(g.count for g in groups)
-    assert counts == [36, 36, 73]
+    counts = sorted((g.workload.family, g.count) for g in groups)
+    assert counts == [("add_rmsnorm", 72), ("rmsnorm", 1), ("rmsnorm", 36), ("rmsnorm", 36)]
     modules = {r.module for g in groups for r in g.regions}
     assert "model.layers.3.self_attn.q_norm" in modules
     assert "model.layers.35.post_attention_layernorm" in modules
@@ -203,3 +203,47 @@ def test_fused_aten_rms_norm_is_matched() -> None:
     plan.rewrite(gm, [m], [fam.heuristic(m.workload).encode()])
     ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
     assert ops == ["solforge.rmsnorm.default", "aten.mul.Tensor"]
+
+
+# a two-output op for the multi-output rewrite: (min, max) over the last dim
+_TEST_LIB = torch.library.Library("solforge_test", "FRAGMENT")
+_TEST_LIB.define("minmax(Tensor x, str config) -> (Tensor, Tensor)")
+_TEST_LIB.impl("minmax", lambda x, config: (x.amin(-1), x.amax(-1)), "CompositeExplicitAutograd")
+torch.library.register_fake("solforge_test::minmax", lambda x, config: (x.amin(-1), x.amax(-1)))
+
+
+class MinMax(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lo = x.amin(-1)
+        y = x * 3
+        hi = x.amax(-1)
+        return (hi - lo) * y.sum(-1)
+
+
+def test_multi_output_match_rewrites_to_one_call_and_getitems() -> None:
+    """A Match with two outputs becomes one op call (before its earliest output) and one getitem
+    per output; extract returns both outputs; the Region records them in order."""
+    import operator
+
+    x = torch.randn(3, 5, 7)
+    gm = capture.capture(MinMax(), (x,)).graphs[0].aten
+    nodes = {n.target: n for n in gm.graph.nodes if n.op == "call_function"}
+    lo, hi = nodes[torch.ops.aten.amin.default], nodes[torch.ops.aten.amax.default]
+    (xin,) = lo.all_input_nodes
+    wl = plan.Workload(family="minmax", shapes=((3, 5, 7),), dtypes=("fp32",))
+    m = plan.Match("minmax", torch.ops.solforge_test.minmax.default, lo, (xin,), [lo, hi], wl, outputs=(lo, hi))
+    assert m.multi and m.region(0).outputs == (lo.name, hi.name) and m.region(0).output == lo.name
+    sub, metas = plan.extract(m)
+    got = sub(x)
+    assert isinstance(got, tuple) and torch.equal(got[0], x.amin(-1)) and torch.equal(got[1], x.amax(-1))
+    assert [tuple(v.shape) for v in metas] == [(3, 5, 7)]
+    ref = gm(x)
+    assert plan.rewrite(gm, [m], ["cfg"]) == 1
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    targets = [n.target for n in calls]
+    assert torch.ops.aten.amin.default not in targets and torch.ops.aten.amax.default not in targets
+    i = targets.index(torch.ops.solforge_test.minmax.default)
+    assert targets[i + 1:i + 3] == [operator.getitem, operator.getitem]
+    assert [calls[i + 1].args[1], calls[i + 2].args[1]] == [0, 1]
+    assert calls[i].args == (xin, "cfg")
+    torch.testing.assert_close(gm(x), ref)

@@ -35,8 +35,10 @@ def tiny_profile(tmp_path_factory: pytest.TempPathFactory) -> Profile:
     torch.compiler.reset()
     lm = load_model("qwen3-tiny", device=DEVICE, batch=1, seq=24)
     trace = tmp_path_factory.mktemp("trace") / "trace.json"
+    # RMSNorm as the only kernel family: the residual adds then show as the residual_add
+    # pseudo-family (with every family, add_rmsnorm claims them: see the command's test)
     return profile_model(lm.model, lm.example_inputs, device=DEVICE, name="qwen3-tiny", ceilings=H100,
-                         trace_path=trace)
+                         trace_path=trace, families=("rmsnorm",))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -357,6 +359,10 @@ def test_profile_command_writes_report_trace_and_html(tmp_path: Path, capsys: py
     assert json.loads((tmp_path / "o" / "trace_baseline.json").read_text())["traceEvents"]
     assert (tmp_path / "o" / "report.html").read_text().startswith("<!doctype html>")
     assert "rmsnorm model.layers.*.self_attn.q_norm" in out and "counts:" in out and "complete" in out
+    # every kernel family: the residual add + norm pairs are add_rmsnorm regions; counts still add up
+    counts = {f: n for f, n, _ in prof.by_family}
+    assert counts.get("add_rmsnorm", 0) + counts.get("residual_add", 0) == 4
+    assert counts.get("add_rmsnorm", 0) + counts["rmsnorm"] == 9 and counts["rope"] == 2
 
 
 FAILING = """

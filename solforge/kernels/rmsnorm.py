@@ -645,8 +645,7 @@ def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
 # ----------------------------------------------------------------------------------------------
 # Custom op: what the graph rewrite calls. The config travels as its encoded string ("" for the
 # heuristic) so the schema stays plain and torch.compile / export see a constant.
-# No backward yet: a later issue adds the backward kernels and wires them in with
-# torch.library.register_autograd; until then the op is forward-only (inference).
+# The backward kernel (kernels/rmsnorm_bwd.py) is wired in with torch.library.register_autograd.
 
 
 # Registered with torch.library's Library API rather than the @custom_op decorator: the decorator's
@@ -673,3 +672,20 @@ def _rmsnorm_fake(x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_
 
 
 rmsnorm_op = torch.ops.solforge.rmsnorm
+
+
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    x, weight, eps, _out_dtype, rbw, _config = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps, ctx.rbw = eps, rbw
+
+
+def _backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+    from solforge.kernels.rmsnorm_bwd import rmsnorm_bwd_op
+
+    x, weight = ctx.saved_tensors
+    dx, dw = rmsnorm_bwd_op(dy, x, weight, ctx.eps, ctx.rbw, None, "")
+    return dx, (dw.to(weight.dtype) if weight is not None else None), None, None, None, None
+
+
+torch.library.register_autograd("solforge::rmsnorm", _backward, setup_context=_setup)

@@ -6,6 +6,7 @@ is the plain record of a match; regions with the same Workload are tuned once.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +23,10 @@ class Match:
     """A region found in a graph: the nodes it replaces and the op call that replaces them.
 
     `args` are the custom op's arguments before the config string (fx Nodes for tensors,
-    constants otherwise). `nodes` are the region's nodes in graph order, output last; only the
-    output may have users outside the region.
+    constants otherwise). `nodes` are the region's nodes in graph order; only the outputs may have
+    users outside the region. A family whose op returns a tuple lists every output in `outputs`
+    (in the op's return order; `output` is then the first of them); a single-output family gives
+    `output` alone.
     """
 
     family: str
@@ -32,6 +35,16 @@ class Match:
     args: tuple[Any, ...]
     nodes: list[fx.Node]
     workload: Workload
+    outputs: tuple[fx.Node, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.outputs:
+            self.outputs = (self.output,)
+
+    @property
+    def multi(self) -> bool:
+        """The op returns a tuple (one item per output)."""
+        return len(self.outputs) > 1
 
     @property
     def inputs(self) -> list[fx.Node]:
@@ -42,10 +55,11 @@ class Match:
             family=self.family,
             graph=graph_index,
             output=self.output.name,
+            outputs=tuple(n.name for n in self.outputs),
             inputs=tuple(n.name for n in self.inputs),
             nodes=tuple(n.name for n in self.nodes),
             workload=self.workload,
-            module=module_path(self.output),
+            module=module_path(self.outputs[-1]),  # add_rmsnorm: the norm, not the add
         )
 
 
@@ -58,6 +72,7 @@ class Region:
     nodes: tuple[str, ...]
     workload: Workload
     module: str | None = None
+    outputs: tuple[str, ...] = ()  # every output's name, in the op's return order
 
 
 @dataclass
@@ -73,9 +88,10 @@ class WorkloadGroup:
 
 
 def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
-    from solforge.plan import rmsnorm
+    from solforge.plan import add_rmsnorm, rmsnorm
 
-    return {"rmsnorm": rmsnorm.match}
+    # first claim wins: a residual add + norm is one add_rmsnorm, not an rmsnorm
+    return {"add_rmsnorm": add_rmsnorm.match, "rmsnorm": rmsnorm.match}
 
 
 def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:
@@ -120,19 +136,38 @@ def extract(match: Match) -> tuple[fx.GraphModule, list[Any]]:
                 env[a] = graph.placeholder(f"in{len(metas)}")
                 metas.append(a.meta["val"])
         env[node] = graph.node_copy(node, lambda n: env[n])
-    graph.output(env[match.output])
+    graph.output(tuple(env[o] for o in match.outputs) if match.multi else env[match.output])
     return fx.GraphModule(torch.nn.Module(), graph), metas
 
 
+_META = ("val", "nn_module_stack", "stack_trace")
+
+
 def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]) -> int:
-    """Replace each match by one call of its custom op; returns how many were replaced."""
+    """Replace each match by one call of its custom op; returns how many were replaced.
+
+    A multi-output op is called once, before the earliest of its outputs (its matcher checks that
+    every input is defined by then), and each output's users read an `operator.getitem` of it."""
     graph = gm.graph
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    # an earlier region's output may be this one's input (a residual stream through add_rmsnorm
+    # after add_rmsnorm): the Match still names the node it replaced
+    replaced: dict[fx.Node, fx.Node] = {}
     n = 0
     for m, config in zip(matches, configs, strict=True):
-        with graph.inserting_before(m.output):
-            new = graph.call_function(m.op, (*m.args, config))
-        new.meta.update({k: v for k, v in m.output.meta.items() if k in ("val", "nn_module_stack", "stack_trace")})
-        m.output.replace_all_uses_with(new)
+        first = min(m.outputs, key=order.__getitem__)
+        args = tuple(replaced.get(a, a) if isinstance(a, fx.Node) else a for a in m.args)
+        with graph.inserting_before(first):
+            new = graph.call_function(m.op, (*args, config))
+            items = [graph.call_function(operator.getitem, (new, i)) for i in range(len(m.outputs))] \
+                if m.multi else [new]
+        for item, old in zip(items, m.outputs, strict=True):
+            item.meta.update({k: v for k, v in old.meta.items() if k in _META})
+            old.replace_all_uses_with(item)
+            replaced[old] = item
+        if m.multi:
+            new.meta["val"] = tuple(o.meta.get("val") for o in m.outputs)
+            new.meta.update({k: v for k, v in m.output.meta.items() if k in _META and k != "val"})
         # erase explicitly (not eliminate_dead_code): in-place ops such as nn.RMSNorm's add_
         # count as impure there and would stay behind, still computing.
         for node in reversed(m.nodes):

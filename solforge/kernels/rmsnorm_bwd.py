@@ -1,0 +1,181 @@
+"""Backward of RMSNorm, shared by the `rmsnorm` and `add_rmsnorm` families.
+
+With n = x * rstd (rstd = rsqrt(mean(x^2) + eps)) and y = n * w:
+    dn = dy * w
+    dx = rstd * (dn - n * mean(dn * n))      (+ ds, the gradient reaching x from its other users)
+    dw = sum over rows of dy * n              (n rounded to x.dtype first with round_before_weight)
+rstd is recomputed from x rather than saved: one more read of a row already being read, and no
+extra tensor kept alive between forward and backward.
+
+One launch writes dx and a per-program partial of dw (fp32); the partials are summed by torch.
+Each program walks TILES row tiles so that few partial rows exist (grid ~ 8 programs per SM).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+_SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def rmsnorm_bwd_ref(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
+                    round_before_weight: bool = False, ds: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dx, dw) in fp32/fp64, by autograd through the forward reference."""
+    acc = torch.float64 if x.dtype in (torch.float32, torch.float64) else torch.float32
+    xf = x.detach().to(acc).requires_grad_(True)
+    wf = weight.detach().to(acc).requires_grad_(True) if weight is not None else None
+    n = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if round_before_weight:  # rounding is a straight-through step for the gradient
+        n = n + (n.detach().to(x.dtype).to(acc) - n.detach())
+    y = n * wf if wf is not None else n
+    grads = torch.autograd.grad(y, [xf] + ([wf] if wf is not None else []), dy.to(acc))
+    dx = grads[0] + (ds.to(acc) if ds is not None else 0)
+    return dx, (grads[1] if wf is not None else None)
+
+
+@triton.jit
+def _rmsnorm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, dw_ptr, n_rows, H, s_dy, s_x, s_ds, s_dx, eps,
+                        ROWS: tl.constexpr, TILES: tl.constexpr, BLOCK_H: tl.constexpr,
+                        HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, HAS_DS: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_H)[None, :]
+    cm = cols < H
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=cm, other=0.0).to(tl.float32)
+    dw = tl.zeros([1, BLOCK_H], dtype=tl.float32)
+    for t in tl.static_range(TILES):
+        rows = (pid * TILES + t) * ROWS + tl.arange(0, ROWS)
+        m = (rows < n_rows)[:, None] & cm
+        r64 = rows.to(tl.int64)[:, None]
+        x = tl.load(x_ptr + r64 * s_x + cols, mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + r64 * s_dy + cols, mask=m, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / H + eps)[:, None]
+        n = x * rstd
+        if HAS_WEIGHT:
+            if ROUND:
+                dw += tl.sum(dy * n.to(x_ptr.dtype.element_ty).to(tl.float32), axis=0)[None, :]
+            else:
+                dw += tl.sum(dy * n, axis=0)[None, :]
+            dn = dy * w
+        else:
+            dn = dy
+        dx = rstd * (dn - n * (tl.sum(dn * n, axis=1) / H)[:, None])
+        if HAS_DS:
+            dx += tl.load(ds_ptr + r64 * s_ds + cols, mask=m, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + r64 * s_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=m)
+    if HAS_WEIGHT:
+        tl.store(dw_ptr + pid * H + cols, dw, mask=cm)
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    rows: int = 1  # rows per tile
+    tiles: int = 1  # tiles per program
+    num_warps: int = 4
+
+    def encode(self) -> str:
+        return f"bwd:r={self.rows}:t={self.tiles}:w={self.num_warps}"
+
+    @staticmethod
+    def decode(text: str) -> BwdConfig:
+        return _decode(text)
+
+    def items(self) -> tuple[tuple[str, Any], ...]:
+        return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+
+
+@functools.lru_cache(maxsize=256)
+def _decode(text: str) -> BwdConfig:
+    head, *parts = text.split(":")
+    names = {"r": "rows", "t": "tiles", "w": "num_warps"}
+    try:
+        assert head == "bwd"
+        return BwdConfig(**{names[k]: int(v) for k, v in (p.split("=") for p in parts)})
+    except (AssertionError, KeyError, ValueError) as e:
+        raise ValueError(f"bad rmsnorm backward config {text!r} (e.g. 'bwd:r=4:t=8:w=4')") from e
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def heuristic(n_rows: int, H: int, device: torch.device) -> BwdConfig:
+    """~16 fp32 values of each [ROWS, BLOCK_H] tile per thread (five such tiles are live), and
+    about 8 programs per SM, so the dw partials stay small."""
+    block = triton.next_power_of_2(H)
+    rows = max(1, min(16, 2048 // block))
+    warps = max(1, min(16, rows * block // (32 * 16)))
+    n_tiles = triton.cdiv(n_rows, rows)
+    tiles = min(32, triton.next_power_of_2(max(1, n_tiles // (8 * _sm_count(device)))))
+    return BwdConfig(rows, tiles, warps)
+
+
+def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
+                round_before_weight: bool = False, ds: torch.Tensor | None = None,
+                config: BwdConfig | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dx in x.dtype, dw in fp32 or None) with the Triton kernel; see `rmsnorm_bwd_ref`."""
+    if x.dtype not in _SUPPORTED or dy.shape != x.shape:
+        raise ValueError(f"solforge rmsnorm_bwd: x {x.dtype} {tuple(x.shape)}, dy {tuple(dy.shape)}: "
+                         "same shapes, bf16/fp16/fp32")
+    H = x.shape[-1]
+    x2 = x.reshape(-1, H)
+    dy2 = dy.reshape(-1, H)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if dy2.stride(-1) != 1:
+        dy2 = dy2.contiguous()
+    ds2 = None
+    if ds is not None:
+        ds2 = ds.reshape(-1, H)
+        if ds2.stride(-1) != 1:
+            ds2 = ds2.contiguous()
+    n_rows = x2.shape[0]
+    dx = torch.empty((n_rows, H), dtype=x.dtype, device=x.device)
+    if n_rows == 0:
+        return dx.view(x.shape), (torch.zeros(H, device=x.device) if weight is not None else None)
+    c = config or heuristic(n_rows, H, x.device)
+    grid = triton.cdiv(n_rows, c.rows * c.tiles)
+    dw = torch.empty((grid, H), dtype=torch.float32, device=x.device) if weight is not None else dx
+    w = weight.contiguous() if weight is not None else dx
+    _rmsnorm_bwd_kernel[(grid,)](
+        dy2, x2, w, ds2 if ds2 is not None else dx, dx, dw, n_rows, H, dy2.stride(0), x2.stride(0),
+        ds2.stride(0) if ds2 is not None else 0, dx.stride(0), eps,
+        ROWS=c.rows, TILES=c.tiles, BLOCK_H=triton.next_power_of_2(H), HAS_WEIGHT=weight is not None,
+        ROUND=round_before_weight, HAS_DS=ds2 is not None, num_warps=c.num_warps)
+    return dx.view(x.shape), (dw.sum(0) if weight is not None else None)
+
+
+# The op the autograd formulas call, so that a traced backward (torch.compile, export) sees one
+# call with a fake implementation rather than Python. dw is fp32, empty without a weight.
+_LIB = torch.library.Library("solforge", "FRAGMENT")
+_LIB.define("rmsnorm_bwd(Tensor dy, Tensor x, Tensor? weight, float eps, bool round_before_weight, "
+            "Tensor? ds, str config) -> (Tensor, Tensor)")
+
+
+def _op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, round_before_weight: bool,
+        ds: torch.Tensor | None, config: str) -> tuple[torch.Tensor, torch.Tensor]:
+    dx, dw = rmsnorm_bwd(dy, x, weight, eps, round_before_weight=round_before_weight, ds=ds,
+                         config=BwdConfig.decode(config) if config else None)
+    return dx, (dw if dw is not None else x.new_empty(0, dtype=torch.float32))
+
+
+_LIB.impl("rmsnorm_bwd", _op, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("solforge::rmsnorm_bwd")
+def _fake(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, round_before_weight: bool,
+          ds: torch.Tensor | None, config: str) -> tuple[torch.Tensor, torch.Tensor]:
+    n = x.shape[-1] if weight is not None else 0
+    return x.new_empty(x.shape), x.new_empty(n, dtype=torch.float32)
+
+
+rmsnorm_bwd_op = torch.ops.solforge.rmsnorm_bwd.default

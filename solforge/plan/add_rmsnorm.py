@@ -1,0 +1,39 @@
+"""Find a residual add feeding an RMSNorm: s = a + b; y = rmsnorm(s), where s is also used later
+(the residual stream). Both become one add_rmsnorm call returning (s, y).
+
+Built on the rmsnorm matcher: every RMSNorm whose input is an out-of-place add of two tensors of
+its own shape and dtype (no broadcasting, no alpha) grows to include that add.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from solforge.plan import Match
+from solforge.plan import rmsnorm as _rms
+
+aten = torch.ops.aten
+
+
+def match(graph: fx.Graph) -> list[Match]:
+    from solforge.kernels import add_rmsnorm as family
+
+    found = []
+    for m in _rms.match(graph):
+        s = m.args[0]
+        if not isinstance(s, fx.Node) or s.target != aten.add.Tensor or s.kwargs.get("alpha", 1) != 1:
+            continue
+        a, b = s.args[0], s.args[1]
+        sv, av, bv = _rms._val(s), _rms._val(a), _rms._val(b)
+        if sv is None or av is None or bv is None:
+            continue
+        if not (av.shape == bv.shape == sv.shape and av.dtype == bv.dtype == sv.dtype):
+            continue
+        _x, weight, eps, out_dtype, rbw = m.args
+        wl = family.workload_for(av, bv, _rms._val(weight) if weight is not None else None, eps, out_dtype, rbw)
+        if not family.supported(wl):
+            continue
+        found.append(Match("add_rmsnorm", family.add_rmsnorm_op, s, (a, b, weight, eps, out_dtype, rbw),
+                           [s, *m.nodes], wl, outputs=(s, m.output)))
+    return found

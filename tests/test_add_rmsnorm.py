@@ -1,0 +1,218 @@
+"""add_rmsnorm family and the RMSNorm backward: forward against add_rmsnorm_ref for every config
+of the space, the backward kernel against autograd through the reference, and autograd through the
+custom ops (the residual stream's gradient joins the norm's)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import DEVICE, requires_gpu
+
+from solforge.kernels import add_rmsnorm as A
+from solforge.kernels import rmsnorm as R
+from solforge.kernels.rmsnorm_bwd import BwdConfig, rmsnorm_bwd, rmsnorm_bwd_ref
+from solforge.numerics import compare, tolerance
+from solforge.records import Workload
+
+BF16, FP32 = torch.bfloat16, torch.float32
+EPS = 1e-6
+
+
+def _wl(rows: int, H: int, dtype: torch.dtype = BF16, rbw: bool = True) -> Workload:
+    x = torch.empty(rows, H, dtype=dtype, device="meta")
+    w = torch.empty(H, dtype=dtype, device="meta")
+    return dataclasses.replace(A.workload_for(x, x, w, EPS, None, rbw), device=DEVICE)
+
+
+def _check(wl: Workload, config: A.Config | None = None, rows: int | None = None, seed: int = 0) -> None:
+    (x, r, w, eps), kw = A.make_inputs(wl, seed=seed, rows=rows)
+    before = (x.clone(), r.clone())
+    rs, ry = A.add_rmsnorm_ref(x, r, w, eps, **kw)
+    out = (torch.full_like(rs, float("nan")), torch.full_like(ry, float("nan")))
+    got = A.add_rmsnorm(x, r, w, eps, config=config, out=out, **kw)
+    assert got[0] is out[0] and got[1] is out[1]
+    assert torch.equal(x, before[0]) and torch.equal(r, before[1])
+    label = config.encode() if config else "heuristic"
+    # the sum is one rounding of an fp32 add, as the model's own add (exact on a GPU; Triton's
+    # interpreter truncates on its bf16 cast, so one ulp apart there)
+    c = compare(out[0], rs)
+    assert c.ok and (DEVICE == "cpu" or torch.equal(out[0], rs)), f"{label}: {c.reason}"
+    c = compare(out[1], ry, A.output_tolerance(wl))
+    assert c.ok, f"{label} on {wl.key}: {c.reason}"
+
+
+@pytest.mark.parametrize("rows,H", [(33, 96), (5, 2560)])
+def test_every_config_in_space(rows: int, H: int) -> None:
+    wl = _wl(rows, H)
+    configs = A.space(wl)
+    assert configs and all(c.variant in A.VARIANTS and A.is_valid(c, wl) for c in configs)
+    for c in configs[:12]:
+        _check(wl, c)
+
+
+@pytest.mark.parametrize("dtype,rbw", [(BF16, True), (BF16, False), (FP32, False)])
+def test_heuristic_odd_shapes(dtype: torch.dtype, rbw: bool) -> None:
+    for rows, H in [(1, 64), (7, 130), (3, 1000)]:
+        _check(_wl(rows, H, dtype, rbw), seed=rows)
+
+
+def test_heuristic_always_valid_and_long_rows_refused() -> None:
+    for rows, H in [(1, 2560), (16384, 2560), (524288, 128), (4, 32768), (2, 70000)]:
+        wl = _wl(rows, H)
+        assert A.is_valid(A.heuristic(wl), wl) == A.supported(wl)
+    assert A.supported(_wl(4, 32768)) and not A.supported(_wl(2, 70000))
+
+
+def test_verifier_accepts_the_family() -> None:
+    from solforge.tune import candidates, measure
+
+    wl = _wl(9, 80)
+    rec = measure(A, candidates(A, wl)[0], device=DEVICE)
+    assert rec.ok, rec.error
+
+
+def test_bad_inputs() -> None:
+    x = torch.randn(4, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="residual"):
+        A.add_rmsnorm(x, torch.randn(4, 9, device=DEVICE), None, EPS)
+    with pytest.raises(ValueError, match="weight"):
+        A.add_rmsnorm(x, x, torch.ones(9, device=DEVICE), EPS)
+
+
+# ---------------------------------------------------------------------------------------------
+# backward
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+@pytest.mark.parametrize("shape,weight,ds,rbw", [((5, 48), True, False, True), ((3, 7, 130), True, True, False),
+                                                 ((9, 64), False, True, False)])
+def test_backward_kernel(dtype: torch.dtype, shape: tuple[int, ...], weight: bool, ds: bool, rbw: bool) -> None:
+    g = torch.Generator().manual_seed(len(shape))
+    x, dy = (torch.randn(*shape, generator=g).to(dtype).to(DEVICE) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(dtype).to(DEVICE) if weight else None
+    dsx = torch.randn(*shape, generator=g).to(dtype).to(DEVICE) if ds else None
+    for cfg in (None, BwdConfig(2, 3, 1)):  # heuristic, and tiles that straddle the last rows
+        dx, dw = rmsnorm_bwd(dy, x, w, EPS, round_before_weight=rbw, ds=dsx, config=cfg)
+        rdx, rdw = rmsnorm_bwd_ref(dy, x, w, EPS, round_before_weight=rbw, ds=dsx)
+        c = compare(dx, rdx.to(dtype))
+        assert c.ok, c.reason
+        if weight:
+            assert dw is not None and rdw is not None
+            # dw sums over rows in fp32: compare relative to its scale
+            assert (dw - rdw).abs().max() <= 10 * tolerance(dtype).rtol * rdw.abs().max()
+        else:
+            assert dw is None
+
+
+def test_autograd_through_the_ops() -> None:
+    torch.manual_seed(0)
+    x, r, dy, ds = (torch.randn(6, 72, device=DEVICE) for _ in range(4))
+    w = 1 + 0.1 * torch.randn(72, device=DEVICE)
+    leaves = [t.clone().requires_grad_() for t in (x, r, w)]
+    s, y = A.add_rmsnorm_op(*leaves, EPS, FP32, False, "")
+    torch.autograd.backward([s, y], [ds, dy])
+    refs = [t.clone().requires_grad_() for t in (x, r, w)]
+    s2 = refs[0] + refs[1]
+    y2 = s2 * torch.rsqrt(s2.pow(2).mean(-1, keepdim=True) + EPS) * refs[2]
+    torch.autograd.backward([s2, y2], [ds, dy])
+    for a, b in zip(leaves, refs, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-5)
+    # only the normalized output used: the sum's gradient is None inside the formula
+    leaves = [t.clone().requires_grad_() for t in (x, r, w)]
+    A.add_rmsnorm_op(*leaves, EPS, FP32, False, "")[1].backward(dy)
+    refs = [t.clone().requires_grad_() for t in (x, r, w)]
+    s2 = refs[0] + refs[1]
+    (s2 * torch.rsqrt(s2.pow(2).mean(-1, keepdim=True) + EPS) * refs[2]).backward(dy)
+    for a, b in zip(leaves, refs, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-5)
+    # and the rmsnorm op has the same backward
+    xl, wl = x.clone().requires_grad_(), w.clone().requires_grad_()
+    R.rmsnorm_op(xl, wl, EPS, FP32, False, "").backward(dy)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    (xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + EPS) * wr).backward(dy)
+    torch.testing.assert_close(xl.grad, xr.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(wl.grad, wr.grad, atol=1e-5, rtol=1e-5)
+
+
+@requires_gpu
+@pytest.mark.parametrize("rows,H", [(16384, 2560), (4096, 2560)])
+def test_qwen3_shapes_on_gpu(rows: int, H: int) -> None:
+    wl = _wl(rows, H)
+    _check(wl)
+    g = torch.Generator().manual_seed(1)
+    x, dy, ds = (torch.randn(rows, H, generator=g).to(BF16).cuda() for _ in range(3))
+    w = (1 + 0.1 * torch.randn(H, generator=g)).to(BF16).cuda()
+    dx, dw = rmsnorm_bwd(dy, x, w, EPS, round_before_weight=True, ds=ds)
+    rdx, rdw = rmsnorm_bwd_ref(dy, x, w, EPS, round_before_weight=True, ds=ds)
+    assert compare(dx, rdx.to(BF16)).ok
+    assert dw is not None and (dw - rdw).abs().max() <= 1e-2 * rdw.abs().max()
+
+
+# ---------------------------------------------------------------------------------------------
+# matching and integration
+
+
+class Block(torch.nn.Module):
+    """A pre-norm residual block as transformers writes it: the sum is the next residual."""
+
+    def __init__(self, h: int, broadcast: bool = False) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(h, h, bias=False)
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(h))
+        self.broadcast = broadcast
+
+    def norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+        return self.weight * h.to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        res = x
+        for _ in range(2):
+            delta = self.lin(self.norm(res))
+            res = res + (delta[:, :1] if self.broadcast else delta)
+        return self.norm(res) + res
+
+
+def _plan(m: torch.nn.Module, x: torch.Tensor) -> list:
+    from solforge import capture, plan
+
+    with torch.no_grad():
+        return plan.plan(capture.capture(m, (x,)).graphs)
+
+
+def test_residual_adds_fuse_and_the_model_computes_the_same() -> None:
+    from solforge.integrate import integrate
+
+    torch.manual_seed(0)
+    m = Block(64).to(BF16).eval()
+    x = torch.randn(3, 5, 64, dtype=BF16)
+    fams = sorted((g.workload.family, g.count) for g in _plan(m, x))
+    assert fams == [("add_rmsnorm", 2), ("rmsnorm", 1)]  # the first norm reads the input: no add
+    opt, stats = integrate(m, {})
+    with torch.no_grad():
+        y, ref = opt(x), m(x)
+    assert sum(stats.untuned.values()) == 3
+    # bf16 through three norms and two linears (the interpreter's bf16 casts truncate): compare as
+    # the end-to-end check does, by norm; a wrong residual or a dropped add is off by ~100%
+    assert ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+
+
+def test_broadcast_add_is_not_fused() -> None:
+    m = Block(32, broadcast=True).eval()
+    fams = {g.workload.family for g in _plan(m, torch.randn(2, 4, 32))}
+    assert fams == {"rmsnorm"}
+
+
+def test_qwen3_tiny_regions() -> None:
+    from solforge.zoo import load_model
+
+    lm = load_model("qwen3-tiny", device="cpu", dtype=BF16, batch=1, seq=8, weights=None, seed=0)
+    groups = _plan(lm.model, *lm.example_inputs)
+    adds = [g for g in groups if g.workload.family == "add_rmsnorm"]
+    assert sum(g.count for g in adds) == 4
+    modules = {r.module for g in adds for r in g.regions}
+    assert {"model.layers.0.post_attention_layernorm", "model.layers.1.input_layernorm", "model.norm"} <= modules
