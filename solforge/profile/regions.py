@@ -179,7 +179,7 @@ def partition(graph: fx.Graph, graph_index: int, first_id: int = 0,
         r = Region(0, graph_index, pm.family, FAMILY_KIND[pm.family], mod, list(pm.nodes))
         regions.append(r)
         merged.setdefault((pm.family, mod), r)
-    groups: dict[tuple[str, str], Region] = {}  # (module, family)
+    groups: dict[tuple[str, str], Region] = {}  # (module, kind)
     views: list[fx.Node] = []
     for n in graph.nodes:
         if n.op != "call_function" or n in claimed:
@@ -189,12 +189,15 @@ def partition(graph: fx.Graph, graph_index: int, first_id: int = 0,
             views.append(n)
             continue
         mod = module_path(n) or ""
-        # a solforge op (an optimized model) is its family's region; other ops group by kind
-        family = getattr(getattr(n.target, "_overloadpacket", None), "__name__", kind) \
-            if getattr(n.target, "namespace", "") == "solforge" else kind
-        r = groups.get((mod, family))
+        if getattr(n.target, "namespace", "") == "solforge":
+            # a swapped-in op (an optimized model) is one region of its family on its own: one
+            # module can hold two (add_rmsnorm after attention and after the MLP)
+            family = getattr(getattr(n.target, "_overloadpacket", None), "__name__", kind)
+            regions.append(Region(0, graph_index, family, kind, mod, [n]))
+            continue
+        r = groups.get((mod, kind))
         if r is None:
-            r = groups[(mod, family)] = Region(0, graph_index, family, kind, mod, [])
+            r = groups[(mod, kind)] = Region(0, graph_index, kind, kind, mod, [])
             regions.append(r)
         r.nodes.append(n)
     by_module: dict[str, Region] = {}
