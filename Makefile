@@ -26,6 +26,11 @@ setup:
 	$(BIN)/python -c "import transformers" 2>/dev/null || $(PIP) transformers==5.17.0
 	$(PIP) -e ".[hf,dev]"
 	$(BIN)/solforge --help > /dev/null
+	@# report.html is tested in a real headless Chromium: Debian's package, where apt can install it
+	@# (CI runs as root); without it that test skips and says why.
+	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	    || echo "could not install chromium: the report.html test will skip"; fi
 
 test:
 	$(BIN)/python -m pytest -q tests

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["optimize"]
+__all__ = ["optimize", "profile"]
 
 
 def optimize(*args: Any, **kwargs: Any) -> Any:
@@ -13,3 +13,10 @@ def optimize(*args: Any, **kwargs: Any) -> Any:
     from solforge.api import optimize as _optimize
 
     return _optimize(*args, **kwargs)
+
+
+def profile(*args: Any, **kwargs: Any) -> Any:
+    """See solforge.api.profile."""
+    from solforge.api import profile as _profile
+
+    return _profile(*args, **kwargs)

@@ -15,10 +15,10 @@ import torch
 from solforge import capture as _capture
 from solforge import plan as _plan
 from solforge.errors import UserError
-from solforge.integrate import integrate
+from solforge.integrate import Integrator, integrate
 from solforge.numerics import dtype_name
-from solforge.records import E2EReport, RegionReport, Report, RunResult, TuneResult, TuningRecord
-from solforge.report import ensure_writable, write_report
+from solforge.records import E2EReport, Profile, RegionReport, Report, RunResult, TuneResult, TuningRecord
+from solforge.report import TRACE_BASELINE, TRACE_OPTIMIZED, ensure_writable, write_report
 from solforge.tune import candidates, family_module, tune
 from solforge.tune.timing import time_kernel
 from solforge.validate import validate
@@ -157,6 +157,13 @@ def optimize(
         known = ", ".join(_plan._matchers())
         notes.append(f"nothing to optimize: no region of a known kernel family ({known}) was found")
 
+    rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
+    prof = _profile_stage(model, example_inputs, device=device, name=name or type(model).__name__,
+                          families=fams, trace=Path(out_dir) / TRACE_BASELINE if out_dir is not None else None)
+    # tune where the end-to-end time is: the largest Amdahl saving first (the budget may run out)
+    saving = _ranking(prof)
+    groups.sort(key=lambda g: -saving(g.workload.key))
+
     results: list[TuneResult] = []
     t0 = time.perf_counter()
     for i, group in enumerate(groups):
@@ -173,6 +180,7 @@ def optimize(
     winners = {r.workload: _encode(r) for r in results if r.best is not None}
     optimized: Callable[..., Any] = model
     e2e: E2EReport | None = None
+    prof_after: Profile | None = None
     if winners:
         rep.stage("integrate", f"{len(winners)} kernel(s)")
         optimized, stats = integrate(model, winners, families=fams)
@@ -183,17 +191,76 @@ def optimize(
         planned = sum(g.count for g in groups if g.workload in winners)
         if stats.total < planned:
             notes.append(f"integration replaced {stats.total} of {planned} planned regions")
+        rep.stage("profile", "the optimized model, the same way")
+        prof_after = _profile_stage(
+            model, example_inputs, device=device, name=name or type(model).__name__, families=fams,
+            rewrite=Integrator(dict(winners), fams),
+            trace=Path(out_dir) / TRACE_OPTIMIZED if out_dir is not None else None)
 
     report = Report(
         model=name or type(model).__name__, device=_device_name(device), dtype=dtype_name(dtype), mode=mode,
         versions=versions(device), regions=tuple(_region_report(g, r) for g, r in zip(groups, results, strict=True)),
         e2e=e2e, timings_meaningful=device == "cuda", notes=tuple(notes),
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), command=command or " ".join(sys.argv),
-        graphs=len(captured.graphs),
+        graphs=len(captured.graphs), profile=prof, profile_after=prof_after,
     )
     if out_dir is not None:
         write_report(report, Path(out_dir))
     return optimized, report
+
+
+def profile(
+    model: torch.nn.Module,
+    example_inputs: Sequence[Any],
+    *,
+    out_dir: str | Path | None = None,
+    name: str | None = None,
+    families: Sequence[str] | None = None,
+    ceilings_cache: str | Path | None = None,
+    reporter: Reporter | None = None,
+    command: str = "",
+) -> Report:
+    """Where one forward's device time goes (on the device the model is on): every kernel
+    attributed to a graph region, each region against the device's measured ceilings, ranked by
+    the end-to-end time it would save at speed of light. With `out_dir`: report.json,
+    trace_baseline.json (open it in Perfetto) and report.html. Returns a Report whose `profile`
+    holds the result (no tuning: `regions` is empty)."""
+    if out_dir is not None:
+        ensure_writable(Path(out_dir))
+    rep = reporter or _Silent()
+    example_inputs = tuple(example_inputs)
+    device = check_device(_model_device(model, example_inputs))
+    dtype = _model_dtype(model, example_inputs)
+    model.eval()
+    rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
+    prof = _profile_stage(model, example_inputs, device=device, name=name or type(model).__name__,
+                          families=tuple(families) if families is not None else None,
+                          trace=Path(out_dir) / TRACE_BASELINE if out_dir is not None else None,
+                          ceilings_cache=ceilings_cache)
+    report = Report(
+        model=name or type(model).__name__, device=_device_name(device), dtype=dtype_name(dtype), mode="inference",
+        versions=versions(device), regions=(), e2e=None, timings_meaningful=prof.meaningful, notes=prof.notes,
+        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), command=command or " ".join(sys.argv),
+        graphs=prof.graphs, profile=prof,
+    )
+    if out_dir is not None:
+        write_report(report, Path(out_dir))
+    return report
+
+
+def _profile_stage(model: torch.nn.Module, inputs: Sequence[Any], *, device: str, name: str,
+                   families: Sequence[str] | None, trace: Path | None, rewrite: _capture.Rewrite | None = None,
+                   ceilings_cache: str | Path | None = None) -> Profile:
+    from solforge.profile import profile_model
+
+    return profile_model(model, inputs, device=device, name=name, families=families, rewrite=rewrite,
+                         trace_path=trace, ceilings_cache=ceilings_cache)
+
+
+def _ranking(prof: Profile) -> Callable[[str], float]:
+    from solforge.profile import ranking
+
+    return ranking(prof)
 
 
 def _fresh(inputs: Sequence[Any]) -> tuple[Any, ...]:

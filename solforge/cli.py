@@ -6,8 +6,14 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from solforge.errors import UserError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from solforge.zoo import LoadedModel
 
 DESCRIPTION = """\
 solforge makes PyTorch models faster on NVIDIA GPUs by itself: it captures the model's graph,
@@ -26,7 +32,25 @@ examples:
   solforge optimize qwen3-tiny --device cpu            # every stage, through Triton's interpreter
   solforge optimize qwen3-4b --batch 2 --seq 8192 --budget 300 --out out/qwen3-4b
   solforge optimize path/to/model.py --dtype fp16
+  solforge profile qwen3-4b --batch 2 --seq 8192 --out out/qwen3-4b-profile
 """
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    """The model options shared by every command that runs a model (optimize, profile)."""
+    p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    p.add_argument("--device", default=None, choices=["cuda", "cpu"],
+                   help="where to run (default: cuda when a GPU is present, else cpu through Triton's "
+                        "interpreter: correct but slow, and its timings mean nothing)")
+    p.add_argument("--mode", default="inference", choices=["inference"],
+                   help="what to optimize for (training comes with the backward kernels)")
+    p.add_argument("--batch", type=int, default=None, help="batch size of a zoo model's inputs (default 1)")
+    p.add_argument("--seq", type=int, default=None, help="sequence length of a zoo model's inputs (default 128)")
+    p.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
+    p.add_argument("--weights", default=None, metavar="DIR",
+                   help="load a zoo model's real weights from a local Hugging Face directory")
+    p.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs (default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,25 +59,22 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     o = sub.add_parser("optimize", help="capture, tune, verify and swap in kernels; validate end to end",
                        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    o.add_argument("model", metavar="MODEL", help=MODEL_HELP)
-    o.add_argument("--device", default=None, choices=["cuda", "cpu"],
-                   help="where to run (default: cuda when a GPU is present, else cpu through Triton's "
-                        "interpreter: correct but slow, and its timings mean nothing)")
-    o.add_argument("--mode", default="inference", choices=["inference"],
-                   help="what to optimize for (training comes with the backward kernels)")
-    o.add_argument("--batch", type=int, default=None, help="batch size of a zoo model's inputs (default 1)")
-    o.add_argument("--seq", type=int, default=None, help="sequence length of a zoo model's inputs (default 128)")
-    o.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
-    o.add_argument("--weights", default=None, metavar="DIR",
-                   help="load a zoo model's real weights from a local Hugging Face directory")
+    _model_args(o)
     o.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                    help="tuning time across all kernels (default 120 on a GPU, 60 on the CPU)")
     o.add_argument("--max-candidates", type=int, default=None, metavar="N",
                    help="measure at most N configs per workload (default: all on a GPU, 4 on the CPU)")
     o.add_argument("--out", default="solforge-out", metavar="DIR",
-                   help="where report.json goes (default ./solforge-out)")
-    o.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs (default 0)")
-    o.add_argument("--quiet", action="store_true", help="no progress display")
+                   help="where report.json, report.html and the traces go (default ./solforge-out)")
+    pr = sub.add_parser("profile", help="where the GPU time goes: regions, roofline, Amdahl ranking, traces",
+                        description="Profile one forward: every kernel attributed to a graph region and module, "
+                        "each region against the device's measured ceilings, ranked by the end-to-end time it "
+                        "would save at speed of light.", epilog=EPILOG,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _model_args(pr)
+    pr.add_argument("--out", default="solforge-out", metavar="DIR",
+                    help="where report.json, report.html and trace_baseline.json go (default ./solforge-out)")
+    pr.add_argument("--top", type=int, default=15, metavar="N", help="regions in the table (default 15)")
     return p
 
 
@@ -65,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "optimize":
             return _optimize(args)
+        if args.command == "profile":
+            return _profile(args)
     except UserError as e:
         print(f"solforge: error: {e}", file=sys.stderr)
         return 2
@@ -74,20 +97,34 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def _optimize(args: argparse.Namespace) -> int:
+def _device(args: argparse.Namespace) -> str:
     if args.device == "cpu" or (args.device is None and not _has_cuda()):
         # must be set before triton is imported anywhere
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
 
-    from solforge.api import check_device, optimize
-    from solforge.numerics import parse_dtype
-    from solforge.zoo import load_model
+    from solforge.api import check_device
 
     device = check_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise UserError("--device cpu needs Triton's interpreter: unset TRITON_INTERPRET or set it to 1")
+    return device
+
+
+def _load(args: argparse.Namespace, device: str, console: Console) -> LoadedModel:
+    from solforge.numerics import parse_dtype
+    from solforge.zoo import load_model
+
     dtype = parse_dtype(args.dtype)
+    with console.status(f"loading {args.model}"):
+        return load_model(args.model, device=device, dtype=dtype, batch=args.batch, seq=args.seq,
+                          weights=args.weights, seed=args.seed)
+
+
+def _optimize(args: argparse.Namespace) -> int:
+    device = _device(args)
+    from solforge.api import optimize
+
     budget = args.budget if args.budget is not None else (120.0 if device == "cuda" else 60.0)
     max_cands = args.max_candidates if args.max_candidates is not None else (None if device == "cuda" else 4)
     if max_cands is not None and max_cands < 1:
@@ -96,10 +133,8 @@ def _optimize(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console(stderr=True, quiet=args.quiet)
-    with console.status(f"loading {args.model}"):
-        loaded = load_model(args.model, device=device, dtype=dtype, batch=args.batch, seq=args.seq,
-                            weights=args.weights, seed=args.seed)
-    from solforge.report.terminal import RichReporter, print_report
+    loaded = _load(args, device, console)
+    from solforge.report.terminal import RichReporter, print_profile, print_report
 
     with RichReporter(console) as reporter:
         _, report = optimize(
@@ -107,11 +142,41 @@ def _optimize(args: argparse.Namespace) -> int:
             make_inputs=loaded.make_inputs, is_language_model=loaded.is_language_model, name=loaded.name,
             max_candidates=max_cands, reporter=reporter, command="solforge " + " ".join(sys.argv[1:]),
         )
-    print_report(report, Console())
-    print(f"report: {Path(args.out) / 'report.json'}")
+    if report.profile is not None:
+        print_profile(report.profile, _stdout_console(), top=8)
+    print_report(report, _stdout_console())
+    print(f"report: {Path(args.out) / 'report.json'}, {Path(args.out) / 'report.html'}")
     if report.e2e is not None and not report.e2e.passed:
         return 1
     return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    if args.top < 1:
+        raise UserError("--top must be at least 1")
+    device = _device(args)
+    from rich.console import Console
+
+    from solforge.api import profile
+    from solforge.report.terminal import RichReporter, print_profile
+
+    console = Console(stderr=True, quiet=args.quiet)
+    loaded = _load(args, device, console)
+    with RichReporter(console) as reporter:
+        report = profile(loaded.model, loaded.example_inputs, out_dir=Path(args.out), name=loaded.name,
+                         reporter=reporter, command="solforge " + " ".join(sys.argv[1:]))
+    assert report.profile is not None
+    print_profile(report.profile, _stdout_console(), top=args.top)
+    out = Path(args.out)
+    print(f"report: {out / 'report.json'}, {out / 'report.html'}; trace (Perfetto): {out / 'trace_baseline.json'}")
+    return 0 if report.profile.complete else 1
+
+
+def _stdout_console() -> Console:
+    from rich.console import Console
+
+    # piped into a log or a file, rich would fold the wide tables into 80 columns
+    return Console() if sys.stdout.isatty() else Console(width=170)
 
 
 def _has_cuda() -> bool:

@@ -189,6 +189,77 @@ class E2EReport:
 
 
 @dataclass(frozen=True)
+class Ceilings:
+    """A device's measured limits (profile/ceilings.py): what "speed of light" means on it."""
+
+    device: str
+    copy_gbs: float  # device-to-device copy, bytes read + written per second / 1e9
+    bf16_tflops: float
+    fp32_tflops: float
+    meaningful: bool = True  # False on the CPU: a tiny copy and matmul, not a GPU's limits
+    measured: str = ""  # when (ISO time) and with which torch
+    torch: str = ""
+
+
+@dataclass(frozen=True)
+class RegionProfile:
+    """One kind of region and all its repeats in one forward: measured time, roofline, Amdahl saving.
+
+    Regions with the same `key` (a kernel family's workload, or family + module path with layer
+    numbers folded + shapes) are one row: `count` repeats, `time_us` summed over them.
+    """
+
+    key: str
+    family: str  # a kernel family (rmsnorm), a pseudo-family (residual_add, silu_mul, rope) or a kind
+    kind: str  # gemm | attention | normalization | pointwise | reduction | copy | other
+    label: str  # shapes and dtype, for tables
+    module: str  # module path(s) with layer numbers folded: model.layers.*.self_attn.q_norm
+    count: int
+    kernels: int  # device kernels attributed to it (on the CPU: top-level ATen ops), all repeats
+    time_us: float  # all repeats
+    bytes: int  # per repeat: region inputs read + outputs written
+    flops: int  # per repeat
+    sol_us: float  # per repeat, at the ceilings
+    achieved_gbs: float
+    achieved_tflops: float
+    pct_of_sol: float  # sol_us / measured per repeat, in percent
+    bound: str  # memory | compute | launch
+    saving_us: float  # Amdahl: end-to-end time saved if every repeat ran at speed of light
+    rank: int = 0
+    workload: str | None = None  # the Workload key when a kernel family claims the region
+    modules: tuple[str, ...] = ()  # a few real module paths
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Where one forward's device time goes, by region, against the device's ceilings.
+
+    `attributed_us` (sum of the regions) + `outside_us` (kernels launched outside every graph
+    region, e.g. by dynamo's wrapper) = `busy_us`; `idle_us` = GPU idle inside the forward's span.
+    `complete` only when every kernel was seen and at least 95% of the busy time is in a region.
+    """
+
+    model: str
+    device: str
+    meaningful: bool
+    forward_us: float  # one forward timed without the profiler (CUDA events; wall clock on the CPU)
+    span_us: float  # first kernel start to last kernel end in the profiled forward
+    busy_us: float
+    attributed_us: float
+    outside_us: float
+    idle_us: float
+    kernels: int
+    complete: bool
+    ceilings: Ceilings
+    regions: tuple[RegionProfile, ...]  # ranked by saving_us
+    by_kind: tuple[tuple[str, float], ...] = ()  # kind -> us
+    by_family: tuple[tuple[str, int, float], ...] = ()  # family -> (regions, us)
+    graphs: int = 0
+    trace: str | None = None  # Chrome trace JSON path (Perfetto opens it)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Report:
     model: str
     device: str
@@ -203,6 +274,8 @@ class Report:
     command: str = ""
     graphs: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    profile: Profile | None = None  # the baseline's bottlenecks (solforge profile / optimize)
+    profile_after: Profile | None = None  # the optimized model, profiled the same way
 
 
 # ----------------------------------------------------------------------------------------------

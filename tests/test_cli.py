@@ -45,6 +45,18 @@ def test_optimize_qwen3_tiny_writes_a_passing_report(tmp_path: Path, capsys: pyt
         assert any("means nothing" in n for n in data["notes"])
     report = from_dict(Report, data)  # the file round-trips into the record
     assert {r.family for r in report.regions} == {"add_rmsnorm", "rmsnorm", "rope", "swiglu"}
+    # the profile stage: baseline and optimized model, traces and the page
+    assert report.profile is not None and report.profile.complete and report.profile_after is not None
+    # the swapped-in solforge ops, profiled as regions of their own (no aten chain left)
+    after = [r for r in report.profile_after.regions if r.family in ("rmsnorm", "add_rmsnorm", "rope", "swiglu")]
+    assert sum(r.count for r in after) == 9 and not any(r.workload for r in after)
+    # tuned in the order of the Amdahl ranking (largest end-to-end saving first)
+    saving = {r.workload: r.saving_us for r in report.profile.regions if r.workload}
+    assert set(saving) == {r.workload for r in report.regions}
+    order = [saving[r.workload] for r in report.regions]
+    assert order == sorted(order, reverse=True)
+    for name in ("trace_baseline.json", "trace_optimized.json", "report.html"):
+        assert (tmp_path / name).stat().st_size > 0
     assert "qwen3-tiny" in out and "passed" in out
 
 

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from solforge.records import Report, TuneResult, TuningRecord
+from solforge.records import Profile, Report, TuneResult, TuningRecord
 
 
 class RichReporter:
@@ -79,4 +79,31 @@ def print_report(report: Report, console: Console) -> None:
         console.print(f"end to end: {timing}; max abs err {e.max_abs_err:.3g}, max rel err "
                       f"{e.max_rel_err:.3g}{agree}: {status}")
     for note in report.notes:
+        console.print(f"[yellow]note:[/] {note}")
+
+
+def print_profile(prof: Profile, console: Console, top: int = 15) -> None:
+    """The top regions by Amdahl saving, then where the rest of the forward went."""
+    title = f"solforge profile: {prof.model} on {prof.device}"
+    title += "" if prof.meaningful else " (CPU: times mean nothing)"
+    t = Table(title=title)
+    for col in ("#", "region", "shape", "n", "ms", "% fwd", "µs/call", "achieved", "% SOL", "bound", "saves ms"):
+        t.add_column(col, justify="left" if col in ("region", "shape", "bound") else "right")
+    fwd = prof.forward_us if prof.forward_us > 0 else float("nan")
+    for r in prof.regions[:top]:
+        rate = f"{r.achieved_tflops:,.1f} TFLOP/s" if r.bound == "compute" else f"{r.achieved_gbs:,.0f} GB/s"
+        t.add_row(str(r.rank), f"{r.family} {r.module}".strip(), r.label, str(r.count), f"{r.time_us / 1e3:,.2f}",
+                  f"{100 * r.time_us / fwd:.1f}", f"{r.time_us / max(r.count, 1):,.1f}", rate,
+                  f"{r.pct_of_sol:.0f}", r.bound, f"{r.saving_us / 1e3:,.2f}")
+    console.print(t)
+    status = "[green]complete[/]" if prof.complete else "[red]PARTIAL[/]"
+    console.print(f"forward {prof.forward_us / 1e3:,.2f} ms measured; regions add up to "
+                  f"{prof.attributed_us / 1e3:,.2f} ms ({prof.attributed_us / fwd:.1%}); outside regions "
+                  f"{prof.outside_us / 1e3:,.2f} ms; idle between kernels {prof.idle_us / 1e3:,.2f} ms; "
+                  f"{prof.kernels:,} kernels: {status}")
+    console.print("counts: " + ", ".join(f"{f} {n}" for f, n, _ in prof.by_family))
+    c = prof.ceilings
+    console.print(f"ceilings: copy {c.copy_gbs:,.0f} GB/s, bf16 {c.bf16_tflops:,.1f} TFLOP/s, fp32 "
+                  f"{c.fp32_tflops:,.1f} TFLOP/s ({c.device}{'' if c.meaningful else ', not meaningful'})")
+    for note in prof.notes:
         console.print(f"[yellow]note:[/] {note}")
