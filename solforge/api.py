@@ -23,7 +23,7 @@ from solforge.tune import candidates, family_module, tune
 from solforge.tune.timing import time_kernel
 from solforge.validate import validate
 
-MODES = ("inference",)
+MODES = ("inference", "train")
 
 
 class Reporter(Protocol):
@@ -121,8 +121,7 @@ def optimize(
     With `out_dir`, writes `out_dir/report.json`.
     """
     if mode not in MODES:
-        raise UserError(f"mode {mode!r} is not supported yet: use --mode inference (training comes with "
-                        "backward kernels)")
+        raise UserError(f"mode {mode!r} is not supported: use --mode inference or --mode train")
     if budget <= 0:
         raise UserError(f"--budget must be positive (got {budget})")
     if out_dir is not None:
@@ -138,10 +137,12 @@ def optimize(
     if device != "cuda":
         notes.append("no GPU: kernels ran in Triton's interpreter; every timing here means nothing")
 
+    train = mode == "train"
     rep.stage("capture", "torch.compile backend -> ATen graphs")
-    model.eval()
+    model.train(train)
     try:
-        captured = _capture.capture(model, example_inputs)
+        # train: captured with autograd on, as training runs it; the fused ops carry their backward
+        captured = _capture.capture(model, example_inputs, grad=train)
     except Exception as e:
         raise UserError(f"the model failed to run on its example inputs: {type(e).__name__}: "
                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
@@ -186,8 +187,9 @@ def optimize(
         optimized, stats = integrate(model, winners, families=fams)
         rep.stage("validate", "original vs optimized on fresh inputs")
         fresh = tuple(make_inputs(1)) if make_inputs is not None else _fresh(example_inputs)
+        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if train else None
         e2e = validate(model, optimized, fresh, dtype=dtype, device=device,
-                       is_language_model=bool(is_language_model))
+                       is_language_model=bool(is_language_model), params=params)
         planned = sum(g.count for g in groups if g.workload in winners)
         if stats.total < planned:
             notes.append(f"integration replaced {stats.total} of {planned} planned regions")

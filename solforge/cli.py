@@ -42,8 +42,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, choices=["cuda", "cpu"],
                    help="where to run (default: cuda when a GPU is present, else cpu through Triton's "
                         "interpreter: correct but slow, and its timings mean nothing)")
-    p.add_argument("--mode", default="inference", choices=["inference"],
-                   help="what to optimize for (training comes with the backward kernels)")
+    p.add_argument("--mode", default="inference", choices=["inference", "train"],
+                   help="inference (default): forward only; train: forward and backward, validated on "
+                        "parameter gradients too, timed as whole training steps")
     p.add_argument("--batch", type=int, default=None, help="batch size of a zoo model's inputs (default 1)")
     p.add_argument("--seq", type=int, default=None, help="sequence length of a zoo model's inputs (default 128)")
     p.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
@@ -154,6 +155,9 @@ def _optimize(args: argparse.Namespace) -> int:
 def _profile(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UserError("--top must be at least 1")
+    if args.mode != "inference":
+        raise UserError("solforge profile measures the forward (--mode inference); the backward is not "
+                        "attributed to regions yet")
     device = _device(args)
     from rich.console import Console
 

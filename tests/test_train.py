@@ -87,3 +87,18 @@ def test_twenty_adamw_steps_converge_the_same() -> None:
     worst = max(float((q - p).norm() / p.norm())
                 for p, q in zip(ref_model.parameters(), sf_model.parameters(), strict=True))
     assert worst < 5e-3, worst
+
+
+def test_optimize_train_mode_reports_gradients(tmp_path) -> None:  # noqa: ANN001
+    from solforge.cli import main
+
+    rc = main(["optimize", "qwen3-tiny", "--device", DEVICE, "--mode", "train", "--dtype", "fp32", "--seq", "8",
+               "--max-candidates", "1", "--out", str(tmp_path), "--quiet"])
+    assert rc == 0
+    import json
+
+    data = json.loads((tmp_path / "report.json").read_text())
+    e2e = data["e2e"]
+    assert data["mode"] == "train" and e2e["passed"] is True
+    assert e2e["grads_compared"] > 0 and e2e["grad_max_rel_err"] < 1e-3
+    assert {r["family"] for r in data["regions"]} == {"add_rmsnorm", "rmsnorm", "rope", "swiglu"}
