@@ -49,10 +49,10 @@ def sweep(x: torch.Tensor, dy: torch.Tensor, ds: torch.Tensor, w: torch.Tensor) 
     from solforge.kernels.rmsnorm_bwd import BwdConfig, rmsnorm_bwd
 
     found: dict[str, float | str] = {}
-    for r in (1, 2, 4, 16):
-        for t in (1, 4, 16):
+    for r in ((1, 2, 4, 8) if x.shape[-1] > 1024 else (8, 16, 32)):
+        for p in (1, 2, 4, 8):
             for nw in (4, 8, 16):
-                c = BwdConfig(r, t, nw)
+                c = BwdConfig(r, p, nw)
                 if r * triton_pow2(x.shape[-1]) // (32 * nw) > 64:
                     continue
                 try:

@@ -380,11 +380,8 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     c, scb, scs = _cs_strides(cos, "cos", B, S, D)
     sn, ssb, sss = _cs_strides(sin, "sin", B, S, D)
     qo, ko = (_token_major(o, heads_first) for o in out)
-    wl = workload_for(q, k, cos, sin, q_weight, k_weight, eps, norm=norm, round_before_weight=round_before_weight,
-                      heads_first=heads_first, out_dtype=od)
-    cfg = heuristic(wl) if config is None else config
-    if not is_valid(cfg, wl):
-        raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
+    cfg = _checked_config(_sig(q, k, cos, sin, q_weight, k_weight), float(eps), norm, round_before_weight,
+                          heads_first, od, config, q.device.type, backward=False)
     n_tok = B * S
     n_qb, n_kb = triton.cdiv(Hq, cfg.heads), triton.cdiv(Hk, cfg.heads)
     qw = q4 if q_weight is None else _rows(q_weight)  # never read without a weight; any pointer will do
@@ -395,6 +392,26 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2), eps,
         NORM=norm, HAS_WEIGHT=q_weight is not None, ROUND=norm and round_before_weight, **_common(cfg, D))
     return out
+
+
+def _sig(*tensors: torch.Tensor | None) -> tuple[Any, ...]:
+    return tuple((tuple(t.shape), t.dtype) for t in tensors if t is not None)
+
+
+@functools.lru_cache(maxsize=1024)
+def _checked_config(sig: tuple[Any, ...], eps: float, norm: bool, round_before_weight: bool, heads_first: bool,
+                    out_dtype: torch.dtype, config: Config | None, device: str, *, backward: bool) -> Config:
+    """The config a call runs with (the heuristic when None), checked against its workload. Cached
+    per shapes and options: building the Workload and the heuristic costs tens of microseconds of
+    Python a call, which at Qwen3-4B's training shape was as long as the kernel."""
+    metas = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in sig]
+    weights = metas[4:] if len(metas) == 6 else [None, None]
+    wl = dataclasses.replace(workload_for(*metas[:4], *weights, eps, norm=norm, round_before_weight=round_before_weight,
+                                          heads_first=heads_first, out_dtype=out_dtype), device=device)
+    cfg = config or (bwd_heuristic(wl) if backward else heuristic(wl))
+    if not is_valid(cfg, wl):
+        raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
+    return cfg
 
 
 @functools.cache
@@ -420,11 +437,8 @@ def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: tor
     q4, k4 = _rows(q), _rows(k)
     c, scb, scs = _cs_strides(cos, "cos", B, S, D)
     sn, ssb, sss = _cs_strides(sin, "sin", B, S, D)
-    wl = workload_for(q, k, cos, sin, q_weight, k_weight, eps, norm=norm, round_before_weight=round_before_weight,
-                      heads_first=heads_first, out_dtype=grad_q.dtype)
-    cfg = bwd_heuristic(wl) if config is None else config
-    if not is_valid(cfg, wl):
-        raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
+    cfg = _checked_config(_sig(q, k, cos, sin, q_weight, k_weight), float(eps), norm, round_before_weight,
+                          heads_first, grad_q.dtype, config, q.device.type, backward=True)
     n_tok = B * S
     n_qb, n_kb = triton.cdiv(Hq, cfg.heads), triton.cdiv(Hk, cfg.heads)
     n_tb = triton.cdiv(n_tok, cfg.tokens)
