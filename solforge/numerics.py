@@ -91,3 +91,16 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance | None = None) 
             f"worst |err| {float(diff.flatten()[i]):.3g} at |ref| {float(rr.flatten()[i]):.3g}",
         )
     return Comparison(True, max_abs, max_rel)
+
+
+# Inputs above this many elements are drawn on the device: CPU draws of a Qwen3-4B-sized tensor
+# (10^7 - 10^8 values) took seconds per verification trial, most of a tuning budget.
+DEVICE_DRAW_NUMEL = 1 << 22
+
+
+def input_generator(numel: int, device: str | torch.device, seed: int) -> tuple[torch.Generator, torch.device]:
+    """A seeded generator for a family's `make_inputs` and the device to draw on: the CPU for small
+    inputs (the same numbers on every machine, what the CPU tests see), the GPU for large ones."""
+    dev = torch.device(device)
+    where = dev if dev.type == "cuda" and numel > DEVICE_DRAW_NUMEL else torch.device("cpu")
+    return torch.Generator(device=where).manual_seed(seed), where

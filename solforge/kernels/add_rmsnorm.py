@@ -22,7 +22,7 @@ import triton.language as tl
 from solforge.kernels import rmsnorm as _rms
 from solforge.kernels.rmsnorm import Config, _load_weight, _st, _tile_load, _tile_store
 from solforge.kernels.rmsnorm_bwd import rmsnorm_bwd_op
-from solforge.numerics import Tolerance
+from solforge.numerics import Tolerance, input_generator
 from solforge.records import Workload
 
 FAMILY = "add_rmsnorm"
@@ -176,8 +176,8 @@ def output_tolerance(workload: Workload) -> Tolerance:
 def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
                 device: str | torch.device | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
     (x, weight, eps), kwargs = _rms.make_inputs(_as_rmsnorm(workload), seed=seed, rows=rows, device=device)
-    g = torch.Generator().manual_seed(seed + 1)
-    residual = torch.randn(x.shape, generator=g).to(x.dtype).to(x.device)
+    g, where = input_generator(x.numel(), x.device, seed + 1)
+    residual = torch.randn(x.shape, generator=g, device=where).to(x.dtype).to(x.device)
     return (x, residual, weight, eps), kwargs
 
 

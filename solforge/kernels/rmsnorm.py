@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solforge.numerics import Tolerance, dtype_name, parse_dtype, tolerance
+from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 
 FAMILY = "rmsnorm"
@@ -624,16 +624,17 @@ def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
                 device: str | torch.device | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Fresh random (args, kwargs) for `rmsnorm` / `rmsnorm_ref` on this workload.
 
-    Drawn on the CPU from `seed` then moved, so the same seed gives the same numbers on any device.
+    Small inputs are drawn on the CPU from `seed` (the same numbers on any device), large ones on
+    the device (numerics.input_generator).
     """
     n_rows, H = _dims(workload)
     n_rows = n_rows if rows is None else rows
     device = device or workload.device
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n_rows, H, generator=g).to(parse_dtype(workload.dtypes[0])).to(device)
+    g, where = input_generator(n_rows * H, device, seed)
+    x = torch.randn(n_rows, H, generator=g, device=where).to(parse_dtype(workload.dtypes[0])).to(device)
     weight = None
     if len(workload.shapes) > 1:
-        w = 1.0 + 0.1 * torch.randn(H, generator=g)
+        w = 1.0 + 0.1 * torch.randn(H, generator=g, device=where)
         weight = w.to(parse_dtype(workload.dtypes[1])).to(device)
     kwargs = {
         "out_dtype": parse_dtype(workload.param("out_dtype", workload.dtypes[0])),

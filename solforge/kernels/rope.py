@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solforge.numerics import Tolerance, dtype_name, parse_dtype, tolerance
+from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 
 FAMILY = "rope"
@@ -612,10 +613,10 @@ def output_tolerance(workload: Workload) -> Tolerance:
 def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
                 device: str | torch.device | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Fresh random (args, kwargs) for `rope` / `rope_ref`; `rows` replaces the sequence length.
-    cos/sin are those of random angles (|cos|, |sin| <= 1 as in any rotary table), drawn on the CPU
-    from `seed` and moved, so a seed gives the same numbers on any device."""
+    cos/sin are those of random angles (|cos|, |sin| <= 1 as in any rotary table). Small inputs are
+    drawn on the CPU from `seed` (the same numbers on any device), large ones on the device
+    (numerics.input_generator)."""
     device = device or workload.device
-    g = torch.Generator().manual_seed(seed)
     S = workload.shapes[0][1] if rows is None else rows
 
     def resized(shape: tuple[int, ...], seq_axis: int) -> tuple[int, ...]:
@@ -624,15 +625,16 @@ def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
     q_shape, k_shape, c_shape = resized(workload.shapes[0], 1), resized(workload.shapes[1], 1), workload.shapes[2]
     c_shape = resized(c_shape, len(c_shape) - 2)
     dt = [parse_dtype(n) for n in workload.dtypes]
-    q = torch.randn(q_shape, generator=g).to(dt[0]).to(device)
-    k = torch.randn(k_shape, generator=g).to(dt[1]).to(device)
-    theta = torch.rand(c_shape, generator=g) * 6.2832
+    g, where = input_generator(math.prod(q_shape), device, seed)
+    q = torch.randn(q_shape, generator=g, device=where).to(dt[0]).to(device)
+    k = torch.randn(k_shape, generator=g, device=where).to(dt[1]).to(device)
+    theta = torch.rand(c_shape, generator=g, device=where) * 6.2832
     cos, sin = theta.cos().to(dt[2]).to(device), theta.sin().to(dt[3]).to(device)
     qw = kw = None
     if len(workload.shapes) > 4:
         D = q_shape[-1]
-        qw = (1.0 + 0.1 * torch.randn(D, generator=g)).to(dt[4]).to(device)
-        kw = (1.0 + 0.1 * torch.randn(D, generator=g)).to(dt[5]).to(device)
+        qw = (1.0 + 0.1 * torch.randn(D, generator=g, device=where)).to(dt[4]).to(device)
+        kw = (1.0 + 0.1 * torch.randn(D, generator=g, device=where)).to(dt[5]).to(device)
     kwargs = {"norm": bool(workload.param("norm")), "round_before_weight": bool(workload.param("round_before_weight")),
               "heads_first": bool(workload.param("heads_first")),
               "out_dtype": parse_dtype(workload.param("out_dtype", workload.dtypes[0]))}

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from solforge.numerics import dtype_name, parse_dtype
+from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
 
 FAMILY = "swiglu"
@@ -569,8 +569,7 @@ def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
     n_rows, N = _dims(workload)
     n_rows = n_rows if rows is None else rows
     device = torch.device(device or workload.device)
-    where = device if n_rows * N > 1 << 24 else torch.device("cpu")
-    g = torch.Generator(device=where).manual_seed(seed)
+    g, where = input_generator(n_rows * N, device, seed)
     gate = (2 * torch.randn(n_rows, N, generator=g, device=where)).to(parse_dtype(workload.dtypes[0])).to(device)
     up = torch.randn(n_rows, N, generator=g, device=where).to(parse_dtype(workload.dtypes[1])).to(device)
     return (gate, up), {"act": workload.param("act", "silu")}
