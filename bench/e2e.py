@@ -1,6 +1,6 @@
 """Benchmark on a GPU: eager vs torch.compile vs Liger-Kernel (when installed) vs solforge.
 
-    python bench/e2e.py [--what rmsnorm,qwen3] [--out bench/results/NAME.json]
+    python bench/e2e.py [--what rmsnorm,qwen3,qwen3train] [--out bench/results/NAME.json]
 
 - rmsnorm: the RMSNorm shapes of ../shared/BASELINES.md (bf16, eps 1e-6, weight), medians of
   triton.testing.do_bench (L2 flushed between runs). solforge's kernel is tuned for each shape
@@ -9,6 +9,8 @@
   call, CPU launch overhead included), and the custom op alone.
 - qwen3: the Qwen3-4B forward (published config, random bf16 weights, sdpa, B2 S8192,
   inference_mode) of the model body, each variant in its own process (Liger patches classes).
+- qwen3train: BASELINES.md's training step (B1 S4096, loss = mean of the squared last hidden
+  state, forward + backward; solforge optimizes with --mode train) and its peak memory.
 
 Writes one JSON file with device, versions, date, command and every number.
 """
@@ -178,8 +180,8 @@ def rmsnorm_row(rows: int, H: int, LigerRMSNorm: Any, tune_budget: float = 30.0)
     return row
 
 
-def qwen3_variant(variant: str, batch: int, seq: int, budget: float) -> dict[str, Any]:
-    """One variant of the Qwen3-4B body forward, in this process."""
+def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str = "fwd") -> dict[str, Any]:
+    """One variant of the Qwen3-4B body, forward (mode fwd) or training step (mode train), in this process."""
     from transformers import Qwen3ForCausalLM
 
     from solforge.zoo import zoo_config
@@ -194,23 +196,39 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float) -> dict[str
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
-    body = model.model.eval()
+    body = model.model.eval() if mode == "fwd" else model.model.train()
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
-    out: dict[str, Any] = {"variant": variant, "batch": batch, "seq": seq}
+    out: dict[str, Any] = {"variant": variant, "mode": mode, "batch": batch, "seq": seq}
     t0 = time.time()
     if variant == "solforge":
         from solforge.api import optimize
 
-        with torch.no_grad():
-            f, rep = optimize(body, (ids,), budget=budget, is_language_model=False)
+        with torch.no_grad() if mode == "fwd" else torch.enable_grad():
+            f, rep = optimize(body, (ids,), budget=budget, is_language_model=False,
+                              mode="inference" if mode == "fwd" else "train")
         out["optimize_s"] = round(time.time() - t0, 1)
         out["regions"] = [{"workload": r.workload, "count": r.count, "baseline_us": r.baseline_us,
                            "best_us": r.best_us, "speedup": r.speedup, "config": r.config} for r in rep.regions]
-        out["validate"] = {"passed": rep.e2e.passed, "max_rel_err": rep.e2e.max_rel_err} if rep.e2e else None
+        out["validate"] = {"passed": rep.e2e.passed, "max_rel_err": rep.e2e.max_rel_err,
+                           "grad_max_rel_err": rep.e2e.grad_max_rel_err} if rep.e2e else None
     elif variant.endswith("compile"):
         f = torch.compile(body)
     else:
         f = body
+    if mode == "train":
+        # BASELINES.md's training step: loss = mean of the squared last hidden state, fwd + bwd
+        def step() -> None:
+            f(ids).last_hidden_state.float().square().mean().backward()
+
+        t1 = time.time()
+        step()
+        torch.cuda.synchronize()
+        out["first_call_s"] = round(time.time() - t1, 1)
+        torch.cuda.reset_peak_memory_stats()
+        out["train_step_ms"] = round(float(__import__("triton").testing.do_bench(
+            step, warmup=500, rep=2000, return_mode="median")), 2)
+        out["peak_GB"] = round(torch.cuda.max_memory_allocated() / 1e9, 1)
+        return out
     with torch.inference_mode():
         t1 = time.time()
         h = f(ids).last_hidden_state
@@ -259,13 +277,14 @@ def main() -> int:
     p.add_argument("--seq", type=int, default=8192)
     p.add_argument("--budget", type=float, default=180.0, help="solforge tuning budget for qwen3 (s)")
     p.add_argument("--out", default=None)
+    p.add_argument("--mode", default="fwd", help=argparse.SUPPRESS)  # internal, with --one
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one qwen3 variant
     a = p.parse_args()
     if not torch.cuda.is_available():
         print("bench/e2e.py needs a CUDA GPU", file=sys.stderr)
         return 2
     if a.one:
-        print("RESULT " + json.dumps(qwen3_variant(a.one, a.batch, a.seq, a.budget)), flush=True)
+        print("RESULT " + json.dumps(qwen3_variant(a.one, a.batch, a.seq, a.budget, a.mode)), flush=True)
         return 0
     result: dict[str, Any] = {
         "device": torch.cuda.get_device_name(0), "versions": versions(),
@@ -276,19 +295,23 @@ def main() -> int:
     if "rmsnorm" in what:
         shapes = [tuple(int(d) for d in s.split("x")) for s in a.shapes.split(",")]
         result["rmsnorm"] = rmsnorm_rows(shapes)  # type: ignore[arg-type]
-    if "qwen3" in what:
-        result["qwen3_4b_fwd"] = []
+    for mode, key, batch, seq in (("fwd", "qwen3", a.batch, a.seq), ("train", "qwen3train", 1, 4096)):
+        if key not in what:
+            continue
+        rows: list[dict[str, Any]] = []
+        result["qwen3_4b_fwd" if mode == "fwd" else "qwen3_4b_train"] = rows
         for v in a.variants.split(","):
             if v.startswith("liger") and result["versions"]["liger_kernel"] == "not installed":
                 continue
-            cmd = [sys.executable, __file__, "--one", v, "--batch", str(a.batch), "--seq", str(a.seq),
-                   "--budget", str(a.budget)]
+            cmd = [sys.executable, __file__, "--one", v, "--batch", str(batch), "--seq", str(seq),
+                   "--budget", str(a.budget), "--mode", mode]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             row = json.loads(lines[-1][7:]) if lines else {"variant": v, "error": proc.stderr[-2000:]}
             print(json.dumps(row), flush=True)
-            result["qwen3_4b_fwd"].append(row)
-        agreement(result["qwen3_4b_fwd"])
+            rows.append(row)
+        if mode == "fwd":
+            agreement(rows)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
