@@ -416,7 +416,9 @@ def test_cuda_profile_attributes_kernels_to_regions() -> None:
     lm = load_model("qwen3-tiny", device="cuda", batch=2, seq=256)
     p = profile_model(lm.model, lm.example_inputs, device="cuda", name="qwen3-tiny")
     counts = {f: n for f, n, _ in p.by_family}
-    assert counts["rmsnorm"] == 9 and counts["rope"] == 2 and counts["residual_add"] == 4
+    # every family: 4 residual add + norm pairs, the first layer's input norm, 2 q/k norm + rope, 2 SwiGLUs
+    assert counts["add_rmsnorm"] == 4 and counts["rmsnorm"] == 1 and counts["rope"] == 2 and counts["swiglu"] == 2
     assert p.complete and p.meaningful and p.ceilings.meaningful
     assert p.attributed_us >= 0.95 * p.busy_us and p.outside_us < 0.05 * p.busy_us
-    assert all(r.kernels > 0 for r in p.regions if r.family in ("rmsnorm", "gemm", "attention", "rope"))
+    assert all(r.kernels > 0 for r in p.regions
+               if r.family in ("rmsnorm", "add_rmsnorm", "swiglu", "gemm", "attention", "rope"))
