@@ -451,3 +451,12 @@ def test_gpu_qwen3_4b_forward_verifies_and_beats_eager() -> None:
 def test_gpu_qwen3_4b_training_backward() -> None:
     _grads(_wl(1, 4096, 32, 8, 128, device="cuda"))
     _grads(_wl(1, 4095, 32, 8, 128, FP32, device="cuda"))
+
+
+@pytest.mark.parametrize("B,S,Hq,Hk,D", [(1, 128, 4, 2, 16), (2, 8192, 32, 8, 128), (1, 4096, 32, 8, 128),
+                                         (1, 1, 32, 8, 128), (3, 7, 6, 2, 64), (1, 4096, 2, 1, 8)])
+def test_heuristics_are_valid(B: int, S: int, Hq: int, Hk: int, D: int) -> None:
+    """The untuned defaults must pass the family's own validity check (qwen3-tiny's shape once got
+    a 128-token tile, outside the space)."""
+    wl = _wl(B, S, Hq, Hk, D)
+    assert R.is_valid(R.heuristic(wl), wl) and R.is_valid(R.bwd_heuristic(wl), wl)

@@ -583,6 +583,8 @@ def heuristic(workload: Workload) -> Config:
     # Short rows: several per program (up to 4096 elements), but keep >= 264 tiles (two per SM of
     # an H100) so small batches still spread over the chip.
     r = min(4096 // width, max(1, triton.next_power_of_2(rows // 264 + 1) // 2))
+    if workload.device != "cuda":  # Triton's interpreter pays per program, not per SM: fewest programs
+        r = min(4096 // width, triton.next_power_of_2(max(rows, 1)))
     return Config("rows" if r > 1 else "row", width, 0, r, _warps_for(r * width, 8))
 
 

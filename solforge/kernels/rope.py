@@ -559,7 +559,7 @@ def heuristic(workload: Workload) -> Config:
     n_tok, Hq, Hk, D = _dims(workload)
     heads = min(8, triton.next_power_of_2(max(1, min(Hq, Hk))))
     width = 2 * triton.next_power_of_2(D // 2)
-    tokens = max(1, min(4096 // (heads * width), triton.next_power_of_2(max(n_tok, 1))))
+    tokens = max(1, min(4096 // (heads * width), triton.next_power_of_2(max(n_tok, 1)), _POW2[-1]))
     while tokens * heads * width > 4096 and tokens > 1:
         tokens //= 2
     c = Config("tile", tokens, heads, 4)

@@ -88,9 +88,11 @@ def profile_model(
         raise UserError(f"the model failed to run on its example inputs: {_one_line(e)}") from e
     notes = list(backend.errors)
     ceil = ceilings or get_ceilings(device, cache=ceilings_cache)
-    timed = time_model(forward, device)
-    if not timed.ok:
-        raise UserError(f"the model failed to run on its example inputs: {timed.error}")
+    timed = None
+    if device == "cuda":  # on the CPU the profiled forward's own span is the measurement (below)
+        timed = time_model(forward, device)
+        if not timed.ok:
+            raise UserError(f"the model failed to run on its example inputs: {timed.error}")
 
     keep = trace_path is not None
     path = Path(trace_path) if keep else Path(tempfile.mkstemp(prefix="solforge-trace-", suffix=".json")[1])
@@ -108,7 +110,7 @@ def profile_model(
                         "during the profiled forward (is the model on the device it was asked to run on?)")
     # On the CPU one wall-clock run says little (the first calls of an op are slow): the profiled
     # forward's own span is the measurement there. On a GPU, CUDA events around unprofiled runs.
-    forward_us = timed.p50_us if device == "cuda" else att.span_us
+    forward_us = timed.p50_us if timed is not None else att.span_us
     return summarize(annotator.regions, att, ceil, name=name, device=device, forward_us=forward_us,
                      graphs=annotator.graphs, notes=notes, trace=str(path) if keep else None)
 

@@ -82,5 +82,9 @@ def tune(workload: Workload, baseline: RunResult, *, device: str, budget_s: floa
         if progress is not None:
             progress(rec)
     ok = [r for r in records if r.ok]
-    best = min(ok, key=lambda r: r.time_us) if ok else None
+    # Off the GPU (the interpreter) a time says nothing about a kernel: keep the first verified
+    # candidate, the heuristic, rather than whichever config the interpreter ran fastest (a tiny
+    # tile that then costs seconds per call, as rope's 1-token tile did on qwen3-tiny).
+    meaningful = all(r.run is not None and r.run.meaningful for r in ok)
+    best = (min(ok, key=lambda r: r.time_us) if meaningful else ok[0]) if ok else None
     return TuneResult(workload, baseline, tuple(records), best)
