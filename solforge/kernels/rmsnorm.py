@@ -18,7 +18,6 @@ power-of-two tail (2560 = 2048 + 512) so no lanes are wasted on masked columns.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from solforge.kernels import config_text
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 
@@ -418,7 +418,6 @@ _WARPS = (1, 2, 4, 8, 16, 32)
 _MAX_PER_THREAD = 64
 _ABBREV = {"block_h": "bh", "block_t": "bt", "rows": "r", "num_warps": "w", "progs": "p", "stages": "s",
            "evict": "e"}
-_FIELD = {v: k for k, v in _ABBREV.items()}
 
 
 @dataclass(frozen=True)
@@ -435,19 +434,12 @@ class Config:
     evict: int = 0  # 1: load x with evict_first (tile variants)
 
     def items(self) -> tuple[tuple[str, Any], ...]:
-        return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        return config_text.items(self)
 
     def encode(self) -> str:
         """Compact text, e.g. "rows:bh=2048:bt=512:r=4:w=8"; fields at their default are left out
         except block_h and num_warps."""
-        parts = [self.variant]
-        for f in dataclasses.fields(self):
-            if f.name == "variant":
-                continue
-            v = getattr(self, f.name)
-            if v != f.default or f.name in ("block_h", "num_warps"):
-                parts.append(f"{_ABBREV[f.name]}={v}")
-        return ":".join(parts)
+        return config_text.encode(self, _ABBREV, always=("block_h", "num_warps"))
 
     @staticmethod
     def decode(text: str) -> Config:
@@ -456,16 +448,7 @@ class Config:
 
 @functools.lru_cache(maxsize=4096)
 def _decode_config(text: str) -> Config:
-    variant, *parts = text.split(":")
-    if variant not in VARIANTS:
-        raise ValueError(f"bad rmsnorm config {text!r}: variant must be one of {VARIANTS}")
-    kw: dict[str, Any] = {}
-    for p in parts:
-        k, sep, v = p.partition("=")
-        if not sep or k not in _FIELD or not v.isdigit():
-            raise ValueError(f"bad rmsnorm config {text!r}: field {p!r} (keys: {', '.join(_FIELD)})")
-        kw[_FIELD[k]] = int(v)
-    return Config(variant, **kw)
+    return config_text.decode(Config, text, family=FAMILY, variants=VARIANTS, abbrev=_ABBREV)
 
 
 def _pow2(n: int) -> bool:

@@ -37,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from solforge.kernels import config_text
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 
@@ -471,7 +472,6 @@ _POW2 = (1, 2, 4, 8, 16, 32, 64)
 # twice as many: grad and x). Past 64 the compiler spills (same budget as kernels/rmsnorm.py).
 _MAX_PER_THREAD = 64
 _ABBREV = {"tokens": "t", "heads": "h", "num_warps": "w"}
-_FIELD = {v: k for k, v in _ABBREV.items()}
 
 
 @dataclass(frozen=True)
@@ -484,11 +484,11 @@ class Config:
     num_warps: int = 4
 
     def items(self) -> tuple[tuple[str, Any], ...]:
-        return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        return config_text.items(self)
 
     def encode(self) -> str:
         """Compact text, e.g. "tile:t=4:h=8:w=4"."""
-        return ":".join([self.variant] + [f"{_ABBREV[k]}={v}" for k, v in self.items() if k != "variant"])
+        return config_text.encode(self, _ABBREV, always=tuple(_ABBREV))
 
     @staticmethod
     def decode(text: str) -> Config:
@@ -497,16 +497,7 @@ class Config:
 
 @functools.lru_cache(maxsize=1024)
 def _decode_config(text: str) -> Config:
-    variant, *parts = text.split(":")
-    if variant not in VARIANTS:
-        raise ValueError(f"bad rope config {text!r}: variant must be one of {VARIANTS}")
-    kw: dict[str, Any] = {}
-    for p in parts:
-        k, sep, v = p.partition("=")
-        if not sep or k not in _FIELD or not v.isdigit():
-            raise ValueError(f"bad rope config {text!r}: field {p!r} (keys: {', '.join(_FIELD)})")
-        kw[_FIELD[k]] = int(v)
-    return Config(variant, **kw)
+    return config_text.decode(Config, text, family=FAMILY, variants=VARIANTS, abbrev=_ABBREV)
 
 
 def _dims(workload: Workload) -> tuple[int, int, int, int]:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from solforge.kernels import config_text
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
 
@@ -413,7 +414,6 @@ _WARPS = (1, 2, 4, 8, 16, 32)
 _MAX_PER_THREAD = 64
 _MIN_BLOCK = 16
 _ABBREV = {"block_n": "bn", "rows": "r", "num_warps": "w", "progs": "p", "evict": "e"}
-_FIELD = {v: k for k, v in _ABBREV.items()}
 
 
 @dataclass(frozen=True)
@@ -428,19 +428,10 @@ class Config:
     evict: int = 0  # 1: load with evict_first (the inputs are read once)
 
     def items(self) -> tuple[tuple[str, Any], ...]:
-        return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+        return config_text.items(self)
 
     def encode(self) -> str:
-        """Compact text, e.g. "tile:bn=512:r=8:w=8"; fields at their default are left out except
-        block_n, rows and num_warps."""
-        parts = [self.variant]
-        for f in dataclasses.fields(self):
-            if f.name == "variant":
-                continue
-            v = getattr(self, f.name)
-            if v != f.default or f.name in ("block_n", "rows", "num_warps"):
-                parts.append(f"{_ABBREV[f.name]}={v}")
-        return ":".join(parts)
+        return config_text.encode(self, _ABBREV, always=("block_n", "rows", "num_warps"))
 
     @staticmethod
     def decode(text: str) -> Config:
@@ -449,16 +440,7 @@ class Config:
 
 @functools.lru_cache(maxsize=4096)
 def _decode_config(text: str) -> Config:
-    variant, *parts = text.split(":")
-    if variant not in VARIANTS:
-        raise ValueError(f"bad swiglu config {text!r}: variant must be one of {VARIANTS}")
-    kw: dict[str, Any] = {}
-    for p in parts:
-        k, sep, v = p.partition("=")
-        if not sep or k not in _FIELD or not v.isdigit():
-            raise ValueError(f"bad swiglu config {text!r}: field {p!r} (keys: {', '.join(_FIELD)})")
-        kw[_FIELD[k]] = int(v)
-    return Config(variant, **kw)
+    return config_text.decode(Config, text, family=FAMILY, variants=VARIANTS, abbrev=_ABBREV)
 
 
 def _pow2(n: int) -> bool:
