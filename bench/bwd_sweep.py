@@ -7,7 +7,6 @@ hidden shapes, to set its heuristic from measurements.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e import bench_us, versions  # noqa: E402
+from e2e import bench_us, provenance, write_json  # noqa: E402
 
 
 def main() -> int:
@@ -24,9 +23,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    res = {"device": torch.cuda.get_device_name(0), "versions": versions(),
-           "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "command": "python " + " ".join(sys.argv),
-           "shapes": []}
+    res: dict = {**provenance(), "shapes": []}
     for rows, H in ((16384, 2560), (4096, 2560), (524288, 128)):
         x, dy, ds = (torch.randn(rows, H, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         w = (1 + 0.1 * torch.randn(H, device="cuda")).to(torch.bfloat16)
@@ -40,8 +37,7 @@ def main() -> int:
         out["heuristic_us"] = ok.get(out["heuristic"])
         print(json.dumps({k: v for k, v in out.items() if k != "configs"}), flush=True)
         res["shapes"].append(out)
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    write_json(res, a.out, indent=1)
     return 0
 
 

@@ -68,6 +68,18 @@ def versions() -> dict[str, str]:
     return v
 
 
+def provenance() -> dict[str, Any]:
+    """What every results file starts with: the device, versions, date and the command."""
+    return {"device": torch.cuda.get_device_name(0), "versions": versions(),
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "command": "python " + " ".join(sys.argv)}
+
+
+def write_json(result: dict[str, Any], out: str | None, indent: int = 2) -> None:
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=indent) + "\n")
+
+
 def bench_us(fn: Any) -> float:
     from triton.testing import do_bench
 
@@ -290,11 +302,7 @@ def main() -> int:
     if a.one:
         print("RESULT " + json.dumps(qwen3_variant(a.one, a.batch, a.seq, a.budget, a.mode)), flush=True)
         return 0
-    result: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(0), "versions": versions(),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(sys.argv),
-    }
+    result: dict[str, Any] = provenance()
     what = a.what.split(",")
     if "rmsnorm" in what:
         shapes = [tuple(int(d) for d in s.split("x")) for s in a.shapes.split(",")]
@@ -316,9 +324,7 @@ def main() -> int:
             rows.append(row)
         if mode == "fwd":
             agreement(rows)
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(result, a.out)
     return 0
 
 

@@ -22,7 +22,6 @@ swiglu (y = act(gate) * up, bf16, gate/up (rows, 9728)):
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import time
@@ -34,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e import bench_us, versions  # noqa: E402  (bench/ is a folder of scripts, not a package)
+from e2e import bench_us, provenance, write_json  # noqa: E402  (bench/ is a folder of scripts, not a package)
 
 DEVICE = "cuda"  # a module constant so a CPU smoke run (interpreter) can swap it
 COPY_GB = 1.0  # the copy ceiling is measured with 1 GiB read + 1 GiB written: far past L2
@@ -297,17 +296,12 @@ def main(argv: list[str] | None = None) -> int:
         print("bench/families.py needs a CUDA GPU", file=sys.stderr)
         return 2
     result: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(0), "versions": versions(),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(sys.argv),
-        "copy_ceiling_TBps": round(copy_ceiling_TBps(), 3),
+        **provenance(), "copy_ceiling_TBps": round(copy_ceiling_TBps(), 3),
     }
     print(json.dumps(result), flush=True)
     for fam in a.families.split(","):
         result[fam] = FAMILIES[fam](a)
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(result, a.out)
     return 0
 
 

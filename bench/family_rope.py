@@ -21,7 +21,6 @@ Medians of triton.testing.do_bench (L2 flushed). `bytes` counts what any fused k
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import time
@@ -197,17 +196,9 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench/family_rope.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    from bench.e2e import versions
+    from bench.e2e import provenance, write_json
 
-    result: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(0), "versions": versions(),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(sys.argv),
-        "rope": run(a.budget),
-    }
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json({**provenance(), "rope": run(a.budget)}, a.out)
     return 0
 
 

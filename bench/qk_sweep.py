@@ -7,7 +7,6 @@ copy ceiling for the same bytes, repeated to see run-to-run spread.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from e2e import EPS, bench_us, hf_rmsnorm, versions  # noqa: E402
+from e2e import EPS, bench_us, hf_rmsnorm, provenance, write_json  # noqa: E402
 
 
 def main() -> int:
@@ -41,10 +40,7 @@ def main() -> int:
     nbytes = 2 * x.numel() * x.element_size()
     comp = torch.compile(hf_rmsnorm, dynamic=False)
     comp(x, w)
-    res: dict = {"device": torch.cuda.get_device_name(0), "versions": versions(),
-                 "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                 "command": "python " + " ".join(sys.argv), "shape": [a.rows, a.H], "bytes_moved": nbytes,
-                 "runs": []}
+    res: dict = {**provenance(), "shape": [a.rows, a.H], "bytes_moved": nbytes, "runs": []}
     for _ in range(a.repeat):
         run = {"copy_us": bench_us(lambda: y.copy_(x)), "compile_us": bench_us(lambda: comp(x, w)), "configs": {}}
         ref = fam.rmsnorm_ref(x, w, EPS, out_dtype=torch.bfloat16, round_before_weight=True)
@@ -62,8 +58,7 @@ def main() -> int:
         run["copy_TBps"] = round(nbytes / run["copy_us"] / 1e6, 3)
         print(json.dumps({k: v for k, v in run.items() if k != "configs"}), flush=True)
         res["runs"].append(run)
-    if a.out:
-        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    write_json(res, a.out, indent=1)
     return 0
 
 
