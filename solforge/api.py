@@ -130,7 +130,7 @@ def optimize(
     example_inputs = tuple(example_inputs)
     device = check_device(_model_device(model, example_inputs))
     dtype = _model_dtype(model, example_inputs)
-    fams = tuple(families) if families is not None else None
+    fams = _check_families(families)
     if is_language_model is None:
         is_language_model = hasattr(getattr(model, "config", None), "vocab_size")
     notes: list[str] = []
@@ -236,7 +236,7 @@ def profile(
     model.eval()
     rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
     prof = _profile_stage(model, example_inputs, device=device, name=name or type(model).__name__,
-                          families=tuple(families) if families is not None else None,
+                          families=_check_families(families),
                           trace=Path(out_dir) / TRACE_BASELINE if out_dir is not None else None,
                           ceilings_cache=ceilings_cache)
     report = Report(
@@ -263,6 +263,16 @@ def _ranking(prof: Profile) -> Callable[[str], float]:
     from solforge.profile import ranking
 
     return ranking(prof)
+
+
+def _check_families(families: Sequence[str] | None) -> tuple[str, ...] | None:
+    if families is None:
+        return None
+    known = tuple(_plan._matchers())
+    unknown = [f for f in families if f not in known]
+    if unknown or not families:
+        raise UserError(f"unknown kernel families {unknown or '(none given)'}: choose from {', '.join(known)}")
+    return tuple(families)
 
 
 def _fresh(inputs: Sequence[Any]) -> tuple[Any, ...]:

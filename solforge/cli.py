@@ -50,6 +50,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
     p.add_argument("--weights", default=None, metavar="DIR",
                    help="load a zoo model's real weights from a local Hugging Face directory")
+    p.add_argument("--families", default=None, metavar="LIST",
+                   help="kernel families to match, comma-separated (default: all of rmsnorm, add_rmsnorm, "
+                        "rope, swiglu); e.g. rmsnorm alone to see the residual adds, q/k norms and RoPE as "
+                        "separate regions")
     p.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
@@ -140,6 +144,7 @@ def _optimize(args: argparse.Namespace) -> int:
     with RichReporter(console) as reporter:
         _, report = optimize(
             loaded.model, loaded.example_inputs, mode=args.mode, budget=budget, out_dir=Path(args.out),
+            families=_families(args),
             make_inputs=loaded.make_inputs, is_language_model=loaded.is_language_model, name=loaded.name,
             max_candidates=max_cands, reporter=reporter, command="solforge " + " ".join(sys.argv[1:]),
         )
@@ -150,6 +155,10 @@ def _optimize(args: argparse.Namespace) -> int:
     if report.e2e is not None and not report.e2e.passed:
         return 1
     return 0
+
+
+def _families(args: argparse.Namespace) -> list[str] | None:
+    return [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -168,6 +177,7 @@ def _profile(args: argparse.Namespace) -> int:
     loaded = _load(args, device, console)
     with RichReporter(console) as reporter:
         report = profile(loaded.model, loaded.example_inputs, out_dir=Path(args.out), name=loaded.name,
+                         families=_families(args),
                          reporter=reporter, command="solforge " + " ".join(sys.argv[1:]))
     assert report.profile is not None
     print_profile(report.profile, _stdout_console(), top=args.top)

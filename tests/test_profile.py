@@ -422,3 +422,17 @@ def test_cuda_profile_attributes_kernels_to_regions() -> None:
     assert p.attributed_us >= 0.95 * p.busy_us and p.outside_us < 0.05 * p.busy_us
     assert all(r.kernels > 0 for r in p.regions
                if r.family in ("rmsnorm", "add_rmsnorm", "swiglu", "gemm", "attention", "rope"))
+
+
+def test_profile_command_with_one_family_splits_the_fused_patterns(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """--families rmsnorm: the residual adds, RoPE and SiLU·mul show as their own regions."""
+    monkeypatch.setenv(ENV, str(tmp_path / "ceilings"))
+    rc = main(["profile", "qwen3-tiny", "--device", DEVICE, "--seq", "16", "--families", "rmsnorm",
+               "--out", str(tmp_path / "o"), "--quiet"])
+    assert rc == 0, capsys.readouterr().out
+    prof = from_dict(Report, json.loads((tmp_path / "o" / "report.json").read_text())).profile
+    assert prof is not None
+    counts = {f: n for f, n, _ in prof.by_family}
+    assert counts["rmsnorm"] == 9 and counts["residual_add"] == 4 and counts["rope"] == 2 and counts["silu_mul"] == 2
