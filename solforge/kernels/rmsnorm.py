@@ -660,6 +660,9 @@ def _rmsnorm_fake(x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_
 rmsnorm_op = torch.ops.solforge.rmsnorm
 
 
+from solforge.kernels.rmsnorm_bwd import rmsnorm_bwd_op  # noqa: E402  (its op, registered below ours)
+
+
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
     x, weight, eps, _out_dtype, rbw, _config = inputs
     ctx.save_for_backward(x, weight)
@@ -667,8 +670,6 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
 
 
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
-    from solforge.kernels.rmsnorm_bwd import rmsnorm_bwd_op
-
     x, weight = ctx.saved_tensors
     dx, dw = rmsnorm_bwd_op(dy, x, weight, ctx.eps, ctx.rbw, None, "")
     return dx, (dw.to(weight.dtype) if weight is not None else None), None, None, None, None

@@ -127,6 +127,23 @@ def _load_cs(c_ptr, b, s, scb, scs, d, m, D2: tl.constexpr):
 
 
 @triton.jit
+def _token_block(tb, n_tok, S, cos_ptr, sin_ptr, scb, scs, ssb, sss, D2: tl.constexpr, BLOCK: tl.constexpr,
+                 TOKENS: tl.constexpr):
+    """Token block `tb`: batch and position of each token, its mask, the half-row lanes and their
+    mask, and the cos/sin halves of each token (forward and backward share this)."""
+    tok = tb * TOKENS + tl.arange(0, TOKENS)
+    tmask = tok < n_tok
+    b = tok // S
+    s = tok - b * S
+    d = tl.arange(0, BLOCK)[None, None, :]
+    dmask = _dmask(d, D2, BLOCK)
+    cm = tmask[:, None, None] & dmask
+    c1, c2 = _load_cs(cos_ptr, b, s, scb, scs, d, cm, D2)
+    s1, s2 = _load_cs(sin_ptr, b, s, ssb, sss, d, cm, D2)
+    return b, s, tmask, d, dmask, c1, c2, s1, s2
+
+
+@triton.jit
 def _dmask(d, D2: tl.constexpr, BLOCK: tl.constexpr):
     """Column mask; a constant true one when D/2 is a power of two, so loads stay vectorized."""
     if BLOCK == D2:
@@ -171,16 +188,9 @@ def _rope_fwd_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, qo_ptr, ko_
                      sqb, sqs, sqh, skb, sks, skh, scb, scs, ssb, sss, sqob, sqos, sqoh, skob, skos, skoh, eps,
                      D2: tl.constexpr, BLOCK: tl.constexpr, TOKENS: tl.constexpr, HEADS: tl.constexpr,
                      NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr):
-    tok = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
     hb = tl.program_id(1)
-    tmask = tok < n_tok
-    b = tok // S
-    s = tok - b * S
-    d = tl.arange(0, BLOCK)[None, None, :]
-    dmask = _dmask(d, D2, BLOCK)
-    cm = tmask[:, None, None] & dmask
-    c1, c2 = _load_cs(cos_ptr, b, s, scb, scs, d, cm, D2)
-    s1, s2 = _load_cs(sin_ptr, b, s, ssb, sss, d, cm, D2)
+    b, s, tmask, d, dmask, c1, c2, s1, s2 = _token_block(tl.program_id(0), n_tok, S, cos_ptr, sin_ptr, scb, scs,
+                                                         ssb, sss, D2, BLOCK, TOKENS)
     if hb < n_qb:
         _fwd_tile(q_ptr, qw_ptr, qo_ptr, sqb, sqs, sqh, sqob, sqos, sqoh, Hq, hb * HEADS, b, s, tmask, d, dmask,
                   c1, c2, s1, s2, eps, D2, HEADS, NORM, HAS_WEIGHT, ROUND)
@@ -237,15 +247,9 @@ def _bwd_step(tb, hb, acc1, acc2, gq_ptr, gk_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr
               scb, scs, ssb, sss, sdqb, sdqs, sdqh, sdkb, sdks, sdkh, eps, D2: tl.constexpr, BLOCK: tl.constexpr,
               TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
               ROUND: tl.constexpr):
-    tok = tb * TOKENS + tl.arange(0, TOKENS)
-    tmask = tok < n_tok  # a token block past the end (grid-stride tail) is all masked
-    b = tok // S
-    s = tok - b * S
-    d = tl.arange(0, BLOCK)[None, None, :]
-    dmask = _dmask(d, D2, BLOCK)
-    cm = tmask[:, None, None] & dmask
-    c1, c2 = _load_cs(cos_ptr, b, s, scb, scs, d, cm, D2)
-    s1, s2 = _load_cs(sin_ptr, b, s, ssb, sss, d, cm, D2)
+    # a token block past the end (grid-stride tail) is all masked
+    b, s, tmask, d, dmask, c1, c2, s1, s2 = _token_block(tb, n_tok, S, cos_ptr, sin_ptr, scb, scs, ssb, sss, D2,
+                                                         BLOCK, TOKENS)
     if hb < n_qb:
         dw1, dw2 = _bwd_tile(gq_ptr, q_ptr, qw_ptr, dq_ptr, sgqb, sgqs, sgqh, sqb, sqs, sqh, sdqb, sdqs, sdqh, Hq,
                              hb * HEADS, b, s, tmask, d, dmask, c1, c2, s1, s2, eps, D2, BLOCK, HEADS, NORM,
