@@ -24,7 +24,7 @@ setup:
 	$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) $(CPU_PINS)
 	$(BIN)/python -c "import triton" 2>/dev/null || $(PIP) triton==3.6.0
 	$(BIN)/python -c "import transformers" 2>/dev/null || $(PIP) transformers==5.17.0
-	$(PIP) -e ".[hf,dev]"
+	$(PIP) -e ".[hf,dev,ray]"
 	$(BIN)/solforge --help > /dev/null
 	@# report.html is tested in a real headless Chromium: Debian's package, where apt can install it
 	@# (CI runs as root); without it that test skips and says why.

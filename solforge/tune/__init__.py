@@ -23,7 +23,13 @@ Progress = Callable[[TuningRecord], None]
 
 
 def family_module(name: str) -> ModuleType:
-    return importlib.import_module(f"solforge.kernels.{name}")
+    """`solforge.kernels.<name>`; a dotted name is a module path (fake families in tests)."""
+    return importlib.import_module(name if "." in name else f"solforge.kernels.{name}")
+
+
+def launcher_of(family: ModuleType) -> Callable[..., Any]:
+    """The family's launcher: the function named like the family (the last part of a dotted name)."""
+    return getattr(family, family.FAMILY.rpartition(".")[2])
 
 
 def candidates(family: ModuleType, workload: Workload) -> list[Candidate]:
@@ -37,16 +43,20 @@ def _config(family: ModuleType, cand: Candidate) -> Any:
     return family.Config(**cand.config_dict)
 
 
-def measure(family: ModuleType, cand: Candidate, *, device: str, seed: int = 0) -> TuningRecord:
-    """Build, verify and (if verified) time one candidate."""
+def measure(family: ModuleType, cand: Candidate, *, device: str, seed: int = 0,
+            on_stage: Callable[[str], None] | None = None) -> TuningRecord:
+    """Build, verify and (if verified) time one candidate. `on_stage("build"|"verify"|"time")` is
+    called as each stage starts (a worker process reports it, so a hang is blamed on its stage)."""
+    stage = on_stage or (lambda _: None)
     config = _config(family, cand)
-    launcher = getattr(family, family.FAMILY)
+    launcher = launcher_of(family)
 
     def launch(*args: Any, **kwargs: Any) -> torch.Tensor:
         return launcher(*args, config=config, **kwargs)
 
     # build: Triton compiles on first launch, so a launch at the workload's shape is the build
     t = time.perf_counter()
+    stage("build")
     try:
         args, kwargs = family.make_inputs(cand.workload, seed=seed, device=device)
         launch(*args, **kwargs)
@@ -56,9 +66,11 @@ def measure(family: ModuleType, cand: Candidate, *, device: str, seed: int = 0) 
     except Exception as e:
         msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
         return TuningRecord(cand, BuildResult(False, time.perf_counter() - t, msg))
+    stage("verify")
     verdict = verify(family, cand.workload, launch, seed=seed + 1, device=device)
     if not verdict.passed:
         return TuningRecord(cand, build, verdict)
+    stage("time")
     run = time_kernel(lambda: launch(*args, **kwargs), device)
     return TuningRecord(cand, build, verdict, run)
 

@@ -40,7 +40,7 @@ def verify(family: ModuleType, workload: Workload, launch: Launch, *, trials: in
     """`launch(*args, out=out, **kwargs)` runs the candidate; `family.make_inputs` draws inputs and
     `family.<name>_ref` computes the reference. The odd shape changes the row count that
     `family.verify_rows(workload)` gives (default: the first input's first dim)."""
-    ref_fn = getattr(family, f"{family.FAMILY}_ref")
+    ref_fn = getattr(family, f"{family.FAMILY.rpartition('.')[2]}_ref")
     # a family may widen the output dtype's tolerance where its semantics need it (documented there)
     tol = family.output_tolerance(workload) if hasattr(family, "output_tolerance") else None
     rows = family.verify_rows(workload) if hasattr(family, "verify_rows") else workload.shapes[0][0]

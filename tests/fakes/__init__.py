@@ -1,0 +1,1 @@
+"""Fake kernel families for tests (imported by dotted name: `family_module("fakes.broken")`)."""

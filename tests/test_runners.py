@@ -1,0 +1,131 @@
+"""Runners: the same records whichever runner measures; crash and hang isolation in worker
+processes (deliberately broken candidates from tests/fakes/broken.py); the Ray runner on a local
+Ray instance. Without a GPU the workers run Triton's interpreter, so the whole path runs here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import DEVICE
+
+from solforge.errors import UserError
+from solforge.records import Candidate
+from solforge.tune import candidates, family_module
+from solforge.tune.runners import Builder, LocalRunner, ProcessRunner, make_runner, parse_gpus
+
+fake = family_module("fakes.broken")
+
+
+def _cand(mode: str) -> Candidate:
+    return Candidate(fake.workload(), "triton", "v", fake.Config(mode=mode).items())
+
+
+def _by_mode(records) -> dict[str, object]:
+    return {r.candidate.config_dict["mode"]: r for r in records}
+
+
+def test_process_runner_isolates_crashes_and_hangs():
+    modes = ["ok", "segv", "ok", "hang", "abort", "nan", "exit", "raise", "hang_verify", "wrong", "ok"]
+    # distinct candidates: sizes tell the three "ok" ones apart
+    cands = [Candidate(fake.workload(), "triton", "v", fake.Config(mode=m, size=i).items())
+             for i, m in enumerate(modes)]
+    runner = ProcessRunner("cpu", timeout_s=8)
+    try:
+        recs = list(runner.measure(cands))
+        assert sorted(r.candidate.label for r in recs) == sorted(c.label for c in cands)  # one each
+        by = {r.candidate.config_dict["size"]: r for r in recs}
+        for i, m in enumerate(modes):
+            rec = by[i]
+            if m == "ok":
+                assert rec.ok and rec.verdict.passed and rec.run.p50_us > 0, rec.error
+                continue
+            assert not rec.ok and rec.error, m
+            err = rec.error
+            expect = {
+                "segv": ("build:", "SIGSEGV"), "abort": ("build:", "SIGABRT"), "exit": ("build:", "exit code 7"),
+                "hang": ("build:", "hung: no result after 8 s in build"),
+                "hang_verify": ("verify:", "hung: no result after 8 s in verify"),
+                "nan": ("verify:", "NaN"), "raise": ("build:", "cannot be built"),
+                "wrong": ("verify:", "out of tolerance"),
+            }[m]
+            assert err.startswith(expect[0]) and expect[1] in err, (m, err)
+        # every crash or hang cost one process; the good candidates after them still ran
+        assert runner.restarts == 5
+    finally:
+        runner.close()
+    assert all(w.proc is None for w in runner.pool.workers)
+
+
+def test_two_workers_measure_in_parallel_and_agree_with_local():
+    cands = [_cand(m) for m in ("ok", "wrong", "nan", "raise")]
+    local = LocalRunner("cpu")
+    expected = {m: (r.ok, (r.error or "").split(":")[0]) for m, r in _by_mode(local.measure(cands)).items()}
+    runner = make_runner("process", device="cpu", gpus=[0, 1], timeout_s=60)
+    try:
+        assert runner.parallelism == 2
+        got = _by_mode(runner.measure(cands))
+        assert {m: (r.ok, (r.error or "").split(":")[0]) for m, r in got.items()} == expected
+        pids = {w.proc.pid for w in runner.pool.workers if w.proc is not None}
+        assert len(pids) == 2  # both workers served
+    finally:
+        runner.close()
+
+
+def test_builder_failures_short_circuit_and_real_family_agrees():
+    """A real family (rmsnorm, interpreter) through builder + worker: the same verdicts as in-process,
+    and a candidate that fails to build never reaches the measuring worker."""
+    from solforge.kernels import rmsnorm
+
+    w = rmsnorm.workload_for(torch.empty(37, 96), torch.empty(96), 1e-6)
+    cands = candidates(rmsnorm, w)[:2]
+    local = {r.candidate: r for r in LocalRunner("cpu").measure(cands)}
+    runner = make_runner("process", device=DEVICE, timeout_s=120, build_workers=2)
+    try:
+        got = {r.candidate: r for r in runner.measure(cands)}
+        assert got.keys() == local.keys()
+        for c in cands:
+            assert got[c].ok == local[c].ok and got[c].ok
+            assert got[c].verdict.max_abs_err == pytest.approx(local[c].verdict.max_abs_err, abs=0)
+        bad = [_cand("raise"), _cand("ok")]
+        recs = _by_mode(runner.measure(bad))
+        assert recs["raise"].error.startswith("build: RuntimeError") and recs["ok"].ok
+    finally:
+        runner.close()
+
+
+def test_builder_hang_is_isolated():
+    b = Builder("cpu", workers=2, timeout_s=6)
+    try:
+        recs = _by_mode(b.build([_cand("hang"), _cand("ok"), _cand("segv")]))
+        assert "hung" in recs["hang"].build.error and "SIGSEGV" in recs["segv"].build.error
+        assert recs["ok"].build.ok
+    finally:
+        b.close()
+
+
+def test_ray_runner_on_a_local_instance():
+    ray = pytest.importorskip("ray")
+    runner = make_runner("ray", device="cpu", timeout_s=30)
+    try:
+        assert ray.is_initialized()
+        recs = _by_mode(runner.measure([_cand("ok"), _cand("wrong"), _cand("segv"), _cand("hang")]))
+        assert recs["ok"].ok
+        assert recs["wrong"].error.startswith("verify:")
+        assert "died" in recs["segv"].error
+        assert "hung" in recs["hang"].error
+        again = _by_mode(runner.measure([_cand("ok")]))  # fresh actors replaced the dead ones
+        assert again["ok"].ok
+    finally:
+        runner.close()
+    assert not ray.is_initialized()
+
+
+def test_bad_runner_specs():
+    with pytest.raises(UserError, match="unknown runner"):
+        make_runner("gpu", device="cpu")
+    with pytest.raises(UserError, match="--runner process"):
+        make_runner("local", device="cpu", gpus=[0, 1])
+    for text in ("a,b", "", "0,0", "-1"):
+        with pytest.raises(UserError, match="--gpus"):
+            parse_gpus(text)
+    assert parse_gpus("0,1") == [0, 1] and parse_gpus(None) is None
