@@ -57,7 +57,8 @@ def versions() -> dict[str, str]:
     import triton
 
     v = {"torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0],
-         "cuda": str(torch.version.cuda), "gpu": torch.cuda.get_device_name(0)}
+         "cuda": str(torch.version.cuda),
+         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"}
     for mod in ("transformers", "liger_kernel"):
         try:
             from importlib.metadata import version
@@ -70,7 +71,7 @@ def versions() -> dict[str, str]:
 
 def provenance() -> dict[str, Any]:
     """What every results file starts with: the device, versions, date and the command."""
-    return {"device": torch.cuda.get_device_name(0), "versions": versions(),
+    return {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "versions": versions(),
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "command": "python " + " ".join(sys.argv)}
 
 

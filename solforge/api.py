@@ -35,6 +35,36 @@ class Reporter(Protocol):
     def tune_end(self, result: TuneResult) -> None: ...
 
 
+class _Timed:
+    """Passes every call on to a Reporter and keeps the wall seconds of each stage (report.json's
+    `extra.stage_seconds`: what a cold and a warm run spend where)."""
+
+    def __init__(self, inner: Reporter) -> None:
+        self.inner = inner
+        self.seconds: dict[str, float] = {}
+        self._current: tuple[str, float] | None = None
+
+    def stage(self, name: str, detail: str = "") -> None:
+        self.stop()
+        self._current = (name, time.perf_counter())
+        self.inner.stage(name, detail)
+
+    def stop(self) -> None:
+        if self._current is not None:
+            name, t = self._current
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t, 3)
+            self._current = None
+
+    def tune_start(self, workload_key: str, n_candidates: int) -> None:
+        self.inner.tune_start(workload_key, n_candidates)
+
+    def tune_step(self, record: TuningRecord) -> None:
+        self.inner.tune_step(record)
+
+    def tune_end(self, result: TuneResult) -> None:
+        self.inner.tune_end(result)
+
+
 class _Silent:
     def stage(self, name: str, detail: str = "") -> None: ...
     def tune_start(self, workload_key: str, n_candidates: int) -> None: ...
@@ -126,7 +156,8 @@ def optimize(
         raise UserError(f"--budget must be positive (got {budget})")
     if out_dir is not None:
         ensure_writable(Path(out_dir))
-    rep = reporter or _Silent()
+    rep = _Timed(reporter or _Silent())
+    started = time.perf_counter()
     example_inputs = tuple(example_inputs)
     device = check_device(_model_device(model, example_inputs))
     dtype = _model_dtype(model, example_inputs)
@@ -199,12 +230,14 @@ def optimize(
             rewrite=Integrator(dict(winners), fams),
             trace=Path(out_dir) / TRACE_OPTIMIZED if out_dir is not None else None)
 
+    rep.stop()
     report = Report(
         model=name or type(model).__name__, device=_device_name(device), dtype=dtype_name(dtype), mode=mode,
         versions=versions(device), regions=tuple(_region_report(g, r) for g, r in zip(groups, results, strict=True)),
         e2e=e2e, timings_meaningful=device == "cuda", notes=tuple(notes),
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), command=command or " ".join(sys.argv),
         graphs=len(captured.graphs), profile=prof, profile_after=prof_after,
+        extra={"stage_seconds": rep.seconds, "wall_seconds": round(time.perf_counter() - started, 3)},
     )
     if out_dir is not None:
         write_report(report, Path(out_dir))
