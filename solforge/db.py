@@ -290,6 +290,9 @@ class KernelDB:
             raise UserError(f"cannot open the kernel database {self.path}: {e}") from None
         try:
             self._open()
+        except UserError:
+            self._conn.close()
+            raise
         except sqlite3.DatabaseError as e:
             self._conn.close()
             if "locked" in str(e) or "busy" in str(e):
