@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from solforge.dbcli import add_db_parser, run_db
 from solforge.errors import UserError
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ examples:
   solforge optimize qwen3-4b --batch 2 --seq 8192 --budget 300 --out out/qwen3-4b
   solforge optimize path/to/model.py --dtype fp16
   solforge profile qwen3-4b --batch 2 --seq 8192 --out out/qwen3-4b-profile
+  solforge db list                                     # the tuned kernels kept across runs
 """
 
 
@@ -80,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", default="solforge-out", metavar="DIR",
                     help="where report.json, report.html and trace_baseline.json go (default ./solforge-out)")
     pr.add_argument("--top", type=int, default=15, metavar="N", help="regions in the table (default 15)")
+    add_db_parser(sub)  # solforge db list|show|export|import|prune (solforge/dbcli.py)
     return p
 
 
@@ -93,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             return _optimize(args)
         if args.command == "profile":
             return _profile(args)
+        if args.command == "db":
+            return run_db(args)
     except UserError as e:
         print(f"solforge: error: {e}", file=sys.stderr)
         return 2

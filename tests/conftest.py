@@ -19,3 +19,10 @@ def _fresh_dynamo():
     empty so earlier compilations never count against the recompile limit."""
     torch.compiler.reset()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _private_kernel_db(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):
+    """No test reads or writes the real ~/.cache/solforge/kernels.db: each gets an empty one."""
+    monkeypatch.setenv("SOLFORGE_DB", str(tmp_path_factory.mktemp("kernel-db") / "kernels.db"))
+    yield
