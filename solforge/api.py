@@ -6,22 +6,26 @@ import datetime as _dt
 import platform
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from solforge import capture as _capture
 from solforge import plan as _plan
 from solforge.errors import UserError
-from solforge.integrate import Integrator, integrate
+from solforge.integrate import Integrator, integrate_captured
 from solforge.numerics import dtype_name
 from solforge.records import E2EReport, Profile, RegionReport, Report, RunResult, TuneResult, TuningRecord
 from solforge.report import TRACE_BASELINE, TRACE_OPTIMIZED, ensure_writable, write_report
 from solforge.tune import candidates, family_module, tune
 from solforge.tune.timing import time_kernel
 from solforge.validate import validate
+
+if TYPE_CHECKING:
+    from solforge.db import KernelDB
 
 MODES = ("inference", "train")
 
@@ -143,17 +147,36 @@ def optimize(
     max_candidates: int | None = None,
     reporter: Reporter | None = None,
     command: str = "",
+    db: str | Path | bool = True,
+    runner: str = "local",
+    gpus: Sequence[int] | None = None,
+    strategy: str = "auto",
+    build_workers: int = 0,
+    timeout: float = 120.0,
+    retune: bool = False,
+    profile: str = "auto",
 ) -> tuple[Callable[..., Any], Report]:
     """Optimize `model` for inputs shaped like `example_inputs` (on the device the model is on).
 
     Returns the optimized model (called exactly like `model`) and the Report. `budget` is the
     tuning time in seconds across all workloads; every workload measures at least one candidate.
     With `out_dir`, writes `out_dir/report.json`.
+
+    Tuning: `strategy` (auto, exhaustive, evolutionary) searches each workload's space on
+    `runner` (local: in this process; process: one worker process per GPU in `gpus`, isolating
+    crashes and hangs past `timeout` seconds; ray[:ADDRESS]), with `build_workers` processes
+    compiling ahead. `db` is the kernel database (True: ~/.cache/solforge/kernels.db or
+    $SOLFORGE_DB; a path; False: none): a workload it knows is not tuned again unless `retune`.
+    `profile`: "on", "off", or "auto" (profile unless every kernel comes from the database).
     """
     if mode not in MODES:
         raise UserError(f"mode {mode!r} is not supported: use --mode inference or --mode train")
     if budget <= 0:
         raise UserError(f"--budget must be positive (got {budget})")
+    if profile not in ("auto", "on", "off"):
+        raise UserError(f"--profile must be auto, on or off (got {profile!r})")
+    if timeout <= 0:
+        raise UserError(f"--timeout must be positive (got {timeout})")
     if out_dir is not None:
         ensure_writable(Path(out_dir))
     rep = _Timed(reporter or _Silent())
@@ -189,25 +212,47 @@ def optimize(
         known = ", ".join(_plan._matchers())
         notes.append(f"nothing to optimize: no region of a known kernel family ({known}) was found")
 
-    rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
-    prof = _profile_stage(model, example_inputs, device=device, name=name or type(model).__name__,
-                          families=fams, trace=Path(out_dir) / TRACE_BASELINE if out_dir is not None else None)
-    # tune where the end-to-end time is: the largest Amdahl saving first (the budget may run out)
-    saving = _ranking(prof)
-    groups.sort(key=lambda g: -saving(g.workload.key))
+    kdb = _open_db(db)
+    run_id = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S") + f"-{uuid.uuid4().hex[:6]}"
+    cached = {g.workload for g in groups if kdb is not None and not retune and _finished(kdb, g.workload)}
+    prof: Profile | None = None
+    if profile == "on" or (profile == "auto" and len(cached) < len(groups)):
+        rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
+        prof = _profile_stage(model, example_inputs, device=device, name=name or type(model).__name__,
+                              families=fams, trace=Path(out_dir) / TRACE_BASELINE if out_dir is not None else None)
+        # tune where the end-to-end time is: the largest Amdahl saving first (the budget may run out)
+        saving = _ranking(prof)
+        groups.sort(key=lambda g: -saving(g.workload.key))
+    elif profile == "auto" and groups:
+        notes.append("profile skipped: every kernel came from the kernel database (--profile on to profile anyway)")
 
     results: list[TuneResult] = []
     t0 = time.perf_counter()
-    for i, group in enumerate(groups):
-        left = max(0.0, budget - (time.perf_counter() - t0))
-        rep.stage("tune", group.workload.key)
-        baseline = _baseline(group, device)
-        n = len(candidates(family_module(group.workload.family), group.workload))
-        rep.tune_start(group.workload.key, min(n, max_candidates or n))
-        res = tune(group.workload, baseline, device=device, budget_s=left / (len(groups) - i),
-                   max_candidates=max_candidates, progress=rep.tune_step)
-        rep.tune_end(res)
-        results.append(res)
+    from solforge.tune.runners import make_runner
+
+    todo = [g for g in groups if g.workload not in cached]
+    run = make_runner(runner, device=device, gpus=gpus, timeout_s=timeout, build_workers=build_workers) \
+        if todo else None
+    try:
+        for group in groups:
+            rep.stage("tune", group.workload.key)
+            baseline = _baseline(group, device)
+            if group.workload in cached:
+                res = tune(group.workload, baseline, device=device, budget_s=0, db=kdb)
+            else:
+                left = max(0.0, budget - (time.perf_counter() - t0))
+                n = len(candidates(family_module(group.workload.family), group.workload))
+                rep.tune_start(group.workload.key, min(n, max_candidates or n))
+                res = tune(group.workload, baseline, device=device, budget_s=left / (len(todo) - todo.index(group)),
+                           max_candidates=max_candidates, progress=rep.tune_step, runner=run, strategy=strategy,
+                           db=kdb, run_id=run_id, retune=retune)
+            rep.tune_end(res)
+            results.append(res)
+    finally:
+        if run is not None:
+            run.close()
+        if kdb is not None:
+            kdb.close()
 
     winners = {r.workload: _encode(r) for r in results if r.best is not None}
     optimized: Callable[..., Any] = model
@@ -215,7 +260,8 @@ def optimize(
     prof_after: Profile | None = None
     if winners:
         rep.stage("integrate", f"{len(winners)} kernel(s)")
-        optimized, stats = integrate(model, winners, families=fams)
+        # the capture's own compiled model, rewritten in place: no second trace
+        optimized, stats = integrate_captured(captured, winners, families=fams)
         rep.stage("validate", "original vs optimized on fresh inputs")
         fresh = tuple(make_inputs(1)) if make_inputs is not None else _fresh(example_inputs)
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if train else None
@@ -224,11 +270,12 @@ def optimize(
         planned = sum(g.count for g in groups if g.workload in winners)
         if stats.total < planned:
             notes.append(f"integration replaced {stats.total} of {planned} planned regions")
-        rep.stage("profile", "the optimized model, the same way")
-        prof_after = _profile_stage(
-            model, example_inputs, device=device, name=name or type(model).__name__, families=fams,
-            rewrite=Integrator(dict(winners), fams),
-            trace=Path(out_dir) / TRACE_OPTIMIZED if out_dir is not None else None)
+        if prof is not None:
+            rep.stage("profile", "the optimized model, the same way")
+            prof_after = _profile_stage(
+                model, example_inputs, device=device, name=name or type(model).__name__, families=fams,
+                rewrite=Integrator(dict(winners), fams),
+                trace=Path(out_dir) / TRACE_OPTIMIZED if out_dir is not None else None)
 
     rep.stop()
     report = Report(
@@ -298,6 +345,20 @@ def _ranking(prof: Profile) -> Callable[[str], float]:
     return ranking(prof)
 
 
+def _open_db(db: str | Path | bool) -> KernelDB | None:
+    if db is False:
+        return None
+    from solforge.db import KernelDB
+
+    return KernelDB(None if db is True else db)
+
+
+def _finished(kdb: KernelDB, workload: Any) -> bool:
+    """The database holds the winner of a search of this workload that ran to its end."""
+    win = kdb.winner(workload)
+    return win is not None and bool(dict(win.provenance).get("complete"))
+
+
 def _check_families(families: Sequence[str] | None) -> tuple[str, ...] | None:
     if families is None:
         return None
@@ -329,6 +390,8 @@ def _device_name(device: str) -> str:
 def _region_report(group: _plan.WorkloadGroup, res: TuneResult) -> RegionReport:
     best = res.best
     rejected = sum(1 for r in res.records if not r.ok)
+    built = sum(1 for r in res.records if r.build.ok)
+    timed = sum(1 for r in res.records if r.run is not None and r.run.ok)
     note = None
     if best is None:
         errs = [r.error for r in res.records if r.error]
@@ -343,4 +406,6 @@ def _region_report(group: _plan.WorkloadGroup, res: TuneResult) -> RegionReport:
         candidates=len(res.records), rejected=rejected, note=note, label=group.workload.label,
         config_text=_encode(res) if best else None,
         modules=tuple(dict.fromkeys(r.module for r in group.regions if r.module))[:8],
+        source=res.source, built=built, timed=timed, known=res.known,
+        strategy=dict(best.provenance).get("strategy") if best else None,
     )

@@ -73,6 +73,30 @@ def _parser() -> argparse.ArgumentParser:
                    help="measure at most N configs per workload (default: all on a GPU, 4 on the CPU)")
     o.add_argument("--out", default="solforge-out", metavar="DIR",
                    help="where report.json, report.html and the traces go (default ./solforge-out)")
+    t = o.add_argument_group("tuning", "how candidates are searched, measured and remembered")
+    t.add_argument("--search", default="auto", choices=["auto", "exhaustive", "evolutionary"],
+                   help="auto (default): every config of a small space, an evolutionary search guided by a cost "
+                        "model on a large one")
+    t.add_argument("--runner", default=None, metavar="RUNNER",
+                   help="local (default: in this process), process (one worker process per GPU of --gpus: a "
+                        "candidate that crashes or hangs is recorded and the tune goes on), or ray[:ADDRESS] "
+                        "(the GPUs of a Ray cluster; needs pip install 'solforge[ray]')")
+    t.add_argument("--gpus", default=None, metavar="LIST",
+                   help="GPU indices to tune on, e.g. 0,1 (implies --runner process); timings of a GPU's "
+                        "candidates are taken one at a time")
+    t.add_argument("--build-workers", type=int, default=0, metavar="N",
+                   help="processes that compile candidates ahead of the measuring worker (default 0)")
+    t.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="with --runner process or ray: a candidate still running after this is killed and "
+                        "recorded as hung (default 120)")
+    t.add_argument("--db", default=None, metavar="PATH",
+                   help="kernel database (default $SOLFORGE_DB or ~/.cache/solforge/kernels.db): what it knows "
+                        "is not tuned again")
+    t.add_argument("--no-db", action="store_true", help="neither read nor write the kernel database")
+    t.add_argument("--retune", action="store_true",
+                   help="tune every workload again, even those the database knows (the results are stored)")
+    t.add_argument("--profile", default="auto", choices=["auto", "on", "off"],
+                   help="profile before and after (auto: unless every kernel comes from the database)")
     pr = sub.add_parser("profile", help="where the GPU time goes: regions, roofline, Amdahl ranking, traces",
                         description="Profile one forward: every kernel attributed to a graph region and module, "
                         "each region against the device's measured ceilings, ranked by the end-to-end time it "
@@ -139,6 +163,14 @@ def _optimize(args: argparse.Namespace) -> int:
     max_cands = args.max_candidates if args.max_candidates is not None else (None if device == "cuda" else 4)
     if max_cands is not None and max_cands < 1:
         raise UserError("--max-candidates must be at least 1")
+    if args.no_db and args.db:
+        raise UserError("--db and --no-db contradict each other: give one")
+    if args.build_workers < 0:
+        raise UserError(f"--build-workers must be 0 or more (got {args.build_workers})")
+    from solforge.tune.runners import parse_gpus
+
+    gpus = parse_gpus(args.gpus)
+    runner = args.runner or ("process" if gpus else "local")
 
     from rich.console import Console
 
@@ -152,6 +184,8 @@ def _optimize(args: argparse.Namespace) -> int:
             families=_families(args),
             make_inputs=loaded.make_inputs, is_language_model=loaded.is_language_model, name=loaded.name,
             max_candidates=max_cands, reporter=reporter, command="solforge " + " ".join(sys.argv[1:]),
+            db=False if args.no_db else (args.db or True), runner=runner, gpus=gpus, strategy=args.search,
+            build_workers=args.build_workers, timeout=args.timeout, retune=args.retune, profile=args.profile,
         )
     if report.profile is not None:
         print_profile(report.profile, _stdout_console(), top=8)

@@ -135,8 +135,10 @@ class TuneResult:
 
     workload: Workload
     baseline: RunResult
-    records: tuple[TuningRecord, ...] = ()
+    records: tuple[TuningRecord, ...] = ()  # measured by this run
     best: TuningRecord | None = None
+    source: str = "tuned"  # "database": the winner of an earlier, finished search, nothing measured
+    known: int = 0  # earlier measurements (database) the search used instead of measuring again
 
     @property
     def speedup(self) -> float | None:
@@ -163,6 +165,11 @@ class RegionReport:
     label: str = ""  # short shape/dtype name for tables
     config_text: str | None = None  # the config as the custom op receives it
     modules: tuple[str, ...] = ()  # module paths of the regions (first few)
+    source: str = "tuned"  # "tuned" (measured by this run) or "database" (an earlier run's winner)
+    built: int = 0  # candidates this run compiled ...
+    timed: int = 0  # ... and timed (verified ones); `rejected` failed to build, verify or time
+    known: int = 0  # earlier measurements from the database used instead of measuring again
+    strategy: str | None = None  # the search that found the winner (exhaustive, evolutionary)
 
 
 @dataclass(frozen=True)

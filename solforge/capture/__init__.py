@@ -82,6 +82,7 @@ class SolforgeBackend:
     rewrite: Rewrite | None = None
     graphs: list[CapturedGraph] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    compiled: Callable[..., Any] | None = None  # the model compiled with this backend (capture())
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         index = len(self.graphs)
@@ -110,7 +111,7 @@ def compile_with(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[.
 def capture(model: torch.nn.Module, inputs: Sequence[Any], *, grad: bool = False) -> SolforgeBackend:
     """Run the model once through dynamo and return the backend holding the ATen graphs."""
     backend = SolforgeBackend()
-    compiled = compile_with(model, backend)
+    compiled = backend.compiled = compile_with(model, backend)
     with torch.set_grad_enabled(grad):
         compiled(*inputs)
     return backend

@@ -5,20 +5,24 @@ from __future__ import annotations
 from types import TracebackType
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from solforge.records import Profile, Report, TuneResult, TuningRecord
+from solforge.records import Profile, RegionReport, Report, TuneResult, TuningRecord
 
 
 class RichReporter:
-    """Implements api.Reporter with rich: one line per stage, a progress bar per tuned workload."""
+    """Implements api.Reporter with rich: one line per stage, and per tuned workload a bar of
+    candidates measured (of the space, or of --max-candidates), the best verified time so far,
+    failures, elapsed time and an ETA. The bar ends early when the search converges or the
+    budget runs out; a kernel from the database prints one line instead."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[best]}"), TimeElapsedColumn(), console=console, transient=False,
+            TextColumn("{task.fields[best]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+            console=console, transient=False,
         )
         self.task: int | None = None
         self.best = float("inf")
@@ -36,6 +40,7 @@ class RichReporter:
 
     def tune_start(self, workload_key: str, n_candidates: int) -> None:
         self.best = float("inf")
+        self.failed = 0
         self.task = self.progress.add_task(f"tune {workload_key}", total=n_candidates, best="")
 
     def tune_step(self, record: TuningRecord) -> None:
@@ -43,14 +48,29 @@ class RichReporter:
             return
         if record.ok:
             self.best = min(self.best, record.time_us)
+        else:
+            self.failed += 1
         best = f"best {self.best:.1f} µs" if self.best < float("inf") else "no verified candidate yet"
+        if self.failed:
+            best += f", {self.failed} failed"
         self.progress.update(self.task, advance=1, best=best)
 
     def tune_end(self, result: TuneResult) -> None:
+        if result.source == "database" and result.best is not None:
+            self.progress.console.print(f"[cyan]{'database':>9}[/] {result.workload.key}: "
+                                        f"{result.best.candidate.label} ({result.best.time_us:,.1f} µs when tuned)")
         if self.task is not None:
             done = len(result.records)
             self.progress.update(self.task, total=done, completed=done)
         self.task = None
+
+
+def _source(r: RegionReport) -> str:
+    """Where the kernel came from: the database, or this run's search (measured/known)."""
+    if r.source == "database":
+        return "database"
+    known = f"+{r.known} known" if r.known else ""
+    return f"{r.strategy or 'tuned'} {r.candidates}{known}"
 
 
 def _us(x: float | None) -> str:
@@ -59,12 +79,12 @@ def _us(x: float | None) -> str:
 
 def print_report(report: Report, console: Console) -> None:
     t = Table(title=f"solforge: {report.model} on {report.device} ({report.dtype}, {report.mode})")
-    for col in ("region", "n", "before µs", "after µs", "speedup", "config", "ok", "rel err"):
+    for col in ("region", "n", "before µs", "after µs", "speedup", "config", "from", "ok", "rel err"):
         t.add_column(col, justify="left" if col in ("region", "config", "ok") else "right")
     for r in report.regions:
         cfg = r.config_text or r.note or "-"
         t.add_row(f"{r.family} {r.label}", str(r.count), _us(r.baseline_us), _us(r.best_us),
-                  "-" if r.speedup is None else f"{r.speedup:.2f}x", cfg,
+                  "-" if r.speedup is None else f"{r.speedup:.2f}x", cfg, _source(r),
                   "yes" if r.verified else "[red]no[/]", "-" if r.max_rel_err is None else f"{r.max_rel_err:.1e}")
     console.print(t)
     e = report.e2e

@@ -6,11 +6,12 @@ Every candidate ends as a TuningRecord; a failure is a record with its reason, n
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,8 +19,17 @@ from solforge.records import BuildResult, Candidate, RunResult, TuneResult, Tuni
 from solforge.tune.timing import time_kernel
 from solforge.tune.verify import verify
 
+if TYPE_CHECKING:
+    from solforge.db import KernelDB
+    from solforge.tune.runners import Runner
+
 BACKEND = "triton"
 Progress = Callable[[TuningRecord], None]
+# Candidates proposed per worker at a time: enough to keep a worker and its builders busy,
+# few enough that the wall budget is checked often.
+BATCH_PER_WORKER = 4
+# Evolutionary search stops after this many measurements in a row without a 1% improvement.
+PATIENCE = 48
 
 
 def family_module(name: str) -> ModuleType:
@@ -76,27 +86,70 @@ def measure(family: ModuleType, cand: Candidate, *, device: str, seed: int = 0,
 
 
 def tune(workload: Workload, baseline: RunResult, *, device: str, budget_s: float,
-         max_candidates: int | None = None, progress: Progress | None = None) -> TuneResult:
-    """Measure candidates until the space or the budget runs out; the fastest verified one wins.
+         max_candidates: int | None = None, progress: Progress | None = None, runner: Runner | None = None,
+         strategy: str = "auto", db: KernelDB | None = None, run_id: str = "", seed: int = 0,
+         retune: bool = False) -> TuneResult:
+    """Search the family's space for `workload` until the strategy is done or a budget runs out;
+    the fastest verified candidate wins.
 
-    The first candidate always runs, whatever the budget, so a verified kernel exists if any can."""
+    With a database: a workload whose search finished before is not measured again (its winner
+    comes back with source "database", unless `retune`); one whose search was cut short (budget,
+    a killed run) resumes where it stopped — what was measured is observed, not re-measured —
+    and every record is stored as soon as it is measured. The first batch always runs, whatever
+    the budget, so a verified kernel exists if any can."""
+    from solforge.tune.runners import LocalRunner
+    from solforge.tune.search import make_strategy, search
+
     family = family_module(workload.family)
-    cands = candidates(family, workload)
-    if max_candidates is not None:
-        cands = cands[:max_candidates]
-    records: list[TuningRecord] = []
-    start = time.perf_counter()
-    for cand in cands:
-        if records and time.perf_counter() - start > budget_s:
-            break
-        rec = measure(family, cand, device=device)
-        records.append(rec)
+    if db is not None and not retune:
+        win = db.winner(workload)
+        if win is not None and dict(win.provenance).get("complete"):
+            return TuneResult(workload, baseline, (), win, source="database", known=len(db.known(workload)))
+    known = db.known(workload) if db is not None and not retune else []
+    strat = make_strategy(strategy, family, workload, seed=seed, known=known)
+    own = runner is None
+    run = runner or LocalRunner(device, seed=seed)
+    done: list[bool] = []
+
+    def measure(cands: Sequence[Candidate]) -> Iterator[TuningRecord]:
+        for rec in run.measure(cands):
+            if db is not None:
+                db.add(workload, rec, run_id=run_id)
+            yield rec
+
+    def report(rec: TuningRecord) -> None:
         if progress is not None:
             progress(rec)
-    ok = [r for r in records if r.ok]
-    # Off the GPU (the interpreter) a time says nothing about a kernel: keep the first verified
-    # candidate, the heuristic, rather than whichever config the interpreter ran fastest (a tiny
-    # tile that then costs seconds per call, as rope's 1-token tile did on qwen3-tiny).
-    meaningful = all(r.run is not None and r.run.meaningful for r in ok)
-    best = (min(ok, key=lambda r: r.time_us) if meaningful else ok[0]) if ok else None
-    return TuneResult(workload, baseline, tuple(records), best)
+
+    try:
+        records = search(strat, measure, budget_s=budget_s, max_candidates=max_candidates,
+                         batch=max(1, run.parallelism) * BATCH_PER_WORKER,
+                         patience=PATIENCE if strat.name == "evolutionary" else None,
+                         progress=report, on_done=done.append)
+    finally:
+        if own:
+            run.close()
+    mine = {r.candidate for r in records}
+    pool = records + [k for k in known if k.candidate not in mine]
+    best = _winner(family, workload, pool)
+    complete = bool(done and done[-1])
+    if best is not None:
+        best = dataclasses.replace(best, provenance=(
+            ("complete", complete), ("run", run_id), ("strategy", strat.name), ("measured", len(pool))))
+        if db is not None:
+            db.set_winner(workload, best, run_id=run_id)
+    return TuneResult(workload, baseline, tuple(records), best, source="tuned", known=len(pool) - len(records))
+
+
+def _winner(family: ModuleType, workload: Workload, pool: Sequence[TuningRecord]) -> TuningRecord | None:
+    """The fastest verified record. Off the GPU (the interpreter) a time says nothing about a
+    kernel: the heuristic's record wins there if it verified (else the first verified one), not
+    whichever config the interpreter ran fastest (a tiny tile that then costs seconds per call, as
+    rope's 1-token tile did on qwen3-tiny)."""
+    ok = [r for r in pool if r.ok]
+    if not ok:
+        return None
+    if all(r.run is not None and r.run.meaningful for r in ok):
+        return min(ok, key=lambda r: r.time_us)
+    h = family.heuristic(workload).items()
+    return next((r for r in ok if r.candidate.config == h), ok[0])
