@@ -275,10 +275,16 @@ def rope_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return family_rope.run(args.budget)
 
 
+def layernorm_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import family_layernorm  # layernorm and add_layernorm (bench/family_layernorm.py)
+
+    return family_layernorm.run(args.budget)
+
+
 # ---------------------------------------------------------------------------------------------
 
 FAMILIES: dict[str, Callable[[argparse.Namespace], list[dict[str, Any]]]] = {
-    "swiglu": swiglu_rows, "add_rmsnorm": add_rmsnorm_rows, "rope": rope_rows}
+    "swiglu": swiglu_rows, "add_rmsnorm": add_rmsnorm_rows, "rope": rope_rows, "layernorm": layernorm_rows}
 
 
 def main(argv: list[str] | None = None) -> int:

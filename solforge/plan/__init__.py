@@ -7,7 +7,7 @@ is the plain record of a match; regions with the same Workload are tuned once.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,11 +88,14 @@ class WorkloadGroup:
 
 
 def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
-    from solforge.plan import add_rmsnorm, rmsnorm, rope, swiglu
+    from solforge.plan import add_layernorm, add_rmsnorm, layernorm, rmsnorm, rope, swiglu
 
     # first claim wins: rope takes the q/k RMSNorms it fuses, and a residual add + norm is one
-    # add_rmsnorm, before the rmsnorm matcher sees them
-    return {"rope": rope.match, "add_rmsnorm": add_rmsnorm.match, "rmsnorm": rmsnorm.match, "swiglu": swiglu.match}
+    # add_rmsnorm (add_layernorm), before the rmsnorm (layernorm) matcher sees them. The LayerNorm
+    # families share no node with the others (their norm is one ATen op), so their place among them
+    # changes nothing; they come after the RMSNorm families, before swiglu.
+    return {"rope": rope.match, "add_rmsnorm": add_rmsnorm.match, "rmsnorm": rmsnorm.match,
+            "add_layernorm": add_layernorm.match, "layernorm": layernorm.match, "swiglu": swiglu.match}
 
 
 def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:
@@ -144,6 +147,48 @@ def extract(match: Match) -> tuple[fx.GraphModule, list[Any]]:
 _META = ("val", "nn_module_stack", "stack_trace")
 
 
+def late_inputs(node: fx.Node, before: fx.Node, order: Mapping[fx.Node, int]) -> list[fx.Node] | None:
+    """`node` and what it depends on that sits at or after `before` (graph positions in `order`), in
+    graph order, if all of it can move to just before `before`: pure call_function nodes that do not
+    depend on `before`. [] if `node` already comes earlier; None if it cannot move.
+
+    A multi-output op is called before its first output, but an argument may be computed later: Gemma's
+    RMSNorm weight `1.0 + self.weight.float()` is computed inside the norm, after the residual add that
+    add_rmsnorm replaces. Matchers check with this that `rewrite` can hoist such arguments."""
+    pos = order[before]
+    late: list[fx.Node] = []
+    seen: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in seen or order[n] < pos:
+            continue
+        seen.add(n)
+        if n is before or n.op != "call_function" or n.is_impure():
+            return None
+        late.append(n)
+        stack.extend(n.all_input_nodes)
+    return sorted(late, key=order.__getitem__)
+
+
+def _hoist(graph: fx.Graph, args: Sequence[Any], first: fx.Node, order: dict[fx.Node, int]) -> dict[fx.Node, int]:
+    """Move the nodes that `args` need to before `first` (see `late_inputs`); returns the graph order,
+    recomputed when anything moved."""
+    nodes = [a for a in args if isinstance(a, fx.Node)]
+    if all(order.get(a, -1) < order[first] for a in nodes):  # new nodes (earlier rewrites) sit early
+        return order
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for a in nodes:
+        late = late_inputs(a, first, order)
+        if late is None:  # the matcher should have refused this region
+            raise RuntimeError(f"solforge rewrite: {a.name} cannot be computed before {first.name}")
+        for n in late:
+            first.prepend(n)
+        if late:
+            order = {n: i for i, n in enumerate(graph.nodes)}
+    return order
+
+
 def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]) -> int:
     """Replace each match by one call of its custom op; returns how many were replaced.
 
@@ -158,6 +203,7 @@ def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]
     for m, config in zip(matches, configs, strict=True):
         first = min(m.outputs, key=order.__getitem__)
         args = tuple(replaced.get(a, a) if isinstance(a, fx.Node) else a for a in m.args)
+        order = _hoist(graph, args, first, order)
         with graph.inserting_before(first):
             new = graph.call_function(m.op, (*args, config))
             items = [graph.call_function(operator.getitem, (new, i)) for i in range(len(m.outputs))] \

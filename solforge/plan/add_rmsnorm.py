@@ -2,7 +2,9 @@
 (the residual stream). Both become one add_rmsnorm call returning (s, y).
 
 Built on the rmsnorm matcher: every RMSNorm whose input is an out-of-place add of two tensors of
-its own shape and dtype (no broadcasting, no alpha) grows to include that add.
+its own shape and dtype (no broadcasting, no alpha) grows to include that add. The op is called
+where the add was, so a weight computed later (Gemma's `1.0 + weight`, inside the norm) must be
+movable before it (plan.late_inputs; the rewrite moves it).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match
+from solforge.plan import Match, late_inputs
 from solforge.plan import rmsnorm as _rms
 
 aten = torch.ops.aten
@@ -20,6 +22,7 @@ def match(graph: fx.Graph) -> list[Match]:
     from solforge.kernels import add_rmsnorm as family
 
     found = []
+    order = {n: i for i, n in enumerate(graph.nodes)}
     for m in _rms.match(graph):
         s = m.args[0]
         if not isinstance(s, fx.Node) or s.target != aten.add.Tensor or s.kwargs.get("alpha", 1) != 1:
@@ -31,6 +34,8 @@ def match(graph: fx.Graph) -> list[Match]:
         if not (av.shape == bv.shape == sv.shape and av.dtype == bv.dtype == sv.dtype):
             continue
         _x, weight, eps, out_dtype, rbw = m.args
+        if weight is not None and late_inputs(weight, s, order) is None:
+            continue
         wl = family.workload_for(av, bv, _rms._val(weight) if weight is not None else None, eps, out_dtype, rbw)
         if not family.supported(wl):
             continue

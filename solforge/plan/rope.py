@@ -17,9 +17,10 @@ solforge/plan/rmsnorm.py's matcher) used only by the rope, the norm joins the re
 q_norm/k_norm. This matcher therefore runs before the rmsnorm one (plan._matchers).
 
 Two ropes sharing cos and sin become one region (one launch for q and k), paired in graph order.
-Not matched (left to eager): a rope with no partner (an odd one out), a (B, H, S, D) x that is not a
-transpose of a token-major tensor, partial rotary (rotate_half over part of D), GPT-J's interleaved
-form (stack/flatten of pairs), cos/sin with a head dim.
+Phi-3's partial-rotary spelling with rotary_dim == D (alias(x), and a cat with an empty remainder)
+is the same rope (`_unalias`; the cat stays). Not matched (left to eager): a rope with no partner (an odd one
+out), a (B, H, S, D) x that is not a transpose of a token-major tensor, partial rotary (rotate_half
+over part of D), GPT-J's interleaved form (stack/flatten of pairs), cos/sin with a head dim.
 """
 
 from __future__ import annotations
@@ -109,8 +110,21 @@ def _match_one(add: fx.Node) -> _Rope | None:
             # every intermediate is used by this rope only, or it would be computed anyway
             if any(len(n.users) != 1 for n in (a, x1, x2, neg, cat, m)):
                 continue
-            return _Rope(add, x, cu, su, nodes)  # type: ignore[arg-type]
+            out, x = _unalias(add, x, nodes)  # type: ignore[arg-type]
+            return _Rope(out, x, cu, su, nodes)  # type: ignore[arg-type]
     return None
+
+
+def _unalias(add: fx.Node, x: fx.Node, nodes: list[fx.Node]) -> tuple[fx.Node, fx.Node]:
+    """(output, rotated tensor), seeing through alias(x): Phi-3 writes the rope in its partial-rotary
+    form, `cat([rope(q[..., :rotary_dim]), q[..., rotary_dim:]], -1)`, and with rotary_dim == D the
+    full slice is traced as alias(q) (joining the region). The cat with the empty remainder stays:
+    it copies the rope's output to a contiguous tensor, and the graph after it was traced with
+    plain `view`s that need one (the op's heads-first output is a transposed view)."""
+    if x.target != aten.alias.default or not set(x.users) <= set(nodes) or not isinstance(x.args[0], fx.Node):
+        return add, x
+    nodes.insert(0, x)
+    return add, x.args[0]
 
 
 def _source(r: _Rope, norms: dict[fx.Node, Match]) -> tuple[fx.Node, list[fx.Node], Match | None] | None:

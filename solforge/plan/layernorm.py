@@ -1,0 +1,84 @@
+"""Find LayerNorm in an ATen graph.
+
+nn.LayerNorm and F.layer_norm (with or without weight and bias, any dtype) reach the captured ATen
+graph as one op, since LayerNorm is not decomposed there (tests/test_layernorm.py looks):
+
+    out, mean, rstd = native_layer_norm(x, [H], weight?, bias?, eps)    mean/rstd getitems dead
+    out = layer_norm(x, [H], weight?, bias?, eps, cudnn_enable)          if a graph keeps the composite
+
+Only normalization over the last dim is matched (normalized_shape of length 1: what transformers'
+LayerNorms use); a graph that needs mean or rstd (a hand-written backward) keeps the ATen op. A
+hand-written LayerNorm (x - x.mean(-1)) / sqrt(var + eps) is not matched: none of the supported
+architectures writes one.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from solforge.plan import Match
+
+aten = torch.ops.aten
+
+_SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _val(node: Any) -> torch.Tensor | None:
+    v = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _param(node: Any, H: int) -> tuple[bool, torch.Tensor | None]:
+    """(acceptable, value) for a weight/bias argument: absent, or an (H,) tensor of a kernel dtype."""
+    if node is None:
+        return True, None
+    v = _val(node)
+    return (v is not None and tuple(v.shape) == (H,) and v.dtype in _SUPPORTED), v
+
+
+def _match_node(node: fx.Node) -> Match | None:
+    from solforge.kernels import layernorm as family
+
+    names = ("input", "normalized_shape", "weight", "bias", "eps")
+    args = dict(zip(names, node.args, strict=False)) | {k: v for k, v in node.kwargs.items() if k in names}
+    x, shape = args.get("input"), args.get("normalized_shape")
+    weight, bias, eps = args.get("weight"), args.get("bias"), args.get("eps", 1e-5)
+    xv = _val(x)
+    if xv is None or xv.dtype not in _SUPPORTED or xv.dim() < 1 or shape is None or len(shape) != 1:
+        return None
+    H = int(xv.shape[-1])
+    if int(shape[0]) != H or H == 0:
+        return None
+    (wok, wv), (bok, bv) = _param(weight, H), _param(bias, H)
+    if not (wok and bok) or not isinstance(eps, int | float):
+        return None
+    if node.target == aten.native_layer_norm.default:
+        items = [u for u in node.users if u.target is operator.getitem]
+        outs = [u for u in items if u.args[1] == 0]
+        if len(items) != len(node.users) or len(outs) != 1 or any(u.users for u in items if u.args[1] != 0):
+            return None
+        out, nodes = outs[0], [node, *[u for u in items if u.args[1] != 0], outs[0]]
+    else:
+        out, nodes = node, [node]
+    ov = _val(out)
+    if ov is None or ov.dtype not in _SUPPORTED or tuple(ov.shape) != tuple(xv.shape):
+        return None
+    workload = family.workload_for(xv, wv, bv, float(eps), out_dtype=ov.dtype)
+    if not family.supported(workload):
+        return None
+    return Match(family.FAMILY, family.layernorm_op, out, (x, weight, bias, float(eps), ov.dtype), nodes, workload)
+
+
+def match(graph: fx.Graph) -> list[Match]:
+    targets = {aten.native_layer_norm.default, aten.layer_norm.default}
+    found = []
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in targets:
+            m = _match_node(node)
+            if m is not None:
+                found.append(m)
+    return found

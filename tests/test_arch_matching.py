@@ -1,0 +1,108 @@
+"""Matching on tiny random configs of the six architectures issue 4 names (Qwen3, Llama, Mistral,
+Gemma, Phi-3, GPT-2), built with transformers from their config classes alone: no per-model code
+anywhere in solforge. Every family's region count is asserted exactly, and three of them (Gemma's
+offset-weight RMSNorm, Phi-3's rope spelling, GPT-2's LayerNorms) run end to end through
+solforge.optimize and must compute what the original model computes."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from conftest import DEVICE
+
+from solforge import capture, plan
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, BATCH, SEQ = 128, 2, 8
+_COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256, use_cache=False)
+
+
+def _config(arch: str) -> Any:
+    t = transformers
+    if arch == "gpt2":
+        return t.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256, use_cache=False,
+                            bos_token_id=0, eos_token_id=0)
+    if arch == "phi3":  # Phi-3 derives head_dim (16); its default pad/bos/eos ids lie outside a tiny vocab
+        return t.Phi3Config(pad_token_id=0, bos_token_id=1, eos_token_id=2, **_COMMON)
+    cls = {"qwen3": t.Qwen3Config, "llama": t.LlamaConfig, "mistral": t.MistralConfig, "gemma": t.GemmaConfig}[arch]
+    return cls(head_dim=16, **_COMMON)
+
+
+def _model(arch: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    torch.manual_seed(0)
+    with torch.device(DEVICE):
+        m = transformers.AutoModelForCausalLM.from_config(_config(arch), dtype=dtype, attn_implementation="eager")
+    return m.eval()
+
+
+def _ids(seed: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+
+
+# Regions per family at 2 layers. Decoder-only RMSNorm models: 5 norms (2 per layer + final); the
+# first reads the embeddings (no add: rmsnorm), the other 4 a residual add (add_rmsnorm). One rope
+# region per layer (q and k in one launch; Qwen3's q/k norms fused into it), one swiglu per layer
+# (silu, Gemma's gelu_tanh, Phi-3's chunked gate_up). GPT-2: ln_1 of layer 0 reads token + position
+# embeddings, a broadcasting add at batch > 1 (plain layernorm); ln_2, ln_1 of layer 1, ln_2 and
+# ln_f read residual adds (add_layernorm). GPT-2's MLP, gelu_new(c_fc(x)) with no gate, and its
+# non-rotary attention are no family's region.
+RMS = {"rope": 2, "add_rmsnorm": 4, "rmsnorm": 1, "swiglu": 2}
+EXPECTED = {"qwen3": RMS, "llama": RMS, "mistral": RMS, "gemma": RMS, "phi3": RMS,
+            "gpt2": {"layernorm": 1, "add_layernorm": 4}}
+
+
+def _groups(m: torch.nn.Module) -> list[plan.WorkloadGroup]:
+    with torch.no_grad():
+        return plan.plan(capture.capture(m, (_ids(0),)).graphs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("arch", list(EXPECTED))
+def test_region_counts(arch: str, dtype: torch.dtype) -> None:
+    groups = _groups(_model(arch, dtype))
+    counts: Counter[str] = Counter()
+    for g in groups:
+        counts[g.workload.family] += g.count
+    assert dict(counts) == EXPECTED[arch]
+    params = {g.workload.family: dict(g.workload.params) for g in groups}
+    if "rope" in params:  # only Qwen3 has per-head q/k norms to fuse
+        assert params["rope"]["norm"] is (arch == "qwen3")
+    if "swiglu" in params:
+        assert params["swiglu"]["act"] == ("gelu_tanh" if arch == "gemma" else "silu")
+    if arch == "gpt2":
+        modules = {g.workload.family: sorted(r.module or "" for r in g.regions) for g in groups}
+        assert modules["layernorm"] == ["transformer.h.0.ln_1"]
+        assert modules["add_layernorm"] == ["transformer.h.0.ln_2", "transformer.h.1.ln_1", "transformer.h.1.ln_2",
+                                            "transformer.ln_f"]
+        assert all(params[f]["bias"] and params[f]["weight"] for f in ("layernorm", "add_layernorm"))
+
+
+def test_gemma_offset_weight_is_the_norms_weight() -> None:
+    """Gemma multiplies by (1 + weight), computed inside the norm after the residual add: the match
+    takes that sum as the weight, and the rewrite moves its computation before the fused op."""
+    groups = _groups(_model("gemma"))
+    g = next(g for g in groups if g.workload.family == "add_rmsnorm")
+    _gm, m = g.example  # type: ignore[misc]
+    weight = m.args[2]
+    assert weight.target == torch.ops.aten.add.Tensor and 1.0 in weight.args
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "gemma", "phi3"])
+def test_optimize_end_to_end(arch: str) -> None:
+    from solforge import optimize
+
+    m = _model(arch)
+    opt, report = optimize(m, (_ids(0),), budget=1, max_candidates=1, make_inputs=lambda s: (_ids(s),))
+    assert report.e2e is not None and report.e2e.passed
+    want = {f for f, n in EXPECTED[arch].items() if n}
+    assert {r.family for r in report.regions} == want
+    ids = _ids(7)
+    with torch.no_grad():
+        a, b = opt(ids).logits, m(ids).logits
+    # fp32 throughout: the fused kernels differ from eager by rounding only
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

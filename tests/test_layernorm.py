@@ -1,0 +1,298 @@
+"""layernorm and add_layernorm families: forward against the references for every config of the
+space, odd shapes, with and without weight/bias; the backward kernel against autograd through the
+reference; autograd through the custom ops; the verifier; matching and integration of the forms
+nn.LayerNorm / F.layer_norm take after capture."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from conftest import DEVICE, requires_gpu
+
+from solforge.kernels import add_layernorm as A
+from solforge.kernels import layernorm as L
+from solforge.kernels.rmsnorm_bwd import BwdConfig
+from solforge.numerics import compare, tolerance
+from solforge.records import Workload
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+EPS = 1e-5
+
+
+def _wl(rows: int, H: int, dtype: torch.dtype = BF16, *, weight: bool = True, bias: bool = True,
+        residual: bool = False, pdtype: torch.dtype | None = None) -> Workload:
+    meta = dict(device="meta")
+    x = torch.empty(rows, H, dtype=dtype, **meta)
+    w = torch.empty(H, dtype=pdtype or dtype, **meta) if weight else None
+    b = torch.empty(H, dtype=pdtype or dtype, **meta) if bias else None
+    wl = A.workload_for(x, x, w, b, EPS) if residual else L.workload_for(x, w, b, EPS)
+    return dataclasses.replace(wl, device=DEVICE)
+
+
+def _check(wl: Workload, config: L.Config | None = None, rows: int | None = None, seed: int = 0) -> None:
+    fam = A if wl.family == "add_layernorm" else L
+    args, kw = fam.make_inputs(wl, seed=seed, rows=rows)
+    before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    label = f"{config.encode() if config else 'heuristic'} on {wl.key}"
+    if fam is A:
+        rs, ry = A.add_layernorm_ref(*args, **kw)
+        out = (torch.full_like(rs, float("nan")), torch.full_like(ry, float("nan")))
+        got = A.add_layernorm(*args, config=config, out=out, **kw)
+        assert got[0] is out[0] and got[1] is out[1]
+        # the sum is one rounding of an fp32 add, as the model's own add (on the interpreter too)
+        assert torch.equal(out[0], rs), label
+        y, ref = out[1], ry
+    else:
+        ref = L.layernorm_ref(*args, **kw)
+        y = torch.full_like(ref, float("nan"))
+        assert L.layernorm(*args, config=config, out=y, **kw) is y
+    for a, b in zip(args, before, strict=True):
+        assert not isinstance(a, torch.Tensor) or torch.equal(a, b), f"{label}: an input was modified"
+    c = compare(y, ref)
+    assert c.ok, f"{label}: {c.reason}"
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("rows,H", [(37, 96), (5, 200)])
+def test_every_config_in_space(rows: int, H: int, residual: bool) -> None:
+    wl = _wl(rows, H, residual=residual)
+    configs = L.space(wl)
+    assert len(configs) >= 6 and len(set(configs)) == len(configs)
+    assert {c.variant for c in configs} == {"row", "rows"} and all(L.is_valid(c, wl) for c in configs)
+    for c in configs:
+        _check(wl, c)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("dtype,weight,bias", [(BF16, True, True), (BF16, True, False), (BF16, False, False),
+                                               (FP32, True, True), (FP32, False, True), (FP16, True, True)])
+def test_heuristic_odd_shapes(dtype: torch.dtype, weight: bool, bias: bool, residual: bool) -> None:
+    for rows, H in [(1, 64), (7, 130), (3, 1000), (2, 1)]:
+        _check(_wl(rows, H, dtype, weight=weight, bias=bias, residual=residual), seed=rows)
+
+
+def test_mixed_dtypes_and_views() -> None:
+    """bf16 x with fp32 weight/bias and fp32 output; 3-D input and a strided (sliced) one."""
+    wl = dataclasses.replace(_wl(9, 48, BF16, pdtype=FP32), params=_wl(9, 48, BF16, pdtype=FP32).params)
+    (x, w, b, eps), _ = L.make_inputs(wl, seed=3)
+    y = L.layernorm(x, w, b, eps, out_dtype=FP32)
+    assert y.dtype == FP32 and compare(y, L.layernorm_ref(x, w, b, eps, out_dtype=FP32), tolerance(BF16)).ok
+    wide = torch.randn(3, 5, 80, device=DEVICE) * 3 + 1
+    xs = wide[..., 10:58]  # rows addressed with a stride of 80
+    y = L.layernorm(xs, w.float(), None, EPS)
+    assert compare(y, L.layernorm_ref(xs, w.float(), None, EPS)).ok
+    torch.testing.assert_close(y, F.layer_norm(xs, (48,), w.float(), None, EPS), atol=1e-5, rtol=1e-5)
+
+
+def test_supported_row_lengths() -> None:
+    for rows, H, residual, ok in [(4, 65536, False, True), (2, 70000, False, False), (4, 32768, True, True),
+                                  (2, 40000, True, False), (16384, 2560, True, True), (1, 768, False, True)]:
+        wl = _wl(rows, H, residual=residual)
+        assert L.supported(wl) is ok, (rows, H, residual)
+        assert L.is_valid(L.heuristic(wl), wl) is ok
+
+
+def test_config_text_round_trips() -> None:
+    for c in L.space(_wl(33, 768)):
+        assert L.Config.decode(c.encode()) == c
+    with pytest.raises(ValueError, match="layernorm"):
+        L.Config.decode("loop:bh=1024")
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_verifier_accepts_the_family(residual: bool) -> None:
+    from solforge.tune import candidates, family_module, measure
+
+    wl = _wl(9, 80, residual=residual)
+    fam = family_module(wl.family)
+    rec = measure(fam, candidates(fam, wl)[0], device=DEVICE)
+    assert rec.ok, rec.error
+
+
+def test_verifier_rejects_a_wrong_kernel() -> None:
+    from solforge.tune.verify import verify
+
+    wl = _wl(9, 80)
+
+    def no_centering(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float, **kw: object) -> None:
+        out = kw.pop("out")
+        out.copy_(F.rms_norm(x.float(), (x.shape[-1],), w.float(), eps) + b.float())  # type: ignore[union-attr]
+
+    assert not verify(L, wl, no_centering).passed
+
+
+def test_bad_inputs() -> None:
+    x = torch.randn(4, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="residual"):
+        A.add_layernorm(x, torch.randn(4, 9, device=DEVICE), None, None, EPS)
+    with pytest.raises(ValueError, match="bias"):
+        L.layernorm(x, None, torch.ones(9, device=DEVICE), EPS)
+    with pytest.raises(ValueError, match="not valid"):
+        L.layernorm(x, None, None, EPS, config=L.Config("row", 4, 1, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# backward
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+@pytest.mark.parametrize("shape,weight,bias,ds", [((5, 48), True, True, False), ((3, 7, 130), True, False, True),
+                                                  ((9, 64), False, True, True), ((4, 33), False, False, False)])
+def test_backward_kernel(dtype: torch.dtype, shape: tuple[int, ...], weight: bool, bias: bool, ds: bool) -> None:
+    g = torch.Generator().manual_seed(len(shape) + shape[-1])
+    x = (torch.randn(*shape, generator=g) * 2 + torch.randn(*shape[:-1], 1, generator=g) * 3).to(dtype).to(DEVICE)
+    dy = torch.randn(*shape, generator=g).to(dtype).to(DEVICE)
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(dtype).to(DEVICE) if weight else None
+    b = (0.1 * torch.randn(shape[-1], generator=g)).to(dtype).to(DEVICE) if bias else None
+    dsx = torch.randn(*shape, generator=g).to(dtype).to(DEVICE) if ds else None
+    rdx, rdw, rdb = L.layernorm_bwd_ref(dy, x, w, b, EPS, ds=dsx)
+    for cfg in (None, BwdConfig(2, 1, 1), BwdConfig(1, 1, 2)):  # heuristic; loops over several tiles (4 fake SMs)
+        dx, dw, db = L.layernorm_bwd(dy, x, w, EPS, ds=dsx, bias_grad=bias, config=cfg)
+        c = compare(dx, rdx.to(dtype))
+        assert c.ok, c.reason
+        for got, want in ((dw, rdw), (db, rdb)):
+            assert (got is None) == (want is None)
+            if want is not None:  # sums over rows in fp32: compare relative to their scale
+                assert got is not None and (got - want).abs().max() <= 10 * tolerance(dtype).rtol * want.abs().max()
+
+
+@pytest.mark.parametrize("weight,bias", [(True, True), (True, False), (False, False)])
+def test_autograd_through_the_ops(weight: bool, bias: bool) -> None:
+    torch.manual_seed(0)
+    x, r, dy, ds = (torch.randn(6, 72, device=DEVICE) * 2 + 1 for _ in range(4))
+    w = 1 + 0.1 * torch.randn(72, device=DEVICE) if weight else None
+    b = 0.1 * torch.randn(72, device=DEVICE) if bias else None
+
+    def leaves() -> list[torch.Tensor | None]:
+        return [t.clone().requires_grad_() if t is not None else None for t in (x, r, w, b)]
+
+    def grads(ts: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        return [t.grad if t is not None else None for t in ts]
+
+    def close(got: list[torch.Tensor | None], want: list[torch.Tensor | None]) -> None:
+        for a, c in zip(got, want, strict=True):
+            assert (a is None) == (c is None)
+            if a is not None:
+                torch.testing.assert_close(a, c, atol=2e-5, rtol=2e-5)
+
+    # add_layernorm, both outputs used, then the normalized one alone
+    for both in (True, False):
+        mine, ref = leaves(), leaves()
+        s, y = A.add_layernorm_op(mine[0], mine[1], mine[2], mine[3], EPS, FP32, "")
+        s2 = ref[0] + ref[1]  # type: ignore[operator]
+        y2 = F.layer_norm(s2, (72,), ref[2], ref[3], EPS)
+        if both:
+            torch.autograd.backward([s, y], [ds, dy])
+            torch.autograd.backward([s2, y2], [ds, dy])
+        else:
+            y.backward(dy)
+            y2.backward(dy)
+        close(grads(mine), grads(ref))
+    # layernorm
+    mine, ref = leaves(), leaves()
+    L.layernorm_op(mine[0], mine[2], mine[3], EPS, FP32, "").backward(dy)
+    F.layer_norm(ref[0], (72,), ref[2], ref[3], EPS).backward(dy)  # type: ignore[arg-type]
+    close(grads(mine)[:1] + grads(mine)[2:], grads(ref)[:1] + grads(ref)[2:])
+
+
+@requires_gpu
+@pytest.mark.parametrize("rows,H", [(4096, 2560), (16384, 2560), (8192, 768), (2048, 1600)])
+def test_qwen_and_gpt2_shapes_on_gpu(rows: int, H: int) -> None:
+    for residual in (False, True):
+        _check(_wl(rows, H, residual=residual))
+    g = torch.Generator().manual_seed(1)
+    x, dy, ds = (torch.randn(rows, H, generator=g).to(BF16).cuda() for _ in range(3))
+    w = (1 + 0.1 * torch.randn(H, generator=g)).to(BF16).cuda()
+    b = (0.1 * torch.randn(H, generator=g)).to(BF16).cuda()
+    dx, dw, db = L.layernorm_bwd(dy, x, w, EPS, ds=ds, bias_grad=True)
+    rdx, rdw, rdb = L.layernorm_bwd_ref(dy, x, w, b, EPS, ds=ds)
+    assert compare(dx, rdx.to(BF16)).ok
+    assert dw is not None and (dw - rdw).abs().max() <= 1e-2 * rdw.abs().max()
+    assert db is not None and (db - rdb).abs().max() <= 1e-2 * rdb.abs().max()
+    for c in L.space(_wl(rows, H))[:6]:  # a sample of the space at full size
+        _check(_wl(rows, H), c)
+
+
+# ---------------------------------------------------------------------------------------------
+# matching and integration
+
+
+class Block(nn.Module):
+    """GPT-2's residual wiring: norm, sublayer, add; the sum is the next residual."""
+
+    def __init__(self, h: int, *, bias: bool = True, broadcast: bool = False) -> None:
+        super().__init__()
+        self.ln_1, self.ln_2, self.ln_f = (nn.LayerNorm(h, bias=bias) for _ in range(3))
+        self.lin = nn.Linear(h, h)
+        self.broadcast = broadcast
+        for ln in (self.ln_1, self.ln_2, self.ln_f):  # not the identity init: a swapped weight must show
+            nn.init.normal_(ln.weight, 1.0, 0.1)
+            if ln.bias is not None:
+                nn.init.normal_(ln.bias, 0.0, 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.lin(self.ln_1(x))
+        delta = self.lin(self.ln_2(h))
+        h = h + (delta[:, :1] if self.broadcast else delta)
+        return self.ln_f(h) + F.layer_norm(h, h.shape[-1:], None, None, 1e-6)
+
+
+def _plan(m: nn.Module, x: torch.Tensor) -> list:
+    from solforge import capture, plan
+
+    with torch.no_grad():
+        return plan.plan(capture.capture(m, (x,)).graphs)
+
+
+def _counts(groups: list) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for g in groups:
+        out[g.workload.family] = out.get(g.workload.family, 0) + g.count
+    return out
+
+
+@pytest.mark.parametrize("dtype,bias", [(FP32, True), (BF16, True), (BF16, False)])
+def test_block_regions_and_integration(dtype: torch.dtype, bias: bool) -> None:
+    from solforge.integrate import integrate
+
+    torch.manual_seed(0)
+    m = Block(64, bias=bias).to(dtype).to(DEVICE).eval()
+    x = torch.randn(3, 5, 64, dtype=dtype, device=DEVICE) * 2 + 1
+    groups = _plan(m, x)
+    # ln_1 reads the input (no add); ln_2 reads h; the last add feeds ln_f and the functional
+    # LayerNorm without parameters: the first claims the add, the second stays plain
+    assert _counts(groups) == {"add_layernorm": 2, "layernorm": 2}
+    wl = {g.workload.family: g.workload for g in groups if g.workload.param("weight")}
+    assert wl["add_layernorm"].param("bias") is bias
+    opt, stats = integrate(m, {})
+    with torch.no_grad():
+        y, ref = opt(x), m(x)
+    assert sum(stats.untuned.values()) == 4
+    tol = 1e-5 if dtype == FP32 else 1e-2  # bf16 through three norms and a linear: compare by norm
+    assert ((y.float() - ref.float()).norm() / ref.float().norm()).item() < tol
+
+
+def test_broadcast_add_is_not_fused() -> None:
+    m = Block(32, broadcast=True).eval()
+    assert _counts(_plan(m, torch.randn(2, 4, 32))) == {"add_layernorm": 1, "layernorm": 3}
+
+
+def test_training_through_the_integrated_block() -> None:
+    """Gradients of every parameter through the fused ops (their Triton backward) match eager's."""
+    from solforge.integrate import integrate
+
+    torch.manual_seed(0)
+    m = Block(48).to(DEVICE).train()
+    x = torch.randn(2, 5, 48, device=DEVICE) * 2 + 1
+    opt, stats = integrate(m, {})
+    opt(x).square().mean().backward()
+    got = {n: p.grad.clone() for n, p in m.named_parameters()}  # type: ignore[union-attr]
+    assert sum(stats.untuned.values()) == 4
+    m.zero_grad()
+    m(x).square().mean().backward()
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
