@@ -66,12 +66,12 @@ class SearchStrategy(Protocol):
 
 
 class ExhaustiveSearch:
-    """Every candidate in order, each once."""
+    """Every candidate in order, each once (those `valid` rejects, never)."""
 
     name = "exhaustive"
 
-    def __init__(self, cands: Sequence[Candidate]) -> None:
-        self._todo = list(cands)
+    def __init__(self, cands: Sequence[Candidate], *, valid: Callable[[Candidate], bool] | None = None) -> None:
+        self._todo = [c for c in cands if valid is None or valid(c)]
         self._next = 0
         self._seen: set[Key] = set()
 
@@ -221,13 +221,14 @@ def make_strategy(name: str, family: ModuleType, workload: Workload, *, seed: in
     cands = _tune.candidates(family, workload)
     if name == "auto":
         name = "exhaustive" if len(cands) <= EXHAUSTIVE_MAX else "evolutionary"
+
+    def valid(c: Candidate) -> bool:
+        return bool(family.is_valid(family.Config(**c.config_dict), workload))
+
     strategy: ExhaustiveSearch | EvolutionarySearch
     if name == "exhaustive":
-        strategy = ExhaustiveSearch(cands)
+        strategy = ExhaustiveSearch(cands, valid=valid)
     else:
-        def valid(c: Candidate) -> bool:
-            return bool(family.is_valid(family.Config(**c.config_dict), workload))
-
         strategy = EvolutionarySearch(cands, seed=seed, valid=valid)
     strategy.observe(list(known))
     return strategy
