@@ -128,8 +128,8 @@ def _summary(times: list[float], best: float, n_space: int) -> dict[str, Any]:
             "gap_pct": round(100 * (found / best - 1), 3), "evals_to_within_3pct": hit}
 
 
-def replay(table: dict[Key, float], wl: Workload, *, seeds: int, frac: float,
-           patience: int | None) -> dict[str, Any]:
+def replay(table: dict[Key, float], wl: Workload, *, seeds: int, frac: float, patience: int | None,
+           strategy: str = "evolutionary") -> dict[str, Any]:
     cands = candidates(S, wl)
     space_t = [table.get(c.config, math.inf) for c in cands]
     ok = [t for t in space_t if math.isfinite(t)]
@@ -144,7 +144,7 @@ def replay(table: dict[Key, float], wl: Workload, *, seeds: int, frac: float,
     runs, rand = [], []
     for seed in range(seeds):
         t0 = time.perf_counter()
-        strat = make_strategy("auto", S, wl, seed=seed)
+        strat = make_strategy(strategy, S, wl, seed=seed)
         recs = search(strat, lookup, budget_s=math.inf, max_candidates=cap, patience=patience)
         row = {"seed": seed, "strategy": strat.name, **_summary([r.time_us for r in recs], best, len(cands)),
                "best_config": min(recs, key=lambda r: r.time_us).candidate.label,
@@ -162,7 +162,8 @@ def replay(table: dict[Key, float], wl: Workload, *, seeds: int, frac: float,
         return {"gap_pct_median": statistics.median(gaps), "gap_pct_worst": max(gaps),
                 "fraction_median": statistics.median(r["fraction"] for r in rows),
                 "fraction_worst": max(r["fraction"] for r in rows),
-                "seeds_within_3pct": sum(g <= 100 * WITHIN for g in gaps)}
+                "seeds_within_3pct": sum(g <= 100 * WITHIN for g in gaps),
+                "seeds_within_1pct": sum(g <= 1.0 for g in gaps)}
 
     ranked = sorted((t, c.label) for t, c in zip(space_t, cands, strict=True) if math.isfinite(t))
     out = {"workload": to_dict(wl), "space": len(cands), "table_rows": len(table),
@@ -171,14 +172,14 @@ def replay(table: dict[Key, float], wl: Workload, *, seeds: int, frac: float,
            "exhaustive_best": ranked[0][1], "within_3pct_of_best": sum(t <= best * (1 + WITHIN) for t, _ in ranked),
            "within_1pct_of_best": sum(t <= best * 1.01 for t, _ in ranked),
            "heuristic_us": space_t[0], "cap": cap, "frac": frac, "patience": patience, "seeds": seeds,
-           "evolutionary": agg(runs), "random": agg(rand), "runs": runs}
-    e, r = out["evolutionary"], out["random"]
+           "strategy": strategy, "search": agg(runs), "random": agg(rand), "runs": runs}
+    e, r = out["search"], out["random"]
     print(f"space {len(cands)}, exhaustive best {best:.2f} us ({ranked[0][1]}), {out['within_3pct_of_best']} configs "
           f"within 3%; heuristic {space_t[0]:.2f} us")
-    print(f"evolutionary: gap median {e['gap_pct_median']:.2f}% worst {e['gap_pct_worst']:.2f}%, measured median "
+    print(f"{strategy}: gap median {e['gap_pct_median']:.2f}% worst {e['gap_pct_worst']:.2f}%, measured median "
           f"{100 * e['fraction_median']:.0f}% worst {100 * e['fraction_worst']:.0f}%, "
           f"{e['seeds_within_3pct']}/{seeds} seeds within 3%")
-    print(f"random:       gap median {r['gap_pct_median']:.2f}% worst {r['gap_pct_worst']:.2f}%, "
+    print(f"random search: gap median {r['gap_pct_median']:.2f}% worst {r['gap_pct_worst']:.2f}%, "
           f"{r['seeds_within_3pct']}/{seeds} seeds within 3%")
     return out
 
@@ -227,6 +228,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=24)
     ap.add_argument("--frac", type=float, default=0.3, help="measurement cap, fraction of the space")
     ap.add_argument("--patience", type=int, default=None, help="early stop (search's patience)")
+    ap.add_argument("--strategy", default="evolutionary", help="auto | exhaustive | evolutionary")
     ap.add_argument("--time-limit", type=float, default=540.0, help="--measure: seconds before stopping")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -243,7 +245,7 @@ def main() -> None:
     else:
         raise SystemExit("give a table to replay, or --synthetic, or --measure")
     result = {**_provenance(), "source": "synthetic" if a.synthetic else a.table,
-              **replay(table, wl, seeds=a.seeds, frac=a.frac, patience=a.patience)}
+              **replay(table, wl, seeds=a.seeds, frac=a.frac, patience=a.patience, strategy=a.strategy)}
     write_json(result, a.out)
 
 
