@@ -56,8 +56,11 @@ def _check(wl: Workload, config: Config | None = None, *, seed: int = 0, rows: i
 @pytest.mark.parametrize("rows,N", [(9, 100), (5, 600), (3, 1040)])
 def test_every_config_in_space(rows: int, N: int) -> None:
     wl = _wl(rows, N)
-    configs = space(wl)
-    assert {c.variant for c in configs} == {"tile", "persist"}
+    pruned = S.pruned_space(wl)
+    # the hand-picked configs, then every 5th of the wide rest (16..112 configs here: each costs an
+    # interpreter run, forward and backward)
+    configs = pruned + space(wl)[len(pruned)::5]
+    assert {c.variant for c in configs} == {"tile", "persist"} and {c.evict for c in configs} == {0, 1}
     for c in configs:
         _check(wl, c)
 
@@ -232,9 +235,21 @@ def test_heuristic_is_valid_and_space_modest(rows: int, N: int, act: str) -> Non
     wl = _wl(rows, N, act=act)
     h = heuristic(wl)
     assert is_valid(h, wl)
-    configs = space(wl)
-    assert 1 <= len(configs) <= 48 and len(set(configs)) == len(configs)
+    pruned, configs = S.pruned_space(wl), space(wl)
+    assert 1 <= len(pruned) <= 48 and len(configs) <= 320 and len(set(configs)) == len(configs)
+    assert configs[:len(pruned)] == pruned and h in configs
     assert all(is_valid(c, wl) for c in configs)
+
+
+def test_space_is_wide_at_qwen3_shape() -> None:
+    """The full cross product at 16384 x 9728: 200+ configs, so the "auto" search is evolutionary."""
+    wl = _wl(16384, 9728)
+    configs = space(wl)
+    # (rows, warps) pairs: 7 per block (2K..16K elements x 8/16 a thread, 16K capped at 32 warps), 5 at
+    # block 4096 (no 2K tile of a 4096 block); x 4 variants x 2 evict
+    assert len(configs) == (4 * 7 + 5) * 4 * 2 == 264
+    assert {(c.variant, c.progs) for c in configs} == {("tile", 0), ("persist", 2), ("persist", 4), ("persist", 8)}
+    assert {c.block_n for c in configs} == {256, 512, 1024, 2048, 4096}
 
 
 def test_heuristic_blocks_avoid_masked_lanes() -> None:
@@ -244,7 +259,7 @@ def test_heuristic_blocks_avoid_masked_lanes() -> None:
     assert heuristic(_wl(4096, 1000)).block_n == 1024  # narrow: one masked block per row
     assert heuristic(_wl(2, 9728)).rows == 2  # no taller than the rows
     wl = _wl(16384, 9728)
-    divides = [9728 % c.block_n == 0 for c in space(wl) if c.variant == "tile" and not c.evict]
+    divides = [9728 % c.block_n == 0 for c in S.pruned_space(wl) if c.variant == "tile" and not c.evict]
     assert divides[0] and divides == sorted(divides, reverse=True)  # dividing blocks are tried first
 
 
@@ -471,7 +486,9 @@ def test_qwen3_tiny_zoo_model_has_two_swiglu_regions() -> None:
 @pytest.mark.parametrize("act", ACTS)
 def test_gpu_every_config_at_qwen3_width(act: str) -> None:
     wl = _wl(16384, 9728, act=act, device="cuda")
-    configs = space(wl) if act == "silu" else space(wl)[::4]  # every config compiles: ~1 s each
+    # every config compiles (~1 s each): the hand-picked ones, and a quarter of the wide rest for silu
+    pruned = S.pruned_space(wl)
+    configs = pruned + space(wl)[len(pruned)::4] if act == "silu" else pruned[::4]
     for c in configs:
         _check(wl, c, rows=1237)  # odd row count, fewer rows: compile-bound, still fills the GPU
 

@@ -489,13 +489,47 @@ def _block_for(N: int) -> int:
     return 1024
 
 
-def space(workload: Workload) -> list[Config]:
-    """The search space: column block x rows per tile (2K..16K elements a tile) x warps (8 or 16
-    elements a thread), then persistent and evict_first versions of the heuristic's tile;
-    ~20-45 configs at the Qwen3-4B shapes. Blocks that divide N come first."""
-    rows, N = _dims(workload)
+def _space_blocks(N: int) -> list[int]:
     full = max(_MIN_BLOCK, triton.next_power_of_2(N))
-    blocks = [b for b in (256, 512, 1024, 2048, 4096) if b <= full] or [full]
+    return [b for b in (256, 512, 1024, 2048, 4096) if b <= full] or [full]
+
+
+def _unique_valid(cands: list[Config], workload: Workload) -> list[Config]:
+    seen: set[Config] = set()
+    out = []
+    for c in cands:
+        if c not in seen and is_valid(c, workload):
+            seen.add(c)
+            out.append(c)
+    return out
+
+
+def space(workload: Workload) -> list[Config]:
+    """The search space: `pruned_space` first (so a budget-limited walk in order tries the
+    hand-picked configs first), then the rest of the cross product column block x tile size
+    (2K..16K elements) x warps (8 or 16 elements a thread) x {tile, persist with 2/4/8 programs
+    per SM} x evict_first, valid configs only. 264 configs at Qwen3-4B's (16384, 9728): the search
+    strategies (solforge/tune/search.py) walk it evolutionarily, not exhaustively; 8..112 at the
+    small shapes of the CPU tests."""
+    rows, N = _dims(workload)
+    cands = pruned_space(workload)
+    for bn in _space_blocks(N):
+        for elems in (2048, 4096, 8192, 16384):
+            r = max(1, min(elems // bn, triton.next_power_of_2(max(rows, 1))))
+            for ept in (8, 16):
+                w = _warps_for(r * bn, ept)
+                for variant, progs in (("tile", 0), ("persist", 2), ("persist", 4), ("persist", 8)):
+                    cands += [Config(variant, bn, r, w, progs, evict) for evict in (0, 1)]
+    return _unique_valid(cands, workload)
+
+
+def pruned_space(workload: Workload) -> list[Config]:
+    """The hand-picked space (what `space` was before the search strategies): column block x
+    rows per tile (2K..16K elements a tile) x warps (8 or 16 elements a thread), then persistent
+    and evict_first versions of the heuristic's tile; ~20-45 configs at the Qwen3-4B shapes.
+    Blocks that divide N come first."""
+    rows, N = _dims(workload)
+    blocks = _space_blocks(N)
     blocks.sort(key=lambda b: N % b != 0)  # stable: even blocks first, each group ascending
     cands: list[Config] = []
     for bn in blocks:
@@ -507,13 +541,7 @@ def space(workload: Workload) -> list[Config]:
     cands += [dataclasses.replace(h, evict=1)]
     for progs in (2, 4, 8):
         cands.append(dataclasses.replace(h, variant="persist", progs=progs))
-    seen: set[Config] = set()
-    out = []
-    for c in cands:
-        if c not in seen and is_valid(c, workload):
-            seen.add(c)
-            out.append(c)
-    return out
+    return _unique_valid(cands, workload)
 
 
 def heuristic(workload: Workload) -> Config:
