@@ -237,21 +237,34 @@ def make_strategy(name: str, family: ModuleType, workload: Workload, *, seed: in
 def search(strategy: SearchStrategy, measure: Callable[[Sequence[Candidate]], Iterable[TuningRecord]], *,
            budget_s: float, max_candidates: int | None = None, batch: int = 1, patience: int | None = None,
            progress: Callable[[TuningRecord], None] | None = None,
-           clock: Callable[[], float] = time.perf_counter) -> list[TuningRecord]:
+           clock: Callable[[], float] = time.perf_counter,
+           on_done: Callable[[bool], None] | None = None) -> list[TuningRecord]:
     """propose(batch) -> measure -> observe until the strategy is done, `budget_s` seconds or
     `max_candidates` measurements are spent, or `patience` measurements in a row brought no
-    improvement over 1%. The first batch always runs. Returns the records in measured order."""
+    improvement over 1%. The first batch always runs. Returns the records in measured order;
+    `progress` sees each record as it arrives. `on_done(complete)` says how it ended: True when
+    the strategy ran out of candidates, converged (patience) or reached `max_candidates`; False
+    when the wall budget cut it short (a later run with the database resumes such a search)."""
     records: list[TuningRecord] = []
     start, best, stale = clock(), math.inf, 0
+    complete = False
     while True:
-        if records and (clock() - start > budget_s or (patience is not None and stale >= patience)):
+        if records and clock() - start > budget_s:
+            break
+        if patience is not None and stale >= patience:
+            complete = True
             break
         k = batch if max_candidates is None else min(batch, max_candidates - len(records))
-        cands = strategy.propose(k) if k > 0 else []
-        if not cands:
+        if k <= 0:  # the caller's cap is a decision, not a cut: --retune searches again
+            complete = True
             break
-        got = list(measure(cands))
-        for rec in got:
+        cands = strategy.propose(k)
+        if not cands:
+            complete = True
+            break
+        got = []
+        for rec in measure(cands):
+            got.append(rec)
             records.append(rec)
             if rec.time_us < best * (1 - IMPROVEMENT):
                 stale = 0
@@ -261,4 +274,6 @@ def search(strategy: SearchStrategy, measure: Callable[[Sequence[Candidate]], It
             if progress is not None:
                 progress(rec)
         strategy.observe(got)
+    if on_done is not None:
+        on_done(complete)
     return records
