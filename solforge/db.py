@@ -146,8 +146,9 @@ def template_hash(family: ModuleType) -> str:
 
 
 def _current_template(family: str) -> str | None:
-    """The installed template hash of a family by name, or None when no such module exists."""
-    name = f"{KERNELS}.{family}"
+    """The installed template hash of a family by name (a dotted name is a module path, as
+    tune.family_module reads it), or None when no such module exists."""
+    name = family if "." in family else f"{KERNELS}.{family}"
     path = _module_file(name)
     return None if path is None else _source_hash(name, path)
 

@@ -1,0 +1,172 @@
+"""The tune loop with the kernel database and the runners: a warm run measures nothing it knows,
+a budget-cut search resumes without measuring again, a template change re-tunes only its family,
+every runner gives the same verdicts, and optimize() reports where each kernel came from."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from solforge.db import KernelDB
+from solforge.records import RunResult, Workload
+from solforge.tune import candidates, family_module, tune
+from solforge.tune.runners import LocalRunner
+
+BASE = RunResult(10.0, 10.0, 10.0, meaningful=False)
+
+
+def _rms_workload() -> Workload:
+    from solforge.kernels import rmsnorm
+
+    return rmsnorm.workload_for(torch.empty(37, 96), torch.empty(96), 1e-6)
+
+
+class CountingRunner(LocalRunner):
+    """The local runner, counting what it measured."""
+
+    def __init__(self) -> None:
+        super().__init__("cpu")
+        self.measured: list[str] = []
+
+    def measure(self, cands):  # type: ignore[override]
+        self.measured += [c.label for c in cands]
+        yield from super().measure(cands)
+
+
+def test_warm_tune_measures_nothing_and_cut_search_resumes(tmp_path):
+    w = _rms_workload()
+    db = KernelDB(tmp_path / "k.db")
+    space = len(candidates(family_module("rmsnorm"), w))
+    # a tiny wall budget: the first batch runs (4 candidates), then the search is cut short
+    r1 = CountingRunner()
+    res1 = tune(w, BASE, device="cpu", budget_s=1e-9, runner=r1, db=db, run_id="run1")
+    assert res1.best is not None and res1.source == "tuned" and len(r1.measured) == 4 < space
+    assert not dict(res1.best.provenance)["complete"]
+    assert len(db.known(w)) == 4
+    # resumed: what run1 measured is observed, never measured again
+    r2 = CountingRunner()
+    res2 = tune(w, BASE, device="cpu", budget_s=1e9, max_candidates=6, runner=r2, db=db, run_id="run2")
+    assert not set(r1.measured) & set(r2.measured) and len(r2.measured) == 6
+    assert res2.known == 4 and dict(res2.best.provenance)["complete"]  # the caller's cap ends it
+    # warm: the finished search's winner comes back, nothing is measured
+    r3 = CountingRunner()
+    res3 = tune(w, BASE, device="cpu", budget_s=1e9, runner=r3, db=db, run_id="run3")
+    assert r3.measured == [] and res3.source == "database" and res3.records == ()
+    assert res3.best == db.winner(w) and res3.best.candidate == res2.best.candidate
+    # off the GPU the heuristic wins (interpreter times mean nothing), whichever run measured it
+    h = family_module("rmsnorm").heuristic(w).items()
+    assert res3.best.candidate.config == h
+    # --retune measures again
+    r4 = CountingRunner()
+    tune(w, BASE, device="cpu", budget_s=1e9, max_candidates=2, runner=r4, db=db, run_id="run4", retune=True)
+    assert len(r4.measured) == 2
+    db.close()
+
+
+def test_template_change_retunes_only_that_family(tmp_path, monkeypatch):
+    import solforge.db as sdb
+    from solforge.kernels import swiglu
+
+    w_rms = _rms_workload()
+    w_sw = swiglu.workload_for(torch.empty(5, 40), torch.empty(5, 40), "silu")
+    db = KernelDB(tmp_path / "k.db")
+    for w in (w_rms, w_sw):
+        tune(w, BASE, device="cpu", budget_s=1e9, max_candidates=1, runner=CountingRunner(), db=db, run_id="a")
+    real = sdb._current_template
+
+    def edited(family: str) -> str | None:  # as if swiglu.py had been edited since
+        h = real(family)
+        return h[::-1] if h and family == "swiglu" else h
+
+    monkeypatch.setattr(sdb, "_current_template", edited)
+    counts = {}
+    for w in (w_rms, w_sw):
+        r = CountingRunner()
+        res = tune(w, BASE, device="cpu", budget_s=1e9, max_candidates=1, runner=r, db=db, run_id="b")
+        counts[w.family] = (res.source, len(r.measured))
+    assert counts == {"rmsnorm": ("database", 0), "swiglu": ("tuned", 1)}
+    db.close()
+
+
+def test_runners_give_the_same_winner_and_verdicts(tmp_path):
+    from solforge.tune.runners import make_runner
+
+    w = _rms_workload()
+    out = {}
+    for spec in ("local", "process"):
+        run = make_runner(spec, device="cpu", timeout_s=120)
+        try:
+            res = tune(w, BASE, device="cpu", budget_s=1e9, max_candidates=3, runner=run, strategy="exhaustive")
+        finally:
+            run.close()
+        out[spec] = (res.best.candidate, [(r.candidate, r.ok, r.verdict.max_abs_err) for r in res.records])
+    assert out["local"][0] == out["process"][0]
+    assert sorted(out["local"][1], key=str) == sorted(out["process"][1], key=str)
+
+
+def test_optimize_warm_run_comes_from_the_database(tmp_path):
+    from solforge.api import optimize
+    from solforge.zoo import load_model
+
+    lm = load_model("qwen3-tiny", device="cpu", dtype=torch.float32, batch=1, seq=8, seed=0)
+    db = tmp_path / "k.db"
+    kw = dict(budget=60, max_candidates=2, db=db, name="tiny", make_inputs=lm.make_inputs, is_language_model=True)
+    _, cold = optimize(lm.model, lm.example_inputs, **kw)
+    assert cold.e2e is not None and cold.e2e.passed
+    assert {r.source for r in cold.regions} == {"tuned"}
+    for r in cold.regions:
+        assert r.candidates == 2 and r.built + (r.candidates - r.built) == 2 and r.timed <= r.built
+        assert r.strategy in ("exhaustive", "evolutionary")
+    assert "profile" in cold.extra["stage_seconds"]
+    torch.compiler.reset()
+    opt, warm = optimize(lm.model, lm.example_inputs, **kw)
+    assert [r.source for r in warm.regions] == ["database"] * len(cold.regions)
+    assert all(r.candidates == 0 and r.known >= 2 for r in warm.regions)
+    assert {(r.workload, r.config_text) for r in warm.regions} == {(r.workload, r.config_text) for r in cold.regions}
+    assert warm.e2e is not None and warm.e2e.passed
+    assert "profile" not in warm.extra["stage_seconds"] and any("profile skipped" in n for n in warm.notes)
+    # the warm model really calls the tuned kernels (the capture's compiled model, rewritten in place)
+    fresh = lm.make_inputs(2)
+    with torch.no_grad():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            got = opt(*fresh).logits
+        assert torch.allclose(got, lm.model(*fresh).logits, atol=1e-4, rtol=1e-4)
+    seen = {e.name.split("::")[1] for e in prof.events() if e.name.startswith("solforge::")}
+    assert seen == {r.family for r in warm.regions}
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--runner", "gpu"], "unknown runner"),
+    (["--gpus", "x"], "--gpus"),
+    (["--db", "x.db", "--no-db"], "contradict"),
+    (["--search", "beam"], None),  # argparse rejects it (exit 2)
+    (["--build-workers", "-1"], "--build-workers"),
+    (["--timeout", "0"], "--timeout"),
+])
+def test_cli_tuning_flags_bad_input(argv, msg, capsys):
+    from solforge.cli import main
+
+    with pytest.raises(SystemExit) if msg is None else _nullcontext():
+        code = main(["optimize", "qwen3-tiny", "--device", "cpu", "--out", "/tmp/solforge-test-out", *argv])
+        assert code == 2
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err
+
+
+def test_region_report_counts_roundtrip():
+    from solforge.records import RegionReport, from_json, to_json
+
+    r = RegionReport("rmsnorm", "k", 1, 1.0, 1.0, 1.0, "triton", {}, True, 0.0, candidates=5, rejected=1,
+                     source="database", built=4, timed=4, known=9, strategy="evolutionary")
+    assert from_json(RegionReport, to_json(r)) == r
+    assert dataclasses.asdict(r)["source"] == "database"
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
