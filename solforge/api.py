@@ -177,6 +177,9 @@ def optimize(
         raise UserError(f"--profile must be auto, on or off (got {profile!r})")
     if timeout <= 0:
         raise UserError(f"--timeout must be positive (got {timeout})")
+    from solforge.tune.runners import check_spec
+
+    check_spec(runner)
     if out_dir is not None:
         ensure_writable(Path(out_dir))
     rep = _Timed(reporter or _Silent())

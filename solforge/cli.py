@@ -167,10 +167,13 @@ def _optimize(args: argparse.Namespace) -> int:
         raise UserError("--db and --no-db contradict each other: give one")
     if args.build_workers < 0:
         raise UserError(f"--build-workers must be 0 or more (got {args.build_workers})")
-    from solforge.tune.runners import parse_gpus
+    if args.timeout <= 0:
+        raise UserError(f"--timeout must be positive (got {args.timeout})")
+    from solforge.tune.runners import check_spec, parse_gpus
 
     gpus = parse_gpus(args.gpus)
     runner = args.runner or ("process" if gpus else "local")
+    check_spec(runner)
 
     from rich.console import Console
 

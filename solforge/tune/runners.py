@@ -413,12 +413,18 @@ def parse_gpus(text: str | None) -> list[int] | None:
     return ids
 
 
+def check_spec(spec: str) -> str:
+    """The runner kind of `spec`, or a UserError that says what to write."""
+    kind = spec.partition(":")[0]
+    if kind not in RUNNERS:
+        raise UserError(f"unknown runner {spec!r}: use local, process or ray[:ADDRESS]")
+    return kind
+
+
 def make_runner(spec: str, *, device: str, gpus: Sequence[int] | None = None, timeout_s: float = 120.0,
                 build_workers: int = 0, seed: int = 0) -> Runner:
     """`local`, `process` or `ray[:ADDRESS]`; `build_workers` > 0 adds a parallel compile-only Builder."""
-    kind, _, address = spec.partition(":")
-    if kind not in RUNNERS:
-        raise UserError(f"unknown runner {spec!r}: use local, process or ray[:ADDRESS]")
+    kind, _, address = check_spec(spec), *spec.partition(":")[1:]
     if gpus and device == "cuda":
         import torch
 
