@@ -228,3 +228,17 @@ def test_training_through_the_integrated_module() -> None:
     m(x).square().mean().backward()
     for n, p in m.named_parameters():
         torch.testing.assert_close(got[n], p.grad, atol=1e-6, rtol=1e-4, msg=n)
+
+
+def test_ops_under_opcheck_and_torch_compile() -> None:
+    x = torch.randn(3, 4, 40, device=DEVICE).to(BF16)
+    torch.library.opcheck(torch.ops.solforge.softmax.default, (x, FP32, ""),
+                          test_utils=("test_schema", "test_faketensor"))
+    a = torch.randn(5, 33, device=DEVICE, requires_grad=True)
+    b = a.detach().clone().requires_grad_()
+    f = torch.compile(lambda x: S.softmax_op(x, FP32, "") * 2, backend="aot_eager", fullgraph=True)
+    dy = torch.randn(5, 33, device=DEVICE)
+    f(a).backward(dy)
+    (torch.softmax(b, -1) * 2).backward(dy)
+    assert a.grad is not None and b.grad is not None
+    torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5)
