@@ -241,8 +241,9 @@ class Loss(nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.lm(input_ids=ids, labels=labels).loss
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.lm(input_ids=ids, labels=labels)
+        return out.loss, out.logits  # the logits stay a graph output: the region must not consume them
 
 
 @pytest.mark.parametrize("arch,dtype", [("llama", BF16), ("qwen3", FP32), ("gpt2", FP32)])
@@ -264,14 +265,15 @@ def test_hf_causal_lm_loss(arch: str, dtype: torch.dtype) -> None:
     assert wl.shapes == ((14, 96), (14,)) and wl.dtypes == (C.dtype_name(dtype), "int64", "fp32")
     assert wl.param("reduction") == "mean" and wl.param("ignore_index") == -100
     opt, stats = integrate(m, {}, families=("cross_entropy",))
-    loss = opt(ids, labels)
+    loss, logits = opt(ids, labels)
     loss.backward()
     got = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
     m.zero_grad()
-    ref = m(ids, labels)
+    ref, ref_logits = m(ids, labels)
     ref.backward()
     assert sum(stats.untuned.values()) == 1
     torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits, ref_logits, atol=0, rtol=0)
     tol = 1e-5 if dtype == FP32 else 2e-2
     for n, p in m.named_parameters():
         if p.grad is not None:
