@@ -283,8 +283,21 @@ def layernorm_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 # ---------------------------------------------------------------------------------------------
 
+def softmax_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import family_softmax  # bench/family_softmax.py: a sweep of the space, not tune()
+
+    return family_softmax.run()
+
+
+def cross_entropy_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import family_cross_entropy
+
+    return family_cross_entropy.run()
+
+
 FAMILIES: dict[str, Callable[[argparse.Namespace], list[dict[str, Any]]]] = {
-    "swiglu": swiglu_rows, "add_rmsnorm": add_rmsnorm_rows, "rope": rope_rows, "layernorm": layernorm_rows}
+    "swiglu": swiglu_rows, "add_rmsnorm": add_rmsnorm_rows, "rope": rope_rows, "layernorm": layernorm_rows,
+    "softmax": softmax_rows, "cross_entropy": cross_entropy_rows}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,10 +50,11 @@ def _ids(seed: int) -> torch.Tensor:
 # (silu, Gemma's gelu_tanh, Phi-3's chunked gate_up). GPT-2: ln_1 of layer 0 reads token + position
 # embeddings, a broadcasting add at batch > 1 (plain layernorm); ln_2, ln_1 of layer 1, ln_2 and
 # ln_f read residual adds (add_layernorm). GPT-2's MLP, gelu_new(c_fc(x)) with no gate, and its
-# non-rotary attention are no family's region.
-RMS = {"rope": 2, "add_rmsnorm": 4, "rmsnorm": 1, "swiglu": 2}
+# non-rotary attention are no family's region. Every model here runs eager attention: one softmax
+# per layer (fp32 upcast and cast back in the RMSNorm models, plain in GPT-2).
+RMS = {"rope": 2, "add_rmsnorm": 4, "rmsnorm": 1, "swiglu": 2, "softmax": 2}
 EXPECTED = {"qwen3": RMS, "llama": RMS, "mistral": RMS, "gemma": RMS, "phi3": RMS,
-            "gpt2": {"layernorm": 1, "add_layernorm": 4}}
+            "gpt2": {"layernorm": 1, "add_layernorm": 4, "softmax": 2}}
 
 
 def _groups(m: torch.nn.Module) -> list[plan.WorkloadGroup]:
@@ -72,6 +73,8 @@ def test_region_counts(arch: str, dtype: torch.dtype) -> None:
     params = {g.workload.family: dict(g.workload.params) for g in groups}
     if "rope" in params:  # only Qwen3 has per-head q/k norms to fuse
         assert params["rope"]["norm"] is (arch == "qwen3")
+    # the upcast form (fp32 softmax between casts) is one region reading and writing the model dtype
+    assert params["softmax"]["out_dtype"] == ("bf16" if dtype == torch.bfloat16 else "fp32")
     if "swiglu" in params:
         assert params["swiglu"]["act"] == ("gelu_tanh" if arch == "gemma" else "silu")
     if arch == "gpt2":

@@ -108,7 +108,7 @@ def test_model_with_nothing_to_optimize_still_gets_a_report(tmp_path: Path) -> N
         (["optimize", "qwen3-tiny", "--budget", "0"], "budget"),
         (["optimize", "qwen3-tiny", "--batch", "0"], "batch"),
         (["profile", "qwen3-tiny", "--mode", "train"], "forward"),
-        (["optimize", "qwen3-tiny", "--families", "rmsnorm,softmax"], "unknown kernel families"),
+        (["optimize", "qwen3-tiny", "--families", "rmsnorm,conv3d"], "unknown kernel families"),
     ],
 )
 def test_bad_input_is_one_clear_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str],

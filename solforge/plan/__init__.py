@@ -26,7 +26,9 @@ class Match:
     constants otherwise). `nodes` are the region's nodes in graph order; only the outputs may have
     users outside the region. A family whose op returns a tuple lists every output in `outputs`
     (in the op's return order; `output` is then the first of them); a single-output family gives
-    `output` alone.
+    `output` alone. An op that returns more items than the region has outputs (cross_entropy's
+    per-row logsumexp, kept only for its backward) says how many in `results`; its first
+    len(outputs) items replace the outputs.
     """
 
     family: str
@@ -36,6 +38,7 @@ class Match:
     nodes: list[fx.Node]
     workload: Workload
     outputs: tuple[fx.Node, ...] = ()
+    results: int = 0  # items the op returns, when more than the outputs (0: one per output)
 
     def __post_init__(self) -> None:
         if not self.outputs:
@@ -43,8 +46,8 @@ class Match:
 
     @property
     def multi(self) -> bool:
-        """The op returns a tuple (one item per output)."""
-        return len(self.outputs) > 1
+        """The op returns a tuple (one item per output, and maybe more: `results`)."""
+        return len(self.outputs) > 1 or self.results > len(self.outputs)
 
     @property
     def inputs(self) -> list[fx.Node]:
@@ -88,14 +91,18 @@ class WorkloadGroup:
 
 
 def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
-    from solforge.plan import add_layernorm, add_rmsnorm, layernorm, rmsnorm, rope, swiglu
+    from solforge.plan import add_layernorm, add_rmsnorm, cross_entropy, layernorm, rmsnorm, rope, softmax, swiglu
 
     # first claim wins: rope takes the q/k RMSNorms it fuses, and a residual add + norm is one
     # add_rmsnorm (add_layernorm), before the rmsnorm (layernorm) matcher sees them. The LayerNorm
     # families share no node with the others (their norm is one ATen op), so their place among them
-    # changes nothing; they come after the RMSNorm families, before swiglu.
+    # changes nothing; they come after the RMSNorm families, before swiglu. cross_entropy (a
+    # _log_softmax + nll_loss_forward, with the casts and views feeding them) and softmax (a _softmax
+    # and its casts) share no node with the others or each other; softmax is last, so a future
+    # family that fuses a softmax into something larger (attention) claims it first.
     return {"rope": rope.match, "add_rmsnorm": add_rmsnorm.match, "rmsnorm": rmsnorm.match,
-            "add_layernorm": add_layernorm.match, "layernorm": layernorm.match, "swiglu": swiglu.match}
+            "add_layernorm": add_layernorm.match, "layernorm": layernorm.match, "swiglu": swiglu.match,
+            "cross_entropy": cross_entropy.match, "softmax": softmax.match}
 
 
 def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:

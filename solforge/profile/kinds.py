@@ -25,7 +25,7 @@ VIEW = "view"  # launches nothing: folded into a neighbour region
 # kernel families and pseudo-families -> kind (a family's region is one kind of work)
 FAMILY_KIND = {
     "rmsnorm": "normalization", "add_rmsnorm": "normalization", "layernorm": "normalization",
-    "add_layernorm": "normalization",
+    "add_layernorm": "normalization", "softmax": "reduction", "cross_entropy": "reduction",
     "swiglu": "pointwise", "silu_mul": "pointwise", "rope": "pointwise", "residual_add": "pointwise",
 }
 
