@@ -127,8 +127,10 @@ def _baseline(group: _plan.WorkloadGroup, device: str) -> RunResult:
     assert group.example is not None
     sub, metas = _plan.extract(group.example[1])
     gen = torch.Generator(device="cpu").manual_seed(0)
+    # integer inputs (cross-entropy targets, indices) as 0/1: valid for any class count or size
     args = [torch.randn(tuple(m.shape), generator=gen, dtype=torch.float32).to(device=device, dtype=m.dtype)
-            for m in metas]
+            if m.dtype.is_floating_point else
+            torch.randint(0, 2, tuple(m.shape), generator=gen).to(device=device, dtype=m.dtype) for m in metas]
     with torch.no_grad():
         return time_kernel(lambda: sub(*args), device)
 

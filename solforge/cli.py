@@ -38,6 +38,10 @@ examples:
 """
 
 
+# the kernel families, in matching order (plan._matchers(); listed here so --help needs no torch)
+_FAMILIES = ("rope", "add_rmsnorm", "rmsnorm", "add_layernorm", "layernorm", "swiglu", "cross_entropy", "softmax")
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     """The model options shared by every command that runs a model (optimize, profile)."""
     p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
@@ -53,9 +57,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=None, metavar="DIR",
                    help="load a zoo model's real weights from a local Hugging Face directory")
     p.add_argument("--families", default=None, metavar="LIST",
-                   help="kernel families to match, comma-separated (default: all of rmsnorm, add_rmsnorm, "
-                        "rope, swiglu); e.g. rmsnorm alone to see the residual adds, q/k norms and RoPE as "
-                        "separate regions")
+                   help="kernel families to match, comma-separated (default: all of " + ", ".join(_FAMILIES)
+                        + "); e.g. rmsnorm alone to see the residual adds, q/k norms and RoPE as separate regions")
     p.add_argument("--seed", type=int, default=0, help="seed for random weights and inputs (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
 

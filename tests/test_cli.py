@@ -149,3 +149,10 @@ def test_console_script_help() -> None:
     out = subprocess.run([str(exe), "optimize", "--help"], capture_output=True, text=True, check=True).stdout
     for flag in ("--device", "--mode", "--batch", "--seq", "--dtype", "--budget", "--out", "--weights"):
         assert flag in out
+
+
+def test_help_lists_every_family_in_matching_order():
+    from solforge.cli import _FAMILIES
+    from solforge.plan import _matchers
+
+    assert _FAMILIES == tuple(_matchers())
