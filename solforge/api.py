@@ -259,7 +259,14 @@ def optimize(
         if kdb is not None:
             kdb.close()
 
-    winners = {r.workload: _encode(r) for r in results if r.best is not None}
+    # a kernel that is not faster than the region as the model ran it stays out (on the GPU,
+    # where times mean something): never trade the original for a slower kernel
+    slower = not_faster(results, meaningful=device == "cuda")
+    for r in results:
+        if r.workload in slower:
+            notes.append(f"kept the original {r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is "
+                         f"not faster than the region as the model ran it ({r.baseline.p50_us:,.1f} µs)")
+    winners = {r.workload: _encode(r) for r in results if r.best is not None and r.workload not in slower}
     optimized: Callable[..., Any] = model
     e2e: E2EReport | None = None
     prof_after: Profile | None = None
@@ -285,7 +292,8 @@ def optimize(
     rep.stop()
     report = Report(
         model=name or type(model).__name__, device=_device_name(device), dtype=dtype_name(dtype), mode=mode,
-        versions=versions(device), regions=tuple(_region_report(g, r) for g, r in zip(groups, results, strict=True)),
+        versions=versions(device),
+        regions=tuple(_region_report(g, r, device == "cuda") for g, r in zip(groups, results, strict=True)),
         e2e=e2e, timings_meaningful=device == "cuda", notes=tuple(notes),
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), command=command or " ".join(sys.argv),
         graphs=len(captured.graphs), profile=prof, profile_after=prof_after,
@@ -350,6 +358,13 @@ def _ranking(prof: Profile) -> Callable[[str], float]:
     return ranking(prof)
 
 
+def not_faster(results: Sequence[TuneResult], *, meaningful: bool) -> set[Any]:
+    """Workloads whose verified best kernel is slower than the region as the model ran it (only
+    where times mean something: on the interpreter every kernel is "slower")."""
+    return {r.workload for r in results
+            if meaningful and r.best is not None and r.speedup is not None and r.speedup < 1.0}
+
+
 def _open_db(db: str | Path | bool) -> KernelDB | None:
     if db is False:
         return None
@@ -392,7 +407,7 @@ def _device_name(device: str) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, Triton interpreter)"
 
 
-def _region_report(group: _plan.WorkloadGroup, res: TuneResult) -> RegionReport:
+def _region_report(group: _plan.WorkloadGroup, res: TuneResult, meaningful: bool) -> RegionReport:
     best = res.best
     rejected = sum(1 for r in res.records if not r.ok)
     built = sum(1 for r in res.records if r.build.ok)
@@ -402,6 +417,7 @@ def _region_report(group: _plan.WorkloadGroup, res: TuneResult) -> RegionReport:
         errs = [r.error for r in res.records if r.error]
         note = "no candidate passed: " + (errs[0] if errs else "none measured")
     return RegionReport(
+        integrated=best is not None and not not_faster([res], meaningful=meaningful),
         family=group.workload.family, workload=group.workload.key, count=group.count,
         baseline_us=res.baseline.p50_us if res.baseline.ok else None,
         best_us=best.time_us if best else None, speedup=res.speedup,

@@ -170,6 +170,7 @@ class RegionReport:
     timed: int = 0  # ... and timed (verified ones); `rejected` failed to build, verify or time
     known: int = 0  # earlier measurements from the database used instead of measuring again
     strategy: str | None = None  # the search that found the winner (exhaustive, evolutionary)
+    integrated: bool = True  # False: no verified kernel, or (GPU) none faster than the original region
 
 
 @dataclass(frozen=True)

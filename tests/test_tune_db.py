@@ -174,3 +174,21 @@ class _nullcontext:
 
     def __exit__(self, *a: object) -> None:
         return None
+
+
+def test_a_kernel_slower_than_the_original_region_is_kept_out():
+    from solforge.api import not_faster
+    from solforge.records import BuildResult, Candidate, TuneResult, TuningRecord, Verdict
+
+    w = _rms_workload()
+    cand = Candidate(w, "triton", "row", ())
+
+    def result(base_us: float, best_us: float) -> TuneResult:
+        rec = TuningRecord(cand, BuildResult(True), Verdict(True, 4, 0.0, 0.0), RunResult(best_us, best_us, best_us))
+        return TuneResult(w, RunResult(base_us, base_us, base_us), (rec,), rec)
+
+    slow, fast = result(10.0, 12.0), result(10.0, 8.0)
+    assert not_faster([slow], meaningful=True) == {w}
+    assert not_faster([fast], meaningful=True) == set()
+    assert not_faster([slow], meaningful=False) == set()  # interpreter times say nothing
+    assert not_faster([TuneResult(w, RunResult(10.0, 10.0, 10.0))], meaningful=True) == set()  # nothing to keep out

@@ -83,9 +83,11 @@ def print_report(report: Report, console: Console) -> None:
         t.add_column(col, justify="left" if col in ("region", "config", "ok") else "right")
     for r in report.regions:
         cfg = r.config_text or r.note or "-"
+        # ok: verified and swapped in; "kept original": verified but not faster than the region
+        ok = ("yes" if r.integrated else "kept original") if r.verified else "[red]no[/]"
         t.add_row(f"{r.family} {r.label}", str(r.count), _us(r.baseline_us), _us(r.best_us),
-                  "-" if r.speedup is None else f"{r.speedup:.2f}x", cfg, _source(r),
-                  "yes" if r.verified else "[red]no[/]", "-" if r.max_rel_err is None else f"{r.max_rel_err:.1e}")
+                  "-" if r.speedup is None else f"{r.speedup:.2f}x", cfg, _source(r), ok,
+                  "-" if r.max_rel_err is None else f"{r.max_rel_err:.1e}")
     console.print(t)
     e = report.e2e
     if e is not None:
