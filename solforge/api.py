@@ -156,6 +156,7 @@ def optimize(
     build_workers: int = 0,
     timeout: float = 120.0,
     retune: bool = False,
+    resume: bool = False,
     profile: str = "auto",
 ) -> tuple[Callable[..., Any], Report]:
     """Optimize `model` for inputs shaped like `example_inputs` (on the device the model is on).
@@ -168,7 +169,8 @@ def optimize(
     `runner` (local: in this process; process: one worker process per GPU in `gpus`, isolating
     crashes and hangs past `timeout` seconds; ray[:ADDRESS]), with `build_workers` processes
     compiling ahead. `db` is the kernel database (True: ~/.cache/solforge/kernels.db or
-    $SOLFORGE_DB; a path; False: none): a workload it knows is not tuned again unless `retune`.
+    $SOLFORGE_DB; a path; False: none): a workload it knows is not tuned again unless `retune`
+    (from the start) or `resume` (searches an earlier budget cut short go on where they stopped).
     `profile`: "on", "off", or "auto" (profile unless every kernel comes from the database).
     """
     if mode not in MODES:
@@ -219,7 +221,7 @@ def optimize(
 
     kdb = _open_db(db)
     run_id = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S") + f"-{uuid.uuid4().hex[:6]}"
-    cached = {g.workload for g in groups if kdb is not None and not retune and _finished(kdb, g.workload)}
+    cached = {g.workload for g in groups if kdb is not None and not retune and _known(kdb, g.workload, resume)}
     prof: Profile | None = None
     if profile == "on" or (profile == "auto" and len(cached) < len(groups)):
         rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
@@ -250,9 +252,12 @@ def optimize(
                 rep.tune_start(group.workload.key, min(n, max_candidates or n))
                 res = tune(group.workload, baseline, device=device, budget_s=left / (len(todo) - todo.index(group)),
                            max_candidates=max_candidates, progress=rep.tune_step, runner=run, strategy=strategy,
-                           db=kdb, run_id=run_id, retune=retune)
+                           db=kdb, run_id=run_id, retune=retune, resume=resume)
             rep.tune_end(res)
             results.append(res)
+            if res.source == "database" and res.best is not None and not dict(res.best.provenance).get("complete"):
+                notes.append(f"{group.workload.key}: the database's search was cut short by its budget "
+                             f"({res.known} candidates measured); --resume goes on with it")
     finally:
         if run is not None:
             run.close()
@@ -373,10 +378,10 @@ def _open_db(db: str | Path | bool) -> KernelDB | None:
     return KernelDB(None if db is True else db)
 
 
-def _finished(kdb: KernelDB, workload: Any) -> bool:
-    """The database holds the winner of a search of this workload that ran to its end."""
+def _known(kdb: KernelDB, workload: Any, resume: bool) -> bool:
+    """The database holds a winner for this workload (with `resume`: of a search that finished)."""
     win = kdb.winner(workload)
-    return win is not None and bool(dict(win.provenance).get("complete"))
+    return win is not None and (bool(dict(win.provenance).get("complete")) or not resume)
 
 
 def _check_families(families: Sequence[str] | None) -> tuple[str, ...] | None:

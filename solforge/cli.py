@@ -98,6 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--no-db", action="store_true", help="neither read nor write the kernel database")
     t.add_argument("--retune", action="store_true",
                    help="tune every workload again, even those the database knows (the results are stored)")
+    t.add_argument("--resume", action="store_true",
+                   help="go on with searches an earlier run's budget cut short (what it measured is reused)")
     t.add_argument("--profile", default="auto", choices=["auto", "on", "off"],
                    help="profile before and after (auto: unless every kernel comes from the database)")
     pr = sub.add_parser("profile", help="where the GPU time goes: regions, roofline, Amdahl ranking, traces",
@@ -191,7 +193,8 @@ def _optimize(args: argparse.Namespace) -> int:
             make_inputs=loaded.make_inputs, is_language_model=loaded.is_language_model, name=loaded.name,
             max_candidates=max_cands, reporter=reporter, command="solforge " + " ".join(sys.argv[1:]),
             db=False if args.no_db else (args.db or True), runner=runner, gpus=gpus, strategy=args.search,
-            build_workers=args.build_workers, timeout=args.timeout, retune=args.retune, profile=args.profile,
+            build_workers=args.build_workers, timeout=args.timeout, retune=args.retune, resume=args.resume,
+            profile=args.profile,
         )
     if report.profile is not None:
         print_profile(report.profile, _stdout_console(), top=8)

@@ -40,20 +40,25 @@ def test_warm_tune_measures_nothing_and_cut_search_resumes(tmp_path):
     w = _rms_workload()
     db = KernelDB(tmp_path / "k.db")
     space = len(candidates(family_module("rmsnorm"), w))
-    # a tiny wall budget: the first batch runs (4 candidates), then the search is cut short
+    # a tiny wall budget: the first candidate runs, then the search is cut short
     r1 = CountingRunner()
     res1 = tune(w, BASE, device=DEVICE, budget_s=1e-9, runner=r1, db=db, run_id="run1")
-    assert res1.best is not None and res1.source == "tuned" and len(r1.measured) == 4 < space
+    assert res1.best is not None and res1.source == "tuned" and len(r1.measured) == 1 < space
     assert not dict(res1.best.provenance)["complete"]
-    assert len(db.known(w)) == 4
+    assert len(db.known(w)) == 1
+    # a warm run uses that winner as it is: nothing measured
+    r_warm = CountingRunner()
+    res_warm = tune(w, BASE, device=DEVICE, budget_s=1e9, runner=r_warm, db=db, run_id="run1b")
+    assert r_warm.measured == [] and res_warm.source == "database"
     # resumed: what run1 measured is observed, never measured again
     r2 = CountingRunner()
-    res2 = tune(w, BASE, device=DEVICE, budget_s=1e9, max_candidates=6, runner=r2, db=db, run_id="run2")
+    res2 = tune(w, BASE, device=DEVICE, budget_s=1e9, max_candidates=6, runner=r2, db=db, run_id="run2",
+                resume=True)
     assert not set(r1.measured) & set(r2.measured) and len(r2.measured) == 6
-    assert res2.known == 4 and dict(res2.best.provenance)["complete"]  # the caller's cap ends it
+    assert res2.known == 1 and dict(res2.best.provenance)["complete"]  # the caller's cap ends it
     # warm: the finished search's winner comes back, nothing is measured
     r3 = CountingRunner()
-    res3 = tune(w, BASE, device=DEVICE, budget_s=1e9, runner=r3, db=db, run_id="run3")
+    res3 = tune(w, BASE, device=DEVICE, budget_s=1e9, runner=r3, db=db, run_id="run3", resume=True)
     assert r3.measured == [] and res3.source == "database" and res3.records == ()
     assert res3.best == db.winner(w) and res3.best.candidate == res2.best.candidate
     # off the GPU the heuristic wins (interpreter times mean nothing), whichever run measured it;

@@ -88,22 +88,22 @@ def measure(family: ModuleType, cand: Candidate, *, device: str, seed: int = 0,
 def tune(workload: Workload, baseline: RunResult, *, device: str, budget_s: float,
          max_candidates: int | None = None, progress: Progress | None = None, runner: Runner | None = None,
          strategy: str = "auto", db: KernelDB | None = None, run_id: str = "", seed: int = 0,
-         retune: bool = False) -> TuneResult:
+         retune: bool = False, resume: bool = False) -> TuneResult:
     """Search the family's space for `workload` until the strategy is done or a budget runs out;
     the fastest verified candidate wins.
 
-    With a database: a workload whose search finished before is not measured again (its winner
-    comes back with source "database", unless `retune`); one whose search was cut short (budget,
-    a killed run) resumes where it stopped — what was measured is observed, not re-measured —
-    and every record is stored as soon as it is measured. The first batch always runs, whatever
-    the budget, so a verified kernel exists if any can."""
+    With a database: a workload it holds a winner for is not measured again (the winner comes
+    back with source "database") unless `retune` (search again from the start) or, for a search
+    the budget cut short, `resume` (go on where it stopped: what was measured is observed, not
+    re-measured). Every record is stored as soon as it is measured, so a killed run resumes too.
+    The first batch always runs, whatever the budget, so a verified kernel exists if any can."""
     from solforge.tune.runners import LocalRunner
     from solforge.tune.search import make_strategy, search
 
     family = family_module(workload.family)
     if db is not None and not retune:
         win = db.winner(workload)
-        if win is not None and dict(win.provenance).get("complete"):
+        if win is not None and (dict(win.provenance).get("complete") or not resume):
             return TuneResult(workload, baseline, (), win, source="database", known=len(db.known(workload)))
     known = db.known(workload) if db is not None and not retune else []
     strat = make_strategy(strategy, family, workload, seed=seed, known=known)
@@ -123,7 +123,7 @@ def tune(workload: Workload, baseline: RunResult, *, device: str, budget_s: floa
 
     try:
         records = search(strat, measure, budget_s=budget_s, max_candidates=max_candidates,
-                         batch=max(1, run.parallelism) * BATCH_PER_WORKER,
+                         batch=_batch(run),
                          patience=PATIENCE if strat.name == "evolutionary" else None,
                          progress=report, on_done=done.append)
     finally:
@@ -139,6 +139,15 @@ def tune(workload: Workload, baseline: RunResult, *, device: str, budget_s: floa
         if db is not None:
             db.set_winner(workload, best, run_id=run_id)
     return TuneResult(workload, baseline, tuple(records), best, source="tuned", known=len(pool) - len(records))
+
+
+def _batch(run: Runner) -> int:
+    """Candidates proposed at a time: one for a lone in-process worker, so the wall budget is
+    checked after every candidate (an interpreter candidate takes seconds); several per worker
+    when workers or builders run side by side, so none of them waits for the next proposal."""
+    if run.parallelism <= 1 and getattr(run, "builder", None) is None:
+        return 1
+    return max(1, run.parallelism) * BATCH_PER_WORKER
 
 
 def _winner(family: ModuleType, workload: Workload, pool: Sequence[TuningRecord]) -> TuningRecord | None:
