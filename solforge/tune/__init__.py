@@ -54,9 +54,10 @@ def _config(family: ModuleType, cand: Candidate) -> Any:
 
 
 def measure(family: ModuleType, cand: Candidate, *, device: str, seed: int = 0,
-            on_stage: Callable[[str], None] | None = None) -> TuningRecord:
+            on_stage: Callable[[str], None] | None = None, build_only: bool = False) -> TuningRecord:
     """Build, verify and (if verified) time one candidate. `on_stage("build"|"verify"|"time")` is
-    called as each stage starts (a worker process reports it, so a hang is blamed on its stage)."""
+    called as each stage starts (a worker process reports it, so a hang is blamed on its stage).
+    `build_only`: stop after the build (a compile-only builder worker)."""
     stage = on_stage or (lambda _: None)
     config = _config(family, cand)
     launcher = launcher_of(family)
@@ -76,6 +77,8 @@ def measure(family: ModuleType, cand: Candidate, *, device: str, seed: int = 0,
     except Exception as e:
         msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
         return TuningRecord(cand, BuildResult(False, time.perf_counter() - t, msg))
+    if build_only:
+        return TuningRecord(cand, build)
     stage("verify")
     verdict = verify(family, cand.workload, launch, seed=seed + 1, device=device)
     if not verdict.passed:

@@ -214,8 +214,8 @@ class _Pool:
 
 
 class Builder:
-    """`workers` compile-only processes; `build(cands)` yields (candidate, failure record or None)
-    in completion order, with the compile seconds of the ones that built."""
+    """`workers` compile-only processes; `build(cands)` yields one build-only TuningRecord per
+    candidate in completion order (failed ones carry their reason, built ones the compile time)."""
 
     def __init__(self, device: str, *, workers: int, timeout_s: float, seed: int = 0,
                  gpus: Sequence[int] | None = None) -> None:

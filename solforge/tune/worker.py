@@ -20,8 +20,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
-from types import ModuleType
 from typing import Any, TextIO
 
 CONTEXT_LOST = 3
@@ -47,27 +45,6 @@ def compile_only() -> None:
     JITFunction.run = warm  # type: ignore[method-assign]
 
 
-def build(family: ModuleType, cand: Any, *, device: str, seed: int = 0) -> Any:
-    """Compile one candidate: the launcher at the workload's shapes (on a GPU, with compile_only
-    in force, nothing runs). A BuildResult-only TuningRecord."""
-    import torch
-
-    from solforge.records import BuildResult, TuningRecord
-    from solforge.tune import _config, launcher_of
-
-    t = time.perf_counter()
-    try:
-        config = _config(family, cand)
-        args, kwargs = family.make_inputs(cand.workload, seed=seed, device=device)
-        launcher_of(family)(*args, config=config, **kwargs)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return TuningRecord(cand, BuildResult(True, time.perf_counter() - t))
-    except Exception as e:
-        msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
-        return TuningRecord(cand, BuildResult(False, time.perf_counter() - t, msg))
-
-
 def main(argv: list[str]) -> int:
     mode, device = argv[0], argv[1]
     # the protocol channel is the original stdout; anything printed (Python or C) goes to stderr
@@ -89,11 +66,8 @@ def main(argv: list[str]) -> int:
         cand = from_dict(Candidate, msg["candidate"])
         seed = int(msg.get("seed", 0))
         family = family_module(cand.workload.family)
-        if mode == "build":
-            rec = build(family, cand, device=device, seed=seed)
-        else:
-            rec = measure(family, cand, device=device, seed=seed,
-                          on_stage=lambda s: _send(out, {"stage": s}))
+        rec = measure(family, cand, device=device, seed=seed, build_only=mode == "build",
+                      on_stage=lambda s: _send(out, {"stage": s}))
         _send(out, {"record": to_dict(rec)})
         err = rec.error or ""
         if device == "cuda" and any(f in err for f in _FATAL):
