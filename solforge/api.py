@@ -240,10 +240,21 @@ def optimize(
     todo = [g for g in groups if g.workload not in cached]
     run = make_runner(runner, device=device, gpus=gpus, timeout_s=timeout, build_workers=build_workers) \
         if todo else None
+    stored_baselines = 0
     try:
         for group in groups:
             rep.stage("tune", group.workload.key)
-            baseline = _baseline(group, device)
+            assert group.example is not None
+            sig = _plan.region_signature(group.example[1])
+            # a known kernel's region was timed by an earlier run on this device and software: a
+            # warm run reuses that time rather than timing every region again
+            baseline = kdb.baseline(group.workload, sig) if kdb is not None and group.workload in cached else None
+            if baseline is not None:
+                stored_baselines += 1
+            else:
+                baseline = _baseline(group, device)
+                if kdb is not None and baseline.ok:
+                    kdb.set_baseline(group.workload, sig, baseline)
             if group.workload in cached:
                 res = tune(group.workload, baseline, device=device, budget_s=0, db=kdb)
             else:
@@ -264,6 +275,9 @@ def optimize(
         if kdb is not None:
             kdb.close()
 
+    if stored_baselines:
+        notes.append(f"the original time of {stored_baselines} region(s) came from the kernel database "
+                     "(measured by an earlier run on this device; --retune measures everything again)")
     # a kernel that is not faster than the region as the model ran it stays out (on the GPU,
     # where times mean something): never trade the original for a slower kernel
     slower = not_faster(results, meaningful=device == "cuda")

@@ -36,9 +36,9 @@ from types import ModuleType
 from typing import Any
 
 from solforge.errors import UserError
-from solforge.records import TuningRecord, Workload, from_dict, to_dict, to_json
+from solforge.records import RunResult, TuningRecord, Workload, from_dict, to_dict, to_json
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 EXPORT_FORMAT = 1  # the "format" field of every exported JSON line
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another process's transaction
 KERNELS = "solforge.kernels"
@@ -57,7 +57,15 @@ CREATE TABLE IF NOT EXISTS winners (
     key TEXT PRIMARY KEY REFERENCES keys (key), record TEXT NOT NULL, run_id TEXT NOT NULL,
     created REAL NOT NULL);
 """
-_TABLES = {"keys", "measurements", "winners"}
+# Schema changes since version 1, each run once on an older file: version -> the statements that
+# bring a file at that version to the next. Version 2: the original regions' times (`baselines`),
+# so a warm run does not time every region again (a region's time depends on the key's device and
+# torch; `region` names the ATen computation the model ran, since two spellings share a workload).
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: ("CREATE TABLE IF NOT EXISTS baselines (key TEXT NOT NULL REFERENCES keys (key), region TEXT NOT NULL, "
+        "run TEXT NOT NULL, created REAL NOT NULL, PRIMARY KEY (key, region))",),
+}
+_TABLES = {"keys", "measurements", "winners", "baselines"}
 
 
 def default_path() -> Path:
@@ -317,8 +325,11 @@ class KernelDB:
                     for statement in _SCHEMA.split(";"):  # not executescript: it would COMMIT first
                         if statement.strip():
                             c.execute(statement)
-                    c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                    version = SCHEMA_VERSION
+                    version = self._migrate(c, 1)
+        elif version < SCHEMA_VERSION and version in _MIGRATIONS:
+            with self._write():
+                # another process may have migrated the file meanwhile: read the version again
+                version = self._migrate(c, c.execute("PRAGMA user_version").fetchone()[0])
         if version != SCHEMA_VERSION:
             newer = version > SCHEMA_VERSION
             raise UserError(
@@ -335,6 +346,16 @@ class KernelDB:
                         raise
                     time.sleep(0.05)
         c.execute("PRAGMA synchronous = NORMAL")  # with WAL: a killed process loses no commit
+
+    @staticmethod
+    def _migrate(c: sqlite3.Connection, version: int) -> int:
+        """Bring a file at `version` to SCHEMA_VERSION inside the caller's transaction."""
+        while version < SCHEMA_VERSION and version in _MIGRATIONS:
+            for statement in _MIGRATIONS[version]:
+                c.execute(statement)
+            version += 1
+        c.execute(f"PRAGMA user_version = {version}")
+        return version
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -429,6 +450,20 @@ class KernelDB:
         rows = self._query("SELECT record FROM winners WHERE key = ?", (db_key(workload),))
         return _record(rows[0][0]) if rows else None
 
+    def baseline(self, workload: Workload, region: str) -> RunResult | None:
+        """The stored time of the original computation `region` (see `set_baseline`), else None."""
+        rows = self._query("SELECT run FROM baselines WHERE key = ? AND region = ?", (db_key(workload), region))
+        return from_dict(RunResult, json.loads(rows[0][0])) if rows else None
+
+    def set_baseline(self, workload: Workload, region: str, run: RunResult) -> None:
+        """Keep the time of a region as the model ran it: `region` names that computation (a hash of
+        its ATen ops, solforge.plan.region_signature), since different spellings share one workload."""
+        parts = key_parts(workload)
+        now = time.time()
+        with self._write() as c:
+            self._ensure_key(c, parts, workload, now)
+            c.execute("INSERT OR REPLACE INTO baselines VALUES (?, ?, ?, ?)", (parts.text, region, to_json(run), now))
+
     # -- the CLI's side (solforge/dbcli.py draws these) ----------------------------------------
 
     def entries(self) -> list[Entry]:
@@ -520,7 +555,7 @@ class KernelDB:
         if doomed and not dry_run:
             with self._write() as c:
                 for e in doomed:
-                    for table in ("measurements", "winners", "keys"):
+                    for table in ("measurements", "winners", "baselines", "keys"):
                         c.execute(f"DELETE FROM {table} WHERE key = ?", (e.key,))
         return doomed
 

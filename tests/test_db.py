@@ -321,6 +321,28 @@ def test_import_rejects_a_bad_line_by_number_and_writes_nothing(tmp_path: Path, 
     assert dst.entries() == []
 
 
+def test_version_1_file_is_migrated_and_keeps_its_records(tmp_path: Path) -> None:
+    """A file written by schema 1 (no baselines table) opens, gains the table, loses nothing."""
+    path = tmp_path / "v1.db"
+    w, r = wl(), rec(wl(), 64)
+    db = KernelDB(path)
+    db.add(w, r, run_id="r1")
+    db.set_winner(w, r, run_id="r1")
+    db.close()
+    with sqlite3.connect(path) as c:  # back to what schema 1 wrote
+        c.execute("DROP TABLE baselines")
+        c.execute("PRAGMA user_version = 1")
+    db = KernelDB(path)
+    assert db.known(w) == [r] and db.winner(w) == r
+    assert db.baseline(w, "sig") is None
+    db.set_baseline(w, "sig", RunResult(1.0, 2.0, 3.0))
+    assert db.baseline(w, "sig") == RunResult(1.0, 2.0, 3.0) and db.baseline(w, "other") is None
+    assert db.baseline(wl(rows=9), "sig") is None
+    db.close()
+    with sqlite3.connect(path) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == dbmod.SCHEMA_VERSION == 2
+
+
 def test_schema_version_and_foreign_files_are_user_errors(tmp_path: Path) -> None:
     path = tmp_path / "k.db"
     KernelDB(path).close()

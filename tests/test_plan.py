@@ -253,3 +253,37 @@ def test_multi_output_match_rewrites_to_one_call_and_getitems() -> None:
     assert [calls[i + 1].args[1], calls[i + 2].args[1]] == [0, 1]
     assert calls[i].args == (xin, "cfg")
     torch.testing.assert_close(gm(x), ref)
+
+
+class PowSelf(MulSelf):
+    """MulSelf's RMSNorm with pow(2) for x * x: the same workload, other ATen ops."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(dim=x.dim() - 1, keepdim=True) + 1e-5) * self.w
+
+
+class TwoNorms(nn.Module):
+    def __init__(self, cls: type[nn.Module]) -> None:
+        super().__init__()
+        self.a, self.b = cls(), cls()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x) + 1)
+
+
+def test_region_signature_names_the_computation_not_the_nodes() -> None:
+    """The kernel database keeps a region's original time under its signature: equal for the same
+    ops anywhere in a graph, different for another spelling of the same workload."""
+    x = torch.randn(2, 5, H, device=DEVICE)
+
+    def matches(cls: type[nn.Module]) -> list[plan.Match]:
+        with torch.no_grad():
+            (g,) = capture.capture(TwoNorms(cls).to(DEVICE), (x,)).graphs
+        return plan.find_matches(g.aten.graph, ["rmsnorm"])
+
+    mul, pow_ = matches(MulSelf), matches(PowSelf)
+    assert len(mul) == len(pow_) == 2 and {m.workload for m in mul} == {m.workload for m in pow_}
+    assert mul[0].nodes[0].name != mul[1].nodes[0].name
+    assert plan.region_signature(mul[0]) == plan.region_signature(mul[1])
+    assert plan.region_signature(pow_[0]) == plan.region_signature(pow_[1])
+    assert plan.region_signature(mul[0]) != plan.region_signature(pow_[0])

@@ -6,6 +6,7 @@ is the plain record of a match; regions with the same Workload are tuned once.
 
 from __future__ import annotations
 
+import hashlib
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -149,6 +150,28 @@ def extract(match: Match) -> tuple[fx.GraphModule, list[Any]]:
         env[node] = graph.node_copy(node, lambda n: env[n])
     graph.output(tuple(env[o] for o in match.outputs) if match.multi else env[match.output])
     return fx.GraphModule(torch.nn.Module(), graph), metas
+
+
+def region_signature(match: Match) -> str:
+    """A short hash of the computation a region runs: its ops, how they connect, their constants
+    and its inputs' shapes and dtypes, but not node names (which depend on where in which graph
+    the region sits). Two regions with equal signatures run the same ATen code on the same shapes."""
+    sub, metas = extract(match)
+    index: dict[fx.Node, int] = {}
+    parts = [";".join(f"{tuple(m.shape)}/{m.dtype}" for m in metas)]
+
+    def arg(a: Any) -> Any:
+        return f"%{index[a]}" if isinstance(a, fx.Node) else a
+
+    for i, node in enumerate(sub.graph.nodes):
+        index[node] = i
+        if node.op == "call_function":
+            args = fx.node.map_aggregate(node.args, arg)
+            kwargs = fx.node.map_aggregate(node.kwargs, arg)
+            parts.append(f"{node.target}{args}{sorted(kwargs.items())}")
+        elif node.op == "output":
+            parts.append(f"out{fx.node.map_aggregate(node.args, arg)}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 _META = ("val", "nn_module_stack", "stack_trace")
