@@ -246,5 +246,19 @@ def _has_cuda() -> bool:
     return any(Path(p).exists() for p in ("/dev/nvidia0", "/dev/nvidiactl"))
 
 
+def entry() -> None:
+    """The console script: `main`, then a fast exit. Everything solforge writes (report, kernel
+    database) is closed by then; what is left is tearing down the CUDA context, the model and the
+    compiled graphs, which took ~2 s of a 32 s warm `optimize qwen3-4b` on the H100 host
+    (2026-11-22) and gives the user nothing. Outputs are flushed first."""
+    import logging
+
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()

@@ -151,6 +151,16 @@ def test_console_script_help() -> None:
         assert flag in out
 
 
+def test_console_script_exit_codes_and_output() -> None:
+    """The console script leaves through os._exit: its messages must still be flushed and its exit
+    code kept, for errors (2) and for success (0, with output on stdout)."""
+    exe = Path(sys.executable).parent / "solforge"
+    bad = subprocess.run([str(exe), "optimize", "no-such-model", "--device", "cpu"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no-such-model" in bad.stderr and "Traceback" not in bad.stderr
+    ok = subprocess.run([str(exe), "db", "list", "--db", "/nonexistent/dir/k.db"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "no kernel database" in ok.stdout + ok.stderr
+
+
 def test_help_lists_every_family_in_matching_order():
     from solforge.cli import _FAMILIES
     from solforge.plan import _matchers

@@ -1,0 +1,91 @@
+"""Where the optimized Qwen3-4B forward's GPU time goes, kernel by kernel (torch.profiler).
+
+Optimizes the model body (B2 S8192 bf16, as bench/e2e.py's qwen3 variant; point $SOLFORGE_DB at a
+filled kernel database to skip tuning), then profiles one forward of eager and of the optimized
+body and prints, for each, the kernels grouped by name with their total CUDA time, plus totals by
+kind (GEMM, attention, solforge's Triton kernels, everything else). JSON to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+
+def kind(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas")):
+        return "gemm"
+    if any(k in n for k in ("flash", "fmha", "attention", "cudnn")):
+        return "attention"
+    if n.startswith("_") and "kernel" in n:  # solforge's Triton kernels are named _<family>..._kernel
+        return "solforge"
+    return "other"
+
+
+def profile(fn: Any, top: int) -> dict[str, Any]:
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            by_name[e.name][0] += e.device_time_total
+            by_name[e.name][1] += 1
+    total = sum(v[0] for v in by_name.values())
+    kinds: dict[str, float] = defaultdict(float)
+    for name, (us, _) in by_name.items():
+        kinds[kind(name)] += us
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"total_ms": round(total / 1e3, 2), "by_kind_ms": {k: round(v / 1e3, 2) for k, v in kinds.items()},
+            "kernels": [{"name": n[:140], "ms": round(us / 1e3, 3), "calls": c} for n, (us, c) in rows]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--budget", type=float, default=60.0)
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    from transformers import Qwen3ForCausalLM
+
+    from solforge.api import optimize
+    from solforge.zoo import zoo_config
+
+    cfg = zoo_config("qwen3-4b")
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    body = model.model.eval()
+    ids = torch.randint(0, cfg.vocab_size, (a.batch, a.seq), device="cuda")
+    with torch.no_grad():
+        f, rep = optimize(body, (ids,), budget=a.budget, is_language_model=False)
+    out: dict[str, Any] = {"regions": [{"workload": r.workload, "count": r.count, "best_us": r.best_us,
+                                        "source": r.source} for r in rep.regions]}
+    with torch.inference_mode():
+        out["eager"] = profile(lambda: body(ids), a.top)
+        out["solforge"] = profile(lambda: f(ids), a.top)
+    for v in ("eager", "solforge"):
+        d = out[v]
+        print(f"== {v}: {d['total_ms']} ms of kernels; by kind {d['by_kind_ms']}")
+        for k in d["kernels"]:
+            print(f"  {k['ms']:9.3f} ms {k['calls']:5d}x  {k['name']}")
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
