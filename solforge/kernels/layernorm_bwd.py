@@ -118,7 +118,9 @@ def _bwd_tile(tile, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n_rows, H, s_dy, s_x, 
     return pw, pb, pwt, pbt
 
 
-@triton.jit
+# n_iter and db_off vary with the row count; Triton would specialize them (== 1, multiple of 16) and
+# recompile for sequence lengths that change only those.
+@triton.jit(do_not_specialize=["n_iter", "db_off"])
 def _layernorm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, part_ptr, n_rows, H, s_dy, s_x, s_ds, s_dx, eps,
                           n_iter, db_off, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
                           EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, WANT_DW: tl.constexpr,
