@@ -1,8 +1,9 @@
 """LayerNorm family: y = (x - mean) * rstd [* weight] [+ bias] over the last dim, rstd = 1/sqrt(var + eps).
 
-In order: reference, Triton kernels, launcher, backward (kernel, launcher), custom ops, config triad
-(+ workload_for, make_inputs). Every kernel loads the native dtype, computes in fp32 and casts on
-store (the interpreter cannot do bf16 arithmetic; it is what a memory-bound kernel should do).
+In order: reference, Triton kernels, launcher, backward (kernels/layernorm_bwd.py, re-exported),
+custom ops, config triad (+ workload_for, make_inputs). Every kernel loads the native dtype,
+computes in fp32 and casts on store (the interpreter cannot do bf16 arithmetic; it is what a
+memory-bound kernel should do).
 
 The kernels take an optional residual (HAS_RES): s = x + residual is rounded to x's dtype (as the
 model's own add), stored, and normalized. The `add_layernorm` family (kernels/add_layernorm.py) is
@@ -13,6 +14,8 @@ exact two-pass one, sum((x - mean)^2), with no E[x^2] - mean^2 cancellation):
   row      one row per program.
   rows     a [ROWS, BLOCK_H] tile per program: amortizes the weight/bias loads and the per-program
            fixed cost over several short rows (GPT-2 small: H = 768).
+Both can hold a row that is not a power of two as a power-of-two main block plus a tail (2560 =
+2048 + 512, 768 = 512 + 256) instead of one block with masked lanes, as rmsnorm's kernels do.
 Rows longer than the register budget (64K elements; 32K with a residual) are refused: `supported`
 says so and the matcher leaves them to eager.
 """
