@@ -1,7 +1,7 @@
 """GPU: sweep of the layernorm / add_layernorm kernels (forward space, backward space) and of the
 softmax backward, with eager / torch.compile / Liger references, in one run of < 4 minutes.
 
-    python bench/ln_sweep.py --out $OUT/ln.json [--budget-s 200] [--no-warm]
+    python bench/ln_sweep.py --out $OUT/ln.json [--budget-s 180] [--no-warm]
     python bench/ln_sweep.py --smoke     # no GPU: tiny shapes through Triton's interpreter (logic check)
 
 bf16, weight + bias, eps 1e-5. Kernel times are triton.testing.do_bench medians (L2 flushed before
@@ -389,7 +389,7 @@ def table(res: dict[str, Any]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="JSON file to write")
-    p.add_argument("--budget-s", type=float, default=200.0, help="stop starting new measurements after this")
+    p.add_argument("--budget-s", type=float, default=180.0, help="stop starting new measurements after this")
     p.add_argument("--no-warm", action="store_true", help="compile in the timing loop instead of in parallel first")
     p.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)))
     p.add_argument("--smoke", action="store_true", help="no GPU: tiny shapes on Triton's interpreter")
