@@ -15,7 +15,7 @@ from conftest import DEVICE, requires_gpu
 
 from solforge.kernels import add_layernorm as A
 from solforge.kernels import layernorm as L
-from solforge.kernels.rmsnorm_bwd import BwdConfig
+from solforge.kernels.rmsnorm_bwd import BwdConfig as RmsBwdConfig
 from solforge.numerics import compare, tolerance
 from solforge.records import Workload
 
@@ -57,12 +57,14 @@ def _check(wl: Workload, config: L.Config | None = None, rows: int | None = None
 
 
 @pytest.mark.parametrize("residual", [False, True])
-@pytest.mark.parametrize("rows,H", [(37, 96), (5, 200)])
+@pytest.mark.parametrize("rows,H", [(37, 96), (5, 200), (3, 80)])
 def test_every_config_in_space(rows: int, H: int, residual: bool) -> None:
     wl = _wl(rows, H, residual=residual)
     configs = L.space(wl)
     assert len(configs) >= 6 and len(set(configs)) == len(configs)
     assert {c.variant for c in configs} == {"row", "rows"} and all(L.is_valid(c, wl) for c in configs)
+    # 96 = 64 + 32 and 80 = 64 + 16 are split into a main block and a tail; 200 (-> 256) is not
+    assert any(c.block_t for c in configs) is (H != 200)
     for c in configs:
         _check(wl, c)
 
@@ -132,7 +134,38 @@ def test_bad_inputs() -> None:
     with pytest.raises(ValueError, match="bias"):
         L.layernorm(x, None, torch.ones(9, device=DEVICE), EPS)
     with pytest.raises(ValueError, match="not valid"):
-        L.layernorm(x, None, None, EPS, config=L.Config("row", 4, 1, 1))
+        L.layernorm(x, None, None, EPS, config=L.Config("row", block_h=4))
+    with pytest.raises(ValueError, match="not valid"):  # a tail that stops short of the row's end
+        L.layernorm(torch.randn(4, 80, device=DEVICE), None, None, EPS, config=L.Config("row", block_h=64, block_t=8))
+
+
+def test_block_split_and_heuristics() -> None:
+    """Rows that are not a power of two get a main block + tail in both heuristics (2560: no masked
+    lanes instead of 37%); every heuristic is valid with power-of-two rows wherever rows fit."""
+    assert L.blocks(2560) == [(2048, 512), (4096, 0)] and L.blocks(768) == [(512, 256), (1024, 0)]
+    assert L.blocks(1600) == [(2048, 0)] and L.blocks(1024) == [(1024, 0)]
+    c = L.heuristic(_wl(16384, 2560))
+    assert (c.block_h, c.block_t, c.rows) == (2048, 512, 1), c
+    b = L.bwd_heuristic(16384, 2560, torch.device(DEVICE))
+    assert (b.block_h, b.block_t) == (2048, 512) and L.bwd_is_valid(b, 16384, 2560), b
+    for H in [*range(1, 3000, 61), 768, 2560, 4096, 5120, 32768, 40000, 65536]:
+        for residual in (False, True):
+            wl = dataclasses.replace(_wl(1000, H, residual=residual), device="cuda")
+            h = L.heuristic(wl)
+            assert L.supported(wl) is (L.is_valid(h, wl) and h.rows & (h.rows - 1) == 0), (H, residual, h)
+            assert L.supported(wl) is (H <= (32768 if residual else 65536)), (H, residual)
+        bh = L.bwd_heuristic(1000, H, "cuda")
+        assert H > 32768 or L.bwd_is_valid(bh, 1000, H), (H, bh)
+        assert all(L.bwd_is_valid(c, 1000, H) for c in L.bwd_space(1000, H))
+
+
+def test_bwd_config_text() -> None:
+    for c in L.bwd_space(77, 160):
+        assert L.BwdConfig.decode(c.encode()) == c
+    old = L.BwdConfig.decode("bwd:r=2:p=2:w=4")  # before the split: one power-of-two block
+    assert old == L.BwdConfig(2, 2, 4) and old.split(2560) == (4096, 0)
+    with pytest.raises(ValueError, match="backward config"):
+        L.BwdConfig.decode("bwd:r=2:q=1")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,7 +183,14 @@ def test_backward_kernel(dtype: torch.dtype, shape: tuple[int, ...], weight: boo
     b = (0.1 * torch.randn(shape[-1], generator=g)).to(dtype).to(DEVICE) if bias else None
     dsx = torch.randn(*shape, generator=g).to(dtype).to(DEVICE) if ds else None
     rdx, rdw, rdb = L.layernorm_bwd_ref(dy, x, w, b, EPS, ds=dsx)
-    for cfg in (None, BwdConfig(2, 1, 1), BwdConfig(1, 1, 2)):  # heuristic; loops over several tiles (4 fake SMs)
+    H = shape[-1]
+    # heuristic (48, 130 and 33 split: 32 + 16, 128 + 2, 32 + 1); one block; loops over several
+    # tiles (4 fake SMs); rmsnorm_bwd's config type; a split whose tail is wider than the rest (masked)
+    cfgs: list = [None, L.BwdConfig(2, 1, 1, triton_pow2(H)), L.BwdConfig(1, 1, 2), RmsBwdConfig(2, 1, 2)]
+    if L.blocks(H)[0][1]:
+        bh, bt = L.blocks(H)[0]
+        cfgs += [L.BwdConfig(2, 1, 2, bh, bt), L.BwdConfig(1, 1, 1, bh, 2 * bt if 2 * bt <= bh else bt)]
+    for cfg in cfgs:
         dx, dw, db = L.layernorm_bwd(dy, x, w, EPS, ds=dsx, bias_grad=bias, config=cfg)
         c = compare(dx, rdx.to(dtype))
         assert c.ok, c.reason
@@ -158,6 +198,33 @@ def test_backward_kernel(dtype: torch.dtype, shape: tuple[int, ...], weight: boo
             assert (got is None) == (want is None)
             if want is not None:  # sums over rows in fp32: compare relative to their scale
                 assert got is not None and (got - want).abs().max() <= 10 * tolerance(dtype).rtol * want.abs().max()
+
+
+def triton_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("rows,H", [(7, 80), (5, 160)])
+def test_backward_space(rows: int, H: int, residual: bool) -> None:
+    """A sample of bwd_space (every split config, a third of the rest) against autograd."""
+    g = torch.Generator().manual_seed(H + rows)
+    x = (torch.randn(rows, H, generator=g) * 2 + torch.randn(rows, 1, generator=g) * 3).to(BF16).to(DEVICE)
+    dy, ds = (torch.randn(rows, H, generator=g).to(BF16).to(DEVICE) for _ in range(2))
+    w = (1 + 0.1 * torch.randn(H, generator=g)).to(BF16).to(DEVICE)
+    b = (0.1 * torch.randn(H, generator=g)).to(BF16).to(DEVICE)
+    dsx = ds if residual else None
+    rdx, rdw, rdb = L.layernorm_bwd_ref(dy, x, w, b, EPS, ds=dsx)
+    space = L.bwd_space(rows, H)
+    assert len(space) >= 16 and any(c.block_t for c in space) and any(not c.block_t for c in space)
+    for i, cfg in enumerate(space):
+        if cfg.block_t == 0 and i % 3:
+            continue
+        dx, dw, db = L.layernorm_bwd(dy, x, w, EPS, ds=dsx, bias_grad=True, config=cfg)
+        c = compare(dx, rdx.to(BF16))
+        assert c.ok, f"{cfg.encode()}: {c.reason}"
+        for got, want in ((dw, rdw), (db, rdb)):
+            assert got is not None and (got - want).abs().max() <= 1e-3 * want.abs().max() + 1e-4, cfg.encode()
 
 
 @pytest.mark.parametrize("weight,bias", [(True, True), (True, False), (False, False)])
@@ -215,6 +282,11 @@ def test_qwen_and_gpt2_shapes_on_gpu(rows: int, H: int) -> None:
     assert db is not None and (db - rdb).abs().max() <= 1e-2 * rdb.abs().max()
     for c in L.space(_wl(rows, H))[:6]:  # a sample of the space at full size
         _check(_wl(rows, H), c)
+    for cfg in L.bwd_space(rows, H)[::9]:  # and of the backward's, with and without the split
+        dx, dw, db = L.layernorm_bwd(dy, x, w, EPS, ds=ds, bias_grad=True, config=cfg)
+        assert compare(dx, rdx.to(BF16)).ok, cfg.encode()
+        assert dw is not None and (dw - rdw).abs().max() <= 1e-2 * rdw.abs().max(), cfg.encode()
+        assert db is not None and (db - rdb).abs().max() <= 1e-2 * rdb.abs().max(), cfg.encode()
 
 
 # ---------------------------------------------------------------------------------------------

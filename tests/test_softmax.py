@@ -126,6 +126,35 @@ def test_backward_kernel(dtype: torch.dtype, shape: tuple[int, ...], config: S.C
     assert c.ok, c.reason
 
 
+@pytest.mark.parametrize("rows,N", [(37, 96), (3, 1500)])
+def test_every_backward_config(rows: int, N: int) -> None:
+    """bwd_space (the forward's configs plus one more warp count for single-pass tiles) and
+    bwd_heuristic, against the reference; masked rows in y (exact zeros) included."""
+    wl = _wl(rows, N)
+    (x,), _ = S.make_inputs(wl, seed=rows)
+    y = S.softmax(x)
+    dy = torch.randn(rows, N, generator=torch.Generator().manual_seed(N)).to(BF16).to(DEVICE)
+    ref = S.softmax_bwd_ref(dy, y)
+    configs = S.bwd_space(wl)
+    assert len(set(configs)) == len(configs) >= len(S.space(wl)) and S.bwd_heuristic(wl) in configs
+    assert all(S.is_valid(c, wl) for c in configs) and ("online" in {c.variant for c in configs}) is (N > 1024)
+    for c in [None, *configs]:
+        got = S.softmax_bwd(dy, y, config=c)
+        cmp = compare(got, ref)
+        assert cmp.ok, f"{c.encode() if c else 'heuristic'}: {cmp.reason}"
+
+
+def test_bwd_heuristic_is_valid() -> None:
+    for rows, N in [(65536, 1024), (131072, 4096), (4096, 151936), (1000, 77), (3, 5), (264 * 8, 256)]:
+        wl = dataclasses.replace(_wl(rows, N), device="cuda")
+        c = S.bwd_heuristic(wl)
+        assert S.is_valid(c, wl) and c.rows * c.block <= max(2048, triton_pow2(N)), (rows, N, c)
+
+
+def triton_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
 @pytest.mark.parametrize("dtype,upcast", [(FP32, False), (BF16, True), (BF16, False)])
 def test_autograd_through_the_op(dtype: torch.dtype, upcast: bool) -> None:
     torch.manual_seed(0)

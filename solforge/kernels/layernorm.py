@@ -1,8 +1,9 @@
 """LayerNorm family: y = (x - mean) * rstd [* weight] [+ bias] over the last dim, rstd = 1/sqrt(var + eps).
 
-In order: reference, Triton kernels, launcher, backward (kernel, launcher), custom ops, config triad
-(+ workload_for, make_inputs). Every kernel loads the native dtype, computes in fp32 and casts on
-store (the interpreter cannot do bf16 arithmetic; it is what a memory-bound kernel should do).
+In order: reference, Triton kernels, launcher, backward (kernels/layernorm_bwd.py, re-exported),
+custom ops, config triad (+ workload_for, make_inputs). Every kernel loads the native dtype,
+computes in fp32 and casts on store (the interpreter cannot do bf16 arithmetic; it is what a
+memory-bound kernel should do).
 
 The kernels take an optional residual (HAS_RES): s = x + residual is rounded to x's dtype (as the
 model's own add), stored, and normalized. The `add_layernorm` family (kernels/add_layernorm.py) is
@@ -13,12 +14,15 @@ exact two-pass one, sum((x - mean)^2), with no E[x^2] - mean^2 cancellation):
   row      one row per program.
   rows     a [ROWS, BLOCK_H] tile per program: amortizes the weight/bias loads and the per-program
            fixed cost over several short rows (GPT-2 small: H = 768).
+Both can hold a row that is not a power of two as a power-of-two main block plus a tail (2560 =
+2048 + 512, 768 = 512 + 256) instead of one block with masked lanes, as rmsnorm's kernels do.
 Rows longer than the register budget (64K elements; 32K with a residual) are refused: `supported`
 says so and the matcher leaves them to eager.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +32,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
-from solforge.kernels.rmsnorm_bwd import BwdConfig
-from solforge.kernels.rmsnorm_bwd import heuristic as bwd_heuristic
+from solforge.kernels.rmsnorm import _ld, _load_weight, _st
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
 
@@ -72,42 +75,79 @@ def _round_bf16(v):
 
 
 @triton.jit
+def _add_store(x, r, s_ptrs, m, cols, H, COL_MASK: tl.constexpr, INTERP: tl.constexpr):
+    """s = x + r rounded to s's dtype (as the model's own add rounds), stored; returned as fp32."""
+    s = x.to(tl.float32) + r.to(tl.float32)
+    if INTERP and s_ptrs.dtype.element_ty == tl.bfloat16:
+        s = _round_bf16(s)
+    s = s.to(s_ptrs.dtype.element_ty)
+    _st(s_ptrs, s, m, cols, H, COL_MASK)
+    return s.to(tl.float32)
+
+
+@triton.jit
 def _layernorm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, n_rows, H, stride_x, stride_r, stride_s,
-                      stride_y, eps, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, EVEN_H: tl.constexpr,
-                      HAS_RES: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      EVICT: tl.constexpr, INTERP: tl.constexpr):
-    """Variants `row` (ROWS == 1) and `rows`: one [ROWS, BLOCK_H] tile per program."""
+                      stride_y, eps, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
+                      EVEN_H: tl.constexpr, HAS_RES: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, EVICT: tl.constexpr, INTERP: tl.constexpr):
+    """Variants `row` (ROWS == 1) and `rows`: one tile of ROWS rows per program, each row held as a
+    main block [0, BLOCK_H) and, when BLOCK_T > 0, a tail block [BLOCK_H, BLOCK_H + BLOCK_T).
+
+    Column masks only where a block pokes past H (the main block with no tail and H below it, or
+    the tail): a row-only mask is constant along the row, so loads stay 16-byte vectors."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK_H)[None, :]
-    cm = cols < H
-    # A row-only mask is constant along the row, so loads stay 16-byte vectors when H == BLOCK_H.
     m = (rows < n_rows)[:, None]
-    if not EVEN_H:
-        m = m & cm
-    # int64 row offsets: rows * stride overflows int32 past 2^31 elements.
-    r64 = rows.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + r64 * stride_x + cols, mask=m, other=0.0, eviction_policy=EVICT)
+    r64 = rows.to(tl.int64)[:, None]  # rows * stride overflows int32 past 2^31 elements
+    cols = tl.arange(0, BLOCK_H)[None, :]
+    # x first (its HBM latency is the long pole), then the L2-resident weight and bias, which then
+    # arrive during the reductions instead of after them (kernels/rmsnorm.py does the same).
+    x = _ld(x_ptr + r64 * stride_x + cols, m, cols, H, BLOCK_T == 0 and not EVEN_H, EVICT)
+    if BLOCK_T > 0:
+        tcols = BLOCK_H + tl.arange(0, BLOCK_T)[None, :]
+        xt = _ld(x_ptr + r64 * stride_x + tcols, m, tcols, H, not EVEN_H, EVICT)
     if HAS_RES:
-        r = tl.load(r_ptr + r64 * stride_r + cols, mask=m, other=0.0, eviction_policy=EVICT)
-        s = x.to(tl.float32) + r.to(tl.float32)
-        if INTERP and s_ptr.dtype.element_ty == tl.bfloat16:
-            s = _round_bf16(s)
-        s = s.to(s_ptr.dtype.element_ty)  # rounded as the model's own add rounds
-        tl.store(s_ptr + r64 * stride_s + cols, s, mask=m)
-        xf = s.to(tl.float32)
+        r = _ld(r_ptr + r64 * stride_r + cols, m, cols, H, BLOCK_T == 0 and not EVEN_H, EVICT)
+        if BLOCK_T > 0:
+            rt = _ld(r_ptr + r64 * stride_r + tcols, m, tcols, H, not EVEN_H, EVICT)
+    w, wt = _load_weight(w_ptr, H, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT)
+    b, bt = _load_weight(b_ptr, H, BLOCK_H, BLOCK_T, EVEN_H, HAS_BIAS)
+    if HAS_RES:
+        xf = _add_store(x, r, s_ptr + r64 * stride_s + cols, m, cols, H, BLOCK_T == 0 and not EVEN_H, INTERP)
+        if BLOCK_T > 0:
+            xtf = _add_store(xt, rt, s_ptr + r64 * stride_s + tcols, m, tcols, H, not EVEN_H, INTERP)
     else:
         xf = x.to(tl.float32)
-    mean = tl.sum(xf, axis=1) / H
-    d = xf - mean[:, None]
-    if not EVEN_H:  # masked lanes hold -mean now; they must not count in the variance
-        d = tl.where(cm, d, 0.0)
-    rstd = tl.rsqrt(tl.sum(d * d, axis=1) / H + eps)
-    y = d * rstd[:, None]
+        if BLOCK_T > 0:
+            xtf = xt.to(tl.float32)
+    # Two-pass variance from registers: sum((x - mean)^2), no E[x^2] - mean^2 cancellation.
+    tot = tl.sum(xf, axis=1)
+    if BLOCK_T > 0:
+        tot += tl.sum(xtf, axis=1)
+    mean = (tot / H)[:, None]
+    d = xf - mean
+    if BLOCK_T == 0 and not EVEN_H:  # masked lanes hold -mean now; they must not count
+        d = tl.where(cols < H, d, 0.0)
+    ss = tl.sum(d * d, axis=1)
+    if BLOCK_T > 0:
+        dt = xtf - mean
+        if not EVEN_H:
+            dt = tl.where(tcols < H, dt, 0.0)
+        ss += tl.sum(dt * dt, axis=1)
+    rstd = tl.rsqrt(ss / H + eps)[:, None]
+    y = d * rstd
     if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        y = y * w
     if HAS_BIAS:
-        y = y + tl.load(b_ptr + cols, mask=cm, other=0.0, eviction_policy="evict_last").to(tl.float32)
-    tl.store(y_ptr + r64 * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=m)
+        y = y + b
+    y_ptrs = y_ptr + r64 * stride_y
+    _st(y_ptrs + cols, y, m, cols, H, BLOCK_T == 0 and not EVEN_H)
+    if BLOCK_T > 0:
+        yt = dt * rstd
+        if HAS_WEIGHT:
+            yt = yt * wt
+        if HAS_BIAS:
+            yt = yt + bt
+        _st(y_ptrs + tcols, yt, m, tcols, H, not EVEN_H)
 
 
 # The interpreter replaces @triton.jit functions when TRITON_INTERPRET=1 is set before import;
@@ -202,9 +242,9 @@ def _launch_plan(n_rows: int, H: int, dtype: torch.dtype, wdtype: torch.dtype | 
     if not is_valid(c, wl):  # a bad config could silently skip columns: refuse it
         raise _bad(f"config {c.encode()} is not valid for {wl.key}", wl.family)
     return triton.cdiv(n_rows, c.rows), dict(
-        ROWS=c.rows, BLOCK_H=c.block_h, EVEN_H=H == c.block_h, HAS_RES=has_res, HAS_WEIGHT=wdtype is not None,
-        HAS_BIAS=bdtype is not None, EVICT="evict_first" if c.evict else "", INTERP=_INTERPRETED,
-        num_warps=c.num_warps)
+        ROWS=c.rows, BLOCK_H=c.block_h, BLOCK_T=c.block_t, EVEN_H=H == c.block_h + c.block_t, HAS_RES=has_res,
+        HAS_WEIGHT=wdtype is not None, HAS_BIAS=bdtype is not None, EVICT="evict_first" if c.evict else "",
+        INTERP=_INTERPRETED, num_warps=c.num_warps)
 
 
 def layernorm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, *,
@@ -216,124 +256,19 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor |
 
 
 # ----------------------------------------------------------------------------------------------
-# Backward. With n = (x - mean) * rstd and y = n * w + b:
-#     dn = dy * w
-#     dx = rstd * (dn - mean(dn) - n * mean(dn * n))     (+ ds, the gradient reaching x elsewhere)
-#     dw = sum over rows of dy * n;  db = sum over rows of dy
-# mean and rstd are recomputed from x (one more pass over a row already in registers; nothing kept
-# alive between forward and backward). Like rmsnorm_bwd.py: a few programs per SM walk row tiles,
-# each keeps fp32 partial dw/db rows, and torch sums the (grid, H) partials.
+# Backward: kernels/layernorm_bwd.py (kernel, launcher, its config space and the solforge::layernorm_bwd op)
 
-
-def layernorm_bwd_ref(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                      eps: float, *, ds: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(dx, dw, db) in fp32/fp64, by autograd through the forward reference."""
-    acc = torch.float64 if x.dtype in (torch.float32, torch.float64) else torch.float32
-    leaves = [t.detach().to(acc).requires_grad_(True) if t is not None else None for t in (x, weight, bias)]
-    y = layernorm_ref(leaves[0], leaves[1], leaves[2], eps)  # type: ignore[arg-type]
-    live = [t for t in leaves if t is not None]
-    grads = iter(torch.autograd.grad(y, live, dy.to(acc)))
-    dx, dw, db = (next(grads) if t is not None else None for t in leaves)
-    assert dx is not None
-    return dx + (ds.to(acc) if ds is not None else 0), dw, db
-
-
-@triton.jit
-def _bwd_tile(tile, dy_ptr, x_ptr, w, ds_ptr, dx_ptr, n_rows, H, s_dy, s_x, s_ds, s_dx, eps, cols, cm,
-              ROWS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_DS: tl.constexpr):
-    """dx for one [ROWS, BLOCK_H] tile; returns its contributions to dw and db ([1, BLOCK_H], fp32).
-    Rows past the end load zeros: n = 0 and dy = 0 there, so they add nothing."""
-    rows = tile * ROWS + tl.arange(0, ROWS)
-    m = (rows < n_rows)[:, None] & cm
-    r64 = rows.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + r64 * s_x + cols, mask=m, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + r64 * s_dy + cols, mask=m, other=0.0).to(tl.float32)
-    mean = tl.sum(x, axis=1) / H
-    d = tl.where(cm, x - mean[:, None], 0.0)
-    rstd = tl.rsqrt(tl.sum(d * d, axis=1) / H + eps)[:, None]
-    n = d * rstd
-    dn = dy * w if HAS_WEIGHT else dy
-    c1 = (tl.sum(dn * n, axis=1) / H)[:, None]
-    c2 = (tl.sum(dn, axis=1) / H)[:, None]
-    dx = rstd * (dn - c2 - n * c1)
-    if HAS_DS:
-        dx += tl.load(ds_ptr + r64 * s_ds + cols, mask=m, other=0.0).to(tl.float32)
-    tl.store(dx_ptr + r64 * s_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=m)
-    return tl.sum(dy * n, axis=0)[None, :], tl.sum(dy, axis=0)[None, :]
-
-
-@triton.jit
-def _layernorm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, dw_ptr, db_ptr, n_rows, H, s_dy, s_x, s_ds, s_dx,
-                          eps, n_iter, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                          WANT_DW: tl.constexpr, WANT_DB: tl.constexpr, HAS_DS: tl.constexpr,
-                          INTERP: tl.constexpr):
-    """A grid-stride loop over row tiles; dw and db accumulate in registers, one partial row each per program."""
-    pid = tl.program_id(0)
-    n_progs = tl.num_programs(0)
-    cols = tl.arange(0, BLOCK_H)[None, :]
-    cm = cols < H
-    w = 1.0
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=cm, other=0.0).to(tl.float32)
-    dw = tl.zeros([1, BLOCK_H], dtype=tl.float32)
-    db = tl.zeros([1, BLOCK_H], dtype=tl.float32)
-    if INTERP:
-        # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
-        # (triton-lang/triton#9171, see kernels/rmsnorm.py); a while loop works there.
-        i = 0
-        while i < n_iter:
-            pw, pb = _bwd_tile(pid + i * n_progs, dy_ptr, x_ptr, w, ds_ptr, dx_ptr, n_rows, H, s_dy, s_x, s_ds,
-                               s_dx, eps, cols, cm, ROWS, HAS_WEIGHT, HAS_DS)
-            dw += pw
-            db += pb
-            i += 1
-    else:
-        for i in range(0, n_iter):
-            pw, pb = _bwd_tile(pid + i * n_progs, dy_ptr, x_ptr, w, ds_ptr, dx_ptr, n_rows, H, s_dy, s_x, s_ds,
-                               s_dx, eps, cols, cm, ROWS, HAS_WEIGHT, HAS_DS)
-            dw += pw
-            db += pb
-    if WANT_DW:
-        tl.store(dw_ptr + pid * H + cols, dw, mask=cm)
-    if WANT_DB:
-        tl.store(db_ptr + pid * H + cols, db, mask=cm)
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    # Interpreter: a small fake SM count so the grid-stride loop really strides in CPU tests.
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
-def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
-                  ds: torch.Tensor | None = None, bias_grad: bool = False, config: BwdConfig | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(dx in x.dtype, dw in fp32 or None without a weight, db in fp32 or None unless bias_grad);
-    see `layernorm_bwd_ref`. The config is rmsnorm_bwd's (rows per tile, programs per SM, warps)."""
-    if x.dtype not in _SUPPORTED or dy.shape != x.shape:
-        raise _bad(f"backward: x {x.dtype} {tuple(x.shape)}, dy {tuple(dy.shape)}: same shapes, bf16/fp16/fp32")
-    H = x.shape[-1]
-    x2, dy2 = _rows_view(x, H), _rows_view(dy, H)
-    ds2 = _rows_view(ds, H) if ds is not None else None
-    n_rows = x2.shape[0]
-    dx = torch.empty((n_rows, H), dtype=x.dtype, device=x.device)
-    if n_rows == 0:
-        zero = torch.zeros(H, device=x.device)
-        return dx.view(x.shape), (zero if weight is not None else None), (zero.clone() if bias_grad else None)
-    c = config or bwd_heuristic(n_rows, H, x.device)
-    n_tiles = triton.cdiv(n_rows, c.rows)
-    grid = min(n_tiles, c.progs * _sm_count(x.device))
-    dw = torch.empty((grid, H), dtype=torch.float32, device=x.device) if weight is not None else dx
-    db = torch.empty((grid, H), dtype=torch.float32, device=x.device) if bias_grad else dx
-    w = weight.contiguous() if weight is not None else dx
-    _layernorm_bwd_kernel[(grid,)](
-        dy2, x2, w, ds2 if ds2 is not None else dx, dx, dw, db, n_rows, H, dy2.stride(0), x2.stride(0),
-        ds2.stride(0) if ds2 is not None else 0, dx.stride(0), eps, triton.cdiv(n_tiles, grid), ROWS=c.rows,
-        BLOCK_H=triton.next_power_of_2(H), HAS_WEIGHT=weight is not None, WANT_DW=weight is not None,
-        WANT_DB=bias_grad, HAS_DS=ds2 is not None, INTERP=_INTERPRETED, num_warps=c.num_warps)
-    return (dx.view(x.shape), dw.sum(0) if weight is not None else None, db.sum(0) if bias_grad else None)
-
+from solforge.kernels.layernorm_bwd import (  # noqa: E402, F401  (re-exported; its op registered next to ours)
+    BwdConfig,
+    blocks,
+    blocks_ok,
+    bwd_heuristic,
+    bwd_is_valid,
+    bwd_space,
+    layernorm_bwd,
+    layernorm_bwd_op,
+    layernorm_bwd_ref,
+)
 
 # ----------------------------------------------------------------------------------------------
 # Custom ops: what the graph rewrite calls. The config travels as its encoded string ("" for the
@@ -343,8 +278,6 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None
 
 _LIB = torch.library.Library("solforge", "FRAGMENT")
 _LIB.define("layernorm(Tensor x, Tensor? weight, Tensor? bias, float eps, ScalarType out_dtype, str config) -> Tensor")
-_LIB.define("layernorm_bwd(Tensor dy, Tensor x, Tensor? weight, float eps, Tensor? ds, bool bias_grad, str config) "
-            "-> (Tensor, Tensor, Tensor)")
 
 
 def _op(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
@@ -352,16 +285,7 @@ def _op(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
     return layernorm(x, weight, bias, eps, out_dtype=out_dtype, config=Config.decode(config) if config else None)
 
 
-def _bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, ds: torch.Tensor | None,
-            bias_grad: bool, config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dw, db = layernorm_bwd(dy, x, weight, eps, ds=ds, bias_grad=bias_grad,
-                               config=BwdConfig.decode(config) if config else None)
-    empty = x.new_empty(0, dtype=torch.float32)
-    return dx, (dw if dw is not None else empty), (db if db is not None else empty.clone())
-
-
 _LIB.impl("layernorm", _op, "CompositeExplicitAutograd")
-_LIB.impl("layernorm_bwd", _bwd_op, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("solforge::layernorm")
@@ -370,16 +294,7 @@ def _fake(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | Non
     return x.new_empty(x.shape, dtype=out_dtype)
 
 
-@torch.library.register_fake("solforge::layernorm_bwd")
-def _bwd_fake(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, ds: torch.Tensor | None,
-              bias_grad: bool, config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    H = x.shape[-1]
-    return (x.new_empty(x.shape), x.new_empty(H if weight is not None else 0, dtype=torch.float32),
-            x.new_empty(H if bias_grad else 0, dtype=torch.float32))
-
-
 layernorm_op = torch.ops.solforge.layernorm.default
-layernorm_bwd_op = torch.ops.solforge.layernorm_bwd.default
 
 
 def param_grads(dw: torch.Tensor, db: torch.Tensor, weight: torch.Tensor | None, bias_dtype: torch.dtype | None
@@ -412,15 +327,18 @@ _WARPS = (1, 2, 4, 8, 16, 32)
 # Register budget: fp32 values of a row tile a thread holds at once (rmsnorm.py's measured limit;
 # past it the compiler spills and the kernel falls off the bandwidth roof). A residual doubles it.
 _MAX_PER_THREAD = 64
-_ABBREV = {"block_h": "bh", "rows": "r", "num_warps": "w", "evict": "e"}
+_ABBREV = {"block_h": "bh", "block_t": "bt", "rows": "r", "num_warps": "w", "evict": "e"}
 
 
 @dataclass(frozen=True)
 class Config:
-    """One kernel choice: a [rows, block_h] tile per program (block_h: H rounded up to a power of two)."""
+    """One kernel choice: a [rows, block_h (+ block_t)] tile per program. block_t > 0 splits a row
+    that is not a power of two into a power-of-two main block and tail (2560 = 2048 + 512) so that
+    no lanes (registers, and a third of the threads' work at 2560 against 4096) go to masked columns."""
 
     variant: str = "row"
     block_h: int = 1024
+    block_t: int = 0
     rows: int = 1
     num_warps: int = 4
     evict: int = 0  # 1: load x (and the residual) with evict_first
@@ -429,7 +347,7 @@ class Config:
         return config_text.items(self)
 
     def encode(self) -> str:
-        """Compact text, e.g. "rows:bh=1024:r=4:w=8"."""
+        """Compact text, e.g. "rows:bh=512:bt=256:r=4:w=8" (fields at their default left out)."""
         return config_text.encode(self, _ABBREV, always=("block_h", "num_warps"))
 
     @staticmethod
@@ -464,11 +382,9 @@ def is_valid(config: Config, workload: Workload) -> bool:
     _rows, H = _dims(workload)
     if c.variant not in VARIANTS or c.num_warps not in _WARPS or c.evict not in (0, 1):
         return False
-    if not (_pow2(c.block_h) and _pow2(c.rows)) or (c.variant == "row") != (c.rows == 1):
+    if not _pow2(c.rows) or (c.variant == "row") != (c.rows == 1) or not blocks_ok(c.block_h, c.block_t, H):
         return False
-    if c.block_h != triton.next_power_of_2(H):  # one block covers the row, with the fewest masked lanes
-        return False
-    return _live(workload) * c.rows * c.block_h // (32 * c.num_warps) <= _MAX_PER_THREAD
+    return _live(workload) * c.rows * (c.block_h + c.block_t) // (32 * c.num_warps) <= _MAX_PER_THREAD
 
 
 def _warps_for(elems: int, per_thread: int) -> int:
@@ -476,24 +392,30 @@ def _warps_for(elems: int, per_thread: int) -> int:
     return max(1, min(32, triton.next_power_of_2(elems // (32 * per_thread) + 1) // 2))
 
 
+def _fit(c: Config, workload: Workload) -> Config:
+    """More warps until the tile fits the register budget (or 32 warps)."""
+    while not is_valid(c, workload) and c.num_warps < 32:
+        c = dataclasses.replace(c, num_warps=c.num_warps * 2)
+    return c
+
+
 def space(workload: Workload) -> list[Config]:
-    """Rows per tile x warps x eviction hint: ~10-25 configs at transformer widths."""
+    """Block split x rows per tile x warps x eviction hint: ~15-45 configs at transformer widths."""
     rows, H = _dims(workload)
-    width = triton.next_power_of_2(H)
-    cands = [Config("row", width, 1, _warps_for(width, ept)) for ept in (4, 8, 16, 32)]
-    cands.append(Config("row", width, 1, _warps_for(width, 16), evict=1))
-    r = 2
-    while r * width <= 16384 and r <= triton.next_power_of_2(max(rows, 1)):
-        for ept in (8, 16, 32):
-            cands.append(Config("rows", width, r, _warps_for(r * width, ept)))
-        cands.append(Config("rows", width, r, _warps_for(r * width, 16), evict=1))
-        r *= 2
+    cands = []
+    for bh, bt in blocks(H):
+        width = bh + bt
+        cands += [Config("row", bh, bt, 1, _warps_for(width, ept)) for ept in (4, 8, 16, 32)]
+        cands.append(Config("row", bh, bt, 1, _warps_for(width, 16), evict=1))
+        r = 2
+        while r * width <= 16384 and r <= triton.next_power_of_2(max(rows, 1)):
+            cands += [Config("rows", bh, bt, r, _warps_for(r * width, ept)) for ept in (8, 16, 32)]
+            cands.append(Config("rows", bh, bt, r, _warps_for(r * width, 16), evict=1))
+            r *= 2
     seen: set[Config] = set()
     out = []
     for c in cands:
-        # a config over the register budget gets more warps rather than vanishing from the space
-        while not is_valid(c, workload) and c.num_warps < 32:
-            c = Config(c.variant, c.block_h, c.rows, c.num_warps * 2, c.evict)
+        c = _fit(c, workload)  # a config over the register budget gets more warps rather than vanishing
         if c not in seen and is_valid(c, workload):
             seen.add(c)
             out.append(c)
@@ -501,22 +423,24 @@ def space(workload: Workload) -> list[Config]:
 
 
 def heuristic(workload: Workload) -> Config:
-    """Untuned default: rmsnorm's measured choice (kernels/rmsnorm.py: a whole row per program with
-    ~16 values per thread for rows of 1024+, several short rows per program keeping >= 264 tiles),
-    which LayerNorm (one more reduction over registers, one more parameter row) is assumed to share
-    until bench/families.py tunes it on the H100. Invalid only where no config fits (`supported`)."""
+    """Untuned default, from rmsnorm's H100 measurements (kernels/rmsnorm.py) until bench/ln_sweep.py
+    has swept this family: the fewest-lanes block split (rmsnorm's best at 16384 x 2560 was
+    row:bh=2048:bt=512:w=8, 60.2 us), a whole row per program for rows of 1024+, several short rows
+    per program keeping >= 264 tiles (two per SM of an H100). ~16 values a thread: with two more
+    reductions than rmsnorm, fewer warps per row mean fewer block-wide barriers per byte (the
+    15 s tune at 16384 x 2560 preferred 4 warps to 8 with 4096 lanes: 92.6 us).
+    Invalid only where no config fits (`supported`)."""
     rows, H = _dims(workload)
-    width = triton.next_power_of_2(H)
+    bh, bt = blocks(H)[0]
+    width, pow2 = bh + bt, triton.next_power_of_2(H)
     if width >= 1024:
-        c = Config("row", width, 1, _warps_for(width, 16))
+        c = Config("row", bh, bt, 1, _warps_for(width, 16))
     else:
-        r = min(4096 // width, max(1, triton.next_power_of_2(rows // 264 + 1) // 2))
+        r = min(4096 // pow2, max(1, triton.next_power_of_2(rows // 264 + 1) // 2))
         if workload.device != "cuda":  # the interpreter pays per program, not per SM: fewest programs
-            r = min(4096 // width, triton.next_power_of_2(max(rows, 1)))
-        c = Config("rows" if r > 1 else "row", width, r, _warps_for(r * width, 8))
-    while not is_valid(c, workload) and c.num_warps < 32:
-        c = Config(c.variant, c.block_h, c.rows, c.num_warps * 2, c.evict)
-    return c
+            r = min(4096 // pow2, triton.next_power_of_2(max(rows, 1)))
+        c = Config("rows" if r > 1 else "row", bh, bt, r, _warps_for(r * width, 8))
+    return _fit(c, workload)
 
 
 def supported(workload: Workload) -> bool:

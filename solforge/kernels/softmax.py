@@ -229,11 +229,12 @@ def _out_rows(out: torch.Tensor, N: int) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=1024)
 def _launch_plan(n_rows: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype, config: Config | None,
-                 device: str) -> tuple[Any, int, dict[str, Any]]:
-    """(kernel variant, grid, kernel options) for one shape and config: cached, so a call pays a
-    lookup rather than the Workload/heuristic/validity work."""
+                 device: str, bwd: bool = False) -> tuple[Any, int, dict[str, Any]]:
+    """(kernel variant, grid, kernel options) for one shape and config (None: the forward's or, with
+    `bwd`, the backward's heuristic): cached, so a call pays a lookup rather than the
+    Workload/heuristic/validity work."""
     wl = _workload(n_rows, N, dtype, out_dtype, device)
-    c = config or heuristic(wl)
+    c = config or (bwd_heuristic(wl) if bwd else heuristic(wl))
     if not is_valid(c, wl):  # a bad config could silently skip columns: refuse it
         raise _bad(f"config {c.encode()} is not valid for {wl.key}")
     if c.variant == "online":
@@ -279,7 +280,8 @@ def softmax(x: torch.Tensor, *, out_dtype: torch.dtype | None = None, config: Co
 def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, *, dx_dtype: torch.dtype | None = None,
                 config: Config | None = None) -> torch.Tensor:
     """dx = y * (dy - sum(dy * y)) over the last dim (see `softmax_bwd_ref`), in dx_dtype (default
-    y.dtype). The config is the forward's triad evaluated on y's shape (default: its heuristic)."""
+    y.dtype). The config is a forward Config evaluated on y's shape, from `bwd_space` (default:
+    `bwd_heuristic`)."""
     dx_dtype = dx_dtype or y.dtype
     _check(y, dx_dtype)
     if dy.shape != y.shape or dy.dtype not in _SUPPORTED:
@@ -290,7 +292,7 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, *, dx_dtype: torch.dtype | No
     N = y.shape[-1]
     y2, dy2, dx2 = _rows_view(y, N), _rows_view(dy, N), dx.view(-1, N)
     n_rows = y2.shape[0]
-    kind, grid, kw = _launch_plan(n_rows, N, y.dtype, dx_dtype, config, y.device.type)
+    kind, grid, kw = _launch_plan(n_rows, N, y.dtype, dx_dtype, config, y.device.type, True)
     args = (dy2, y2, dx2)
     strides = (dy2.stride(0), y2.stride(0), dx2.stride(0))
     if kind == "online":
@@ -470,6 +472,36 @@ def heuristic(workload: Workload) -> Config:
     r = min(4096 // width, max(1, triton.next_power_of_2(rows // 264 + 1) // 2))
     if workload.device != "cuda":  # the interpreter pays per program, not per SM: fewest programs
         r = min(4096 // width, triton.next_power_of_2(max(rows, 1)))
+    return _fit(Config("rows" if r > 1 else "row", width, r, _warps_for(r * width, 8)), workload)
+
+
+def bwd_space(workload: Workload) -> list[Config]:
+    """The backward's search space: the forward's configs (the same three kernel shapes, each
+    holding y and dy where the forward holds x), plus for single-pass tiles the next warp count up
+    (two tiles live per thread instead of one: fewer values a thread at the same tile)."""
+    out = space(workload)
+    seen = set(out)
+    for c in list(out):
+        if c.variant != "online" and c.num_warps < 32:
+            more = Config(c.variant, c.block, c.rows, c.num_warps * 2)
+            if more not in seen and is_valid(more, workload):
+                seen.add(more)
+                out.append(more)
+    return out
+
+
+def bwd_heuristic(workload: Workload) -> Config:
+    """Untuned backward default. Rows of 1024+: the forward's row-per-program tile (at 4096 wide its
+    fwd+bwd matched Liger's on the H100, 1761.63 against 1770.14 us). Short rows: tiles of 2048
+    elements rather than 4096, since y and dy are both held. Past 32K columns: online chunks.
+    Not yet swept on the H100: bench/ln_sweep.py times `bwd_space`."""
+    rows, N = _dims(workload)
+    width = triton.next_power_of_2(N)
+    if width >= 1024 or width > _SINGLE_PASS_MAX:
+        return heuristic(workload)
+    r = min(max(1, 2048 // width), max(1, triton.next_power_of_2(rows // 264 + 1) // 2))
+    if workload.device != "cuda":  # the interpreter pays per program, not per SM: fewest programs
+        r = min(max(1, 2048 // width), triton.next_power_of_2(max(rows, 1)))
     return _fit(Config("rows" if r > 1 else "row", width, r, _warps_for(r * width, 8)), workload)
 
 

@@ -1,0 +1,385 @@
+"""Backward of LayerNorm, shared by the `layernorm` and `add_layernorm` families.
+
+With n = (x - mean) * rstd and y = n * w + b:
+    dn = dy * w
+    dx = rstd * (dn - mean(dn) - n * mean(dn * n))     (+ ds, the gradient reaching x elsewhere)
+    dw = sum over rows of dy * n;  db = sum over rows of dy
+mean and rstd are recomputed from x (one more pass over a row already in registers; nothing kept
+alive between forward and backward). Like rmsnorm_bwd.py: a few programs per SM walk row tiles in a
+grid-stride loop, each keeps fp32 partial dw/db rows in registers, and one torch sum adds the
+(2, grid, H) partials of both.
+
+A row that is not a power of two is held as a power-of-two main block plus a tail (2560 = 2048 +
+512), as in the forward: with one 4096-lane block, 37% of the lanes of x, dy, and of the w, dw and
+db rows were masked, which at rmsnorm_bwd's measured best tile ([2, 4096] on 4 warps) puts 64 + 64
+values of x and dy and 3 x 32 of w, dw, db in every thread, past the 255-register limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from solforge.kernels.rmsnorm import _ld, _load_weight, _st
+
+_SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def layernorm_bwd_ref(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                      eps: float, *, ds: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(dx, dw, db) in fp32/fp64, by autograd through the forward reference."""
+    from solforge.kernels.layernorm import layernorm_ref
+
+    acc = torch.float64 if x.dtype in (torch.float32, torch.float64) else torch.float32
+    leaves = [t.detach().to(acc).requires_grad_(True) if t is not None else None for t in (x, weight, bias)]
+    y = layernorm_ref(leaves[0], leaves[1], leaves[2], eps)  # type: ignore[arg-type]
+    live = [t for t in leaves if t is not None]
+    grads = iter(torch.autograd.grad(y, live, dy.to(acc)))
+    dx, dw, db = (next(grads) if t is not None else None for t in leaves)
+    assert dx is not None
+    return dx + (ds.to(acc) if ds is not None else 0), dw, db
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+
+
+@triton.jit
+def _bwd_piece(dy, x, mean, rstd, w, c1, c2, ds_ptrs, dx_ptrs, m, cols, H, COL_MASK: tl.constexpr,
+               HAS_WEIGHT: tl.constexpr, HAS_DS: tl.constexpr):
+    """dx of one block of a tile, stored; returns the block's (dw, db) contributions [1, width]."""
+    d = x - mean
+    if COL_MASK:
+        d = tl.where(cols < H, d, 0.0)
+    n = d * rstd
+    dn = dy * w if HAS_WEIGHT else dy
+    dx = rstd * (dn - c2 - n * c1)
+    if HAS_DS:  # loaded last, so that its registers are not live during the reductions
+        dx += _ld(ds_ptrs, m, cols, H, COL_MASK, "").to(tl.float32)
+    _st(dx_ptrs, dx, m, cols, H, COL_MASK)
+    return tl.sum(dy * n, axis=0)[None, :], tl.sum(dy, axis=0)[None, :]
+
+
+@triton.jit
+def _bwd_tile(tile, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n_rows, H, s_dy, s_x, s_ds, s_dx, eps,
+              ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr,
+              HAS_WEIGHT: tl.constexpr, HAS_DS: tl.constexpr):
+    """dx for one tile of ROWS rows; returns its contributions to dw and db for the main block and
+    the tail (0.0 without a tail). Rows past the end load zeros: n = 0 and dy = 0 there, so they add
+    nothing and store nothing."""
+    rows = tile * ROWS + tl.arange(0, ROWS)
+    m = (rows < n_rows)[:, None]
+    r64 = rows.to(tl.int64)[:, None]
+    cols = tl.arange(0, BLOCK_H)[None, :]
+    x = _ld(x_ptr + r64 * s_x + cols, m, cols, H, BLOCK_T == 0 and not EVEN_H, "").to(tl.float32)
+    dy = _ld(dy_ptr + r64 * s_dy + cols, m, cols, H, BLOCK_T == 0 and not EVEN_H, "").to(tl.float32)
+    tot = tl.sum(x, axis=1)
+    if BLOCK_T > 0:
+        tcols = BLOCK_H + tl.arange(0, BLOCK_T)[None, :]
+        xt = _ld(x_ptr + r64 * s_x + tcols, m, tcols, H, not EVEN_H, "").to(tl.float32)
+        dyt = _ld(dy_ptr + r64 * s_dy + tcols, m, tcols, H, not EVEN_H, "").to(tl.float32)
+        tot += tl.sum(xt, axis=1)
+    mean = (tot / H)[:, None]
+    d = x - mean
+    if BLOCK_T == 0 and not EVEN_H:  # masked lanes hold -mean now; they must not count
+        d = tl.where(cols < H, d, 0.0)
+    ss = tl.sum(d * d, axis=1)
+    if BLOCK_T > 0:
+        dt = xt - mean
+        if not EVEN_H:
+            dt = tl.where(tcols < H, dt, 0.0)
+        ss += tl.sum(dt * dt, axis=1)
+    rstd1 = tl.rsqrt(ss / H + eps)
+    rstd = rstd1[:, None]
+    # c1 = mean(dn * n), c2 = mean(dn) over the whole row (both blocks); n = d * rstd
+    dn = dy * w if HAS_WEIGHT else dy
+    c1 = tl.sum(dn * d, axis=1)
+    c2 = tl.sum(dn, axis=1)
+    if BLOCK_T > 0:
+        dnt = dyt * wt if HAS_WEIGHT else dyt
+        c1 += tl.sum(dnt * dt, axis=1)
+        c2 += tl.sum(dnt, axis=1)
+    c1 = (c1 * rstd1 / H)[:, None]
+    c2 = (c2 / H)[:, None]
+    pw, pb = _bwd_piece(dy, x, mean, rstd, w, c1, c2, ds_ptr + r64 * s_ds + cols, dx_ptr + r64 * s_dx + cols, m,
+                        cols, H, BLOCK_T == 0 and not EVEN_H, HAS_WEIGHT, HAS_DS)
+    pwt = 0.0
+    pbt = 0.0
+    if BLOCK_T > 0:
+        pwt, pbt = _bwd_piece(dyt, xt, mean, rstd, wt, c1, c2, ds_ptr + r64 * s_ds + tcols,
+                              dx_ptr + r64 * s_dx + tcols, m, tcols, H, not EVEN_H, HAS_WEIGHT, HAS_DS)
+    return pw, pb, pwt, pbt
+
+
+# n_iter and db_off vary with the row count; Triton would specialize them (== 1, multiple of 16) and
+# recompile for sequence lengths that change only those.
+@triton.jit(do_not_specialize=["n_iter", "db_off"])
+def _layernorm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, part_ptr, n_rows, H, s_dy, s_x, s_ds, s_dx, eps,
+                          n_iter, db_off, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
+                          EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, WANT_DW: tl.constexpr,
+                          WANT_DB: tl.constexpr, HAS_DS: tl.constexpr, INTERP: tl.constexpr):
+    """A grid-stride loop over row tiles; dw and db accumulate in registers, one partial row each per
+    program, stored at part_ptr + pid * H (dw) and part_ptr + db_off + pid * H (db)."""
+    pid = tl.program_id(0)
+    n_progs = tl.num_programs(0)
+    w, wt = _load_weight(w_ptr, H, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT)
+    dw = tl.zeros([1, BLOCK_H], dtype=tl.float32)
+    db = tl.zeros([1, BLOCK_H], dtype=tl.float32)
+    dwt = 0.0
+    dbt = 0.0
+    if BLOCK_T > 0:
+        dwt = tl.zeros([1, BLOCK_T], dtype=tl.float32)
+        dbt = tl.zeros([1, BLOCK_T], dtype=tl.float32)
+    if INTERP:
+        # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
+        # (triton-lang/triton#9171, see kernels/rmsnorm.py); a while loop works there.
+        i = 0
+        while i < n_iter:
+            pw, pb, pwt, pbt = _bwd_tile(pid + i * n_progs, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n_rows, H, s_dy,
+                                         s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, HAS_DS)
+            dw += pw
+            db += pb
+            if BLOCK_T > 0:
+                dwt += pwt
+                dbt += pbt
+            i += 1
+    else:
+        for i in range(0, n_iter):
+            pw, pb, pwt, pbt = _bwd_tile(pid + i * n_progs, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n_rows, H, s_dy,
+                                         s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, HAS_DS)
+            if WANT_DW:
+                dw += pw
+            if WANT_DB:
+                db += pb
+            if BLOCK_T > 0:
+                if WANT_DW:
+                    dwt += pwt
+                if WANT_DB:
+                    dbt += pbt
+    on = tl.full([1, 1], 1, tl.int1)
+    cols = tl.arange(0, BLOCK_H)[None, :]
+    row = part_ptr + pid * H
+    if WANT_DW:
+        _st(row + cols, dw, on, cols, H, BLOCK_T == 0 and not EVEN_H)
+    if WANT_DB:
+        _st(row + db_off + cols, db, on, cols, H, BLOCK_T == 0 and not EVEN_H)
+    if BLOCK_T > 0:
+        tcols = BLOCK_H + tl.arange(0, BLOCK_T)[None, :]
+        if WANT_DW:
+            _st(row + tcols, dwt, on, tcols, H, not EVEN_H)
+        if WANT_DB:
+            _st(row + db_off + tcols, dbt, on, tcols, H, not EVEN_H)
+
+
+_INTERPRETED = type(_layernorm_bwd_kernel).__name__ == "InterpretedFunction"
+
+
+# ----------------------------------------------------------------------------------------------
+# Config: rows per tile, programs per SM, warps, and the block split
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def blocks(H: int) -> list[tuple[int, int]]:
+    """(main, tail) block pairs for a row of H: the two-piece split first where it wastes fewer
+    lanes than one power of two (2560 -> 2048 + 512, 768 -> 512 + 256), then the power of two."""
+    full = triton.next_power_of_2(H)
+    out = [(full, 0)]
+    main = full if full == H else full // 2
+    if main < H:
+        tail = triton.next_power_of_2(H - main)
+        if main + tail < full:
+            out.insert(0, (main, tail))
+    return out
+
+
+def blocks_ok(block_h: int, block_t: int, H: int) -> bool:
+    """Whether the blocks cover a row of H: one power of two with the fewest masked lanes, or a
+    main block inside the row plus a power-of-two tail (no wider than the main) that reaches its end."""
+    if not _pow2(block_h):
+        return False
+    if block_t == 0:
+        return block_h == triton.next_power_of_2(H)
+    return _pow2(block_t) and block_t <= block_h < H <= block_h + block_t
+
+
+_BWD_WARPS = (1, 2, 4, 8, 16, 32)
+# fp32 values of one row tile (x or dy) a thread holds: rmsnorm_bwd's best H100 config held 64.
+_BWD_MAX_PER_THREAD = 64
+_BWD_ABBREV = {"r": "rows", "p": "progs", "w": "num_warps", "bh": "block_h", "bt": "block_t"}
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """rows per tile, programs per SM, warps (rmsnorm_bwd's fields, same order), and the block split:
+    block_h = 0 means one power-of-two block covering the row (the only choice before the split)."""
+
+    rows: int = 1
+    progs: int = 4
+    num_warps: int = 4
+    block_h: int = 0
+    block_t: int = 0
+
+    def encode(self) -> str:
+        """e.g. "bwd:r=2:p=2:w=4:bh=2048:bt=512" (bh/bt only when set)."""
+        s = f"bwd:r={self.rows}:p={self.progs}:w={self.num_warps}"
+        if self.block_h:
+            s += f":bh={self.block_h}:bt={self.block_t}"
+        return s
+
+    @staticmethod
+    def decode(text: str) -> BwdConfig:
+        return _decode(text)
+
+    def items(self) -> tuple[tuple[str, Any], ...]:
+        return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+
+    def split(self, H: int) -> tuple[int, int]:
+        return (self.block_h, self.block_t) if self.block_h else (triton.next_power_of_2(H), 0)
+
+
+@functools.lru_cache(maxsize=256)
+def _decode(text: str) -> BwdConfig:
+    head, *parts = text.split(":")
+    try:
+        assert head == "bwd"
+        return BwdConfig(**{_BWD_ABBREV[k]: int(v) for k, v in (p.split("=") for p in parts)})
+    except (AssertionError, KeyError, ValueError) as e:
+        raise ValueError(f"bad layernorm backward config {text!r} (e.g. 'bwd:r=2:p=2:w=4:bh=2048:bt=512')") from e
+
+
+def bwd_is_valid(c: BwdConfig, n_rows: int, H: int) -> bool:
+    """Covers the row, powers of two, and within the register budget."""
+    bh, bt = c.split(H)
+    if not (_pow2(c.rows) and c.progs >= 1 and c.num_warps in _BWD_WARPS and blocks_ok(bh, bt, H)):
+        return False
+    return c.rows * (bh + bt) // (32 * c.num_warps) <= _BWD_MAX_PER_THREAD
+
+
+def bwd_space(n_rows: int, H: int) -> list[BwdConfig]:
+    """Block split x rows per tile (up to 16K elements) x warps (4 to 64 values of x a thread) x
+    programs per SM (1, 2, 4, 8): ~60 configs at H = 2560, fewer where rows are few."""
+    out = []
+    for bh, bt in blocks(H):
+        width = bh + bt
+        r = 1
+        while r * width <= 16384 and r <= max(32 if width < 1024 else 8, 1) and r <= triton.next_power_of_2(n_rows):
+            for w in (2, 4, 8, 16):
+                per = r * width // (32 * w)
+                if per < 4 or per > _BWD_MAX_PER_THREAD:
+                    continue
+                out += [BwdConfig(r, p, w, bh, bt) for p in (1, 2, 4, 8)]
+            r *= 2
+    return [c for c in out if bwd_is_valid(c, n_rows, H)]
+
+
+def bwd_heuristic(n_rows: int, H: int, device: torch.device | str) -> BwdConfig:
+    """rmsnorm_bwd's measured tiling (kernels/rmsnorm_bwd.py, H100: 16384 x 2560 best r=2 p=2 w=4 at
+    156 us, 4096 x 2560 the same at 55 us; 524288 x 128 best r=32 p=8 w=4) on the fewest-lanes block
+    split: tiles of ~8K elements (rows from the power-of-two width, so 2560 keeps rmsnorm's 2 rows,
+    now 40 values a thread instead of 64), 4 warps, 2 programs per SM for rows of 1024+, 8 below.
+    Not yet swept for LayerNorm: bench/ln_sweep.py does that."""
+    bh, bt = blocks(H)[0]
+    pow2 = triton.next_power_of_2(H)
+    rows = max(1, min(32, 8192 // pow2))
+    warps = 4 if rows * (bh + bt) <= 8192 else 8
+    c = BwdConfig(rows, 2 if pow2 >= 1024 else 8, warps, bh, bt)
+    while not bwd_is_valid(c, n_rows, H) and c.num_warps < 32:
+        c = dataclasses.replace(c, num_warps=c.num_warps * 2)
+    return c
+
+
+# ----------------------------------------------------------------------------------------------
+# Launcher
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    # Interpreter: a small fake SM count so the grid-stride loop really strides in CPU tests.
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def _rows_view(t: torch.Tensor, H: int) -> torch.Tensor:
+    """(rows, H) with a unit column stride; reshape copies only when one row stride cannot do."""
+    t2 = t.reshape(-1, H)
+    return t2 if t2.stride(-1) == 1 or H == 1 else t2.contiguous()
+
+
+def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
+                  ds: torch.Tensor | None = None, bias_grad: bool = False, config: Any = None
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(dx in x.dtype, dw in fp32 or None without a weight, db in fp32 or None unless bias_grad);
+    see `layernorm_bwd_ref`. `config`: a BwdConfig (rmsnorm_bwd's also works: one block), default
+    `bwd_heuristic`."""
+    if x.dtype not in _SUPPORTED or dy.shape != x.shape:
+        raise ValueError(f"solforge layernorm: backward: x {x.dtype} {tuple(x.shape)}, dy {tuple(dy.shape)}: "
+                         "same shapes, bf16/fp16/fp32")
+    H = x.shape[-1]
+    x2, dy2 = _rows_view(x, H), _rows_view(dy, H)
+    ds2 = _rows_view(ds, H) if ds is not None else None
+    n_rows = x2.shape[0]
+    dx = torch.empty((n_rows, H), dtype=x.dtype, device=x.device)
+    if n_rows == 0:
+        zero = torch.zeros(H, device=x.device)
+        return dx.view(x.shape), (zero if weight is not None else None), (zero.clone() if bias_grad else None)
+    c = config or bwd_heuristic(n_rows, H, x.device)
+    if not isinstance(c, BwdConfig):  # rmsnorm_bwd's BwdConfig (rows, progs, num_warps)
+        c = BwdConfig(c.rows, c.progs, c.num_warps)
+    if not bwd_is_valid(c, n_rows, H):
+        raise ValueError(f"solforge layernorm: backward config {c.encode()} is not valid for {n_rows} x {H}")
+    bh, bt = c.split(H)
+    n_tiles = triton.cdiv(n_rows, c.rows)
+    grid = min(n_tiles, c.progs * _sm_count(x.device))
+    want_dw = weight is not None
+    # dw's and db's partial rows in one buffer, so one sum reduces both
+    n_parts = int(want_dw) + int(bias_grad)
+    part = torch.empty((n_parts, grid, H), dtype=torch.float32, device=x.device) if n_parts else dx
+    w = weight.contiguous() if weight is not None else dx
+    _layernorm_bwd_kernel[(grid,)](
+        dy2, x2, w, ds2 if ds2 is not None else dx, dx, part, n_rows, H, dy2.stride(0), x2.stride(0),
+        ds2.stride(0) if ds2 is not None else 0, dx.stride(0), eps, triton.cdiv(n_tiles, grid),
+        grid * H if want_dw else 0, ROWS=c.rows, BLOCK_H=bh, BLOCK_T=bt, EVEN_H=H == bh + bt,
+        HAS_WEIGHT=want_dw, WANT_DW=want_dw, WANT_DB=bias_grad, HAS_DS=ds2 is not None, INTERP=_INTERPRETED,
+        num_warps=c.num_warps)
+    sums = part.sum(1) if n_parts else part
+    return dx.view(x.shape), (sums[0] if want_dw else None), (sums[n_parts - 1] if bias_grad else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Custom op: the autograd formulas of layernorm and add_layernorm call it, so that a traced backward
+# (torch.compile, export) sees one call with a fake implementation; dw/db are fp32, empty when absent.
+
+_LIB = torch.library.Library("solforge", "FRAGMENT")
+_LIB.define("layernorm_bwd(Tensor dy, Tensor x, Tensor? weight, float eps, Tensor? ds, bool bias_grad, str config) "
+            "-> (Tensor, Tensor, Tensor)")
+
+
+def _bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, ds: torch.Tensor | None,
+            bias_grad: bool, config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dx, dw, db = layernorm_bwd(dy, x, weight, eps, ds=ds, bias_grad=bias_grad,
+                               config=BwdConfig.decode(config) if config else None)
+    empty = x.new_empty(0, dtype=torch.float32)
+    return dx, (dw if dw is not None else empty), (db if db is not None else empty.clone())
+
+
+_LIB.impl("layernorm_bwd", _bwd_op, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("solforge::layernorm_bwd")
+def _bwd_fake(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, ds: torch.Tensor | None,
+              bias_grad: bool, config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    H = x.shape[-1]
+    return (x.new_empty(x.shape), x.new_empty(H if weight is not None else 0, dtype=torch.float32),
+            x.new_empty(H if bias_grad else 0, dtype=torch.float32))
+
+
+layernorm_bwd_op = torch.ops.solforge.layernorm_bwd.default
