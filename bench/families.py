@@ -289,6 +289,12 @@ def softmax_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return family_softmax.run()
 
 
+def gelu_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import family_gelu  # bench/family_gelu.py: gelu(x + b) at GPT-2-like shapes
+
+    return family_gelu.run(args.budget, args.gelu_approx, not args.no_bwd_sweep)
+
+
 def cross_entropy_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     import family_cross_entropy
 
@@ -297,7 +303,7 @@ def cross_entropy_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 FAMILIES: dict[str, Callable[[argparse.Namespace], list[dict[str, Any]]]] = {
     "swiglu": swiglu_rows, "add_rmsnorm": add_rmsnorm_rows, "rope": rope_rows, "layernorm": layernorm_rows,
-    "softmax": softmax_rows, "cross_entropy": cross_entropy_rows}
+    "softmax": softmax_rows, "cross_entropy": cross_entropy_rows, "gelu": gelu_rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,7 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of: {', '.join(FAMILIES)}")
     p.add_argument("--budget", type=float, default=120.0, help="solforge tuning budget per shape (s)")
     p.add_argument("--acts", default="silu", help="swiglu activations: silu,gelu_tanh,gelu")
-    p.add_argument("--no-bwd-sweep", action="store_true", help="skip timing the backward kernel over the space")
+    p.add_argument("--gelu-approx", default="tanh", help="gelu approximations: tanh,none")
+    p.add_argument("--no-bwd-sweep", action="store_true",
+                   help="skip timing the backward kernel over the space (swiglu, gelu)")
     p.add_argument("--out", default=None, help="JSON file to write")
     a = p.parse_args(argv)
     unknown = [f for f in a.families.split(",") if f not in FAMILIES]

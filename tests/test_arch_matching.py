@@ -49,12 +49,14 @@ def _ids(seed: int) -> torch.Tensor:
 # region per layer (q and k in one launch; Qwen3's q/k norms fused into it), one swiglu per layer
 # (silu, Gemma's gelu_tanh, Phi-3's chunked gate_up). GPT-2: ln_1 of layer 0 reads token + position
 # embeddings, a broadcasting add at batch > 1 (plain layernorm); ln_2, ln_1 of layer 1, ln_2 and
-# ln_f read residual adds (add_layernorm). GPT-2's MLP, gelu_new(c_fc(x)) with no gate, and its
-# non-rotary attention are no family's region. Every model here runs eager attention: one softmax
-# per layer (fp32 upcast and cast back in the RMSNorm models, plain in GPT-2).
+# ln_f read residual adds (add_layernorm). GPT-2's MLP activation, gelu_new(c_fc(x)) with no gate,
+# is transformers' NewGELUActivation written out (0.5 * x * (1 + tanh(...))): one gelu region per
+# layer, the tanh form, its bias inside c_fc's addmm. Its non-rotary attention is no family's region.
+# Every model here runs eager attention: one softmax per layer (fp32 upcast and cast back in the
+# RMSNorm models, plain in GPT-2).
 RMS = {"rope": 2, "add_rmsnorm": 4, "rmsnorm": 1, "swiglu": 2, "softmax": 2}
 EXPECTED = {"qwen3": RMS, "llama": RMS, "mistral": RMS, "gemma": RMS, "phi3": RMS,
-            "gpt2": {"layernorm": 1, "add_layernorm": 4, "softmax": 2}}
+            "gpt2": {"layernorm": 1, "add_layernorm": 4, "gelu": 2, "softmax": 2}}
 
 
 def _groups(m: torch.nn.Module) -> list[plan.WorkloadGroup]:
@@ -83,6 +85,9 @@ def test_region_counts(arch: str, dtype: torch.dtype) -> None:
         assert modules["add_layernorm"] == ["transformer.h.0.ln_2", "transformer.h.1.ln_1", "transformer.h.1.ln_2",
                                             "transformer.ln_f"]
         assert all(params[f]["bias"] and params[f]["weight"] for f in ("layernorm", "add_layernorm"))
+        gelu = next(g for g in groups if g.workload.family == "gelu")
+        assert params["gelu"] == {"approximate": "tanh"} and gelu.workload.shapes == ((BATCH * SEQ, 256),)
+        assert modules["gelu"] == ["transformer.h.0.mlp.act", "transformer.h.1.mlp.act"]
 
 
 def test_gemma_offset_weight_is_the_norms_weight() -> None:

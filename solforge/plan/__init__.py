@@ -92,7 +92,7 @@ class WorkloadGroup:
 
 
 def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
-    from solforge.plan import add_layernorm, add_rmsnorm, cross_entropy, layernorm, rmsnorm, rope, softmax, swiglu
+    from solforge.plan import add_layernorm, add_rmsnorm, cross_entropy, gelu, layernorm, rmsnorm, rope, softmax, swiglu
 
     # first claim wins: rope takes the q/k RMSNorms it fuses, and a residual add + norm is one
     # add_rmsnorm (add_layernorm), before the rmsnorm (layernorm) matcher sees them. The LayerNorm
@@ -100,10 +100,11 @@ def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
     # changes nothing; they come after the RMSNorm families, before swiglu. cross_entropy (a
     # _log_softmax + nll_loss_forward, with the casts and views feeding them) and softmax (a _softmax
     # and its casts) share no node with the others or each other; softmax is last, so a future
-    # family that fuses a softmax into something larger (attention) claims it first.
+    # family that fuses a softmax into something larger (attention) claims it first. gelu comes after
+    # swiglu, which claims the aten.gelu of a gated gelu(gate) * up; a bare gelu (GPT-2's MLP) is gelu's.
     return {"rope": rope.match, "add_rmsnorm": add_rmsnorm.match, "rmsnorm": rmsnorm.match,
             "add_layernorm": add_layernorm.match, "layernorm": layernorm.match, "swiglu": swiglu.match,
-            "cross_entropy": cross_entropy.match, "softmax": softmax.match}
+            "gelu": gelu.match, "cross_entropy": cross_entropy.match, "softmax": softmax.match}
 
 
 def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:

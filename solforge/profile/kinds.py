@@ -26,7 +26,8 @@ VIEW = "view"  # launches nothing: folded into a neighbour region
 FAMILY_KIND = {
     "rmsnorm": "normalization", "add_rmsnorm": "normalization", "layernorm": "normalization",
     "add_layernorm": "normalization", "softmax": "reduction", "cross_entropy": "reduction",
-    "swiglu": "pointwise", "silu_mul": "pointwise", "rope": "pointwise", "residual_add": "pointwise",
+    "swiglu": "pointwise", "gelu": "pointwise", "silu_mul": "pointwise", "rope": "pointwise",
+    "residual_add": "pointwise",
 }
 
 _GEMM = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv", "dot", "_scaled_mm",
