@@ -166,7 +166,8 @@ def _check(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """(hidden as (N, H), labels as (N,)), checked."""
     if reduction not in REDUCTIONS:
         raise _bad(f"reduction {reduction!r}: one of {REDUCTIONS}")
-    if hidden.dtype not in _SUPPORTED or weight.dtype != hidden.dtype or (bias is not None and bias.dtype != hidden.dtype):
+    if hidden.dtype not in _SUPPORTED or weight.dtype != hidden.dtype or \
+            (bias is not None and bias.dtype != hidden.dtype):
         raise _bad(f"hidden {hidden.dtype}, weight {weight.dtype}, bias {None if bias is None else bias.dtype}: "
                    "one dtype of bf16, fp16, fp32")
     if weight.dim() != 2 or hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
