@@ -442,9 +442,12 @@ def test_qwen3_4b_head_on_gpu(variant: str) -> None:
     peak = torch.cuda.max_memory_allocated() - base
     returned = sum(o.numel() * o.element_size() for o in out)
     logits_fp32 = 4096 * 151936 * 4  # 2.5 GB
-    # transient memory: the chunk buffer (311 MB) and, with fp32 accumulation, the 1.6 GB buffer
-    # and a 256 MB product slice
-    assert peak - returned < (0.3 if variant == "native" else 0.85) * logits_fp32, (peak, returned)
+    # transient memory: the chunk buffer (1024 rows: 311 MB) and, with fp32 accumulation, dweight's
+    # fp32 accumulator (1.56 GB, whatever N) and a 256 MB product slice
+    chunk = h.rows * 151936 * 2
+    bound = chunk if variant == "native" else chunk + 151936 * 2560 * 4 + L._F32_SLICE_BYTES
+    assert peak - returned <= bound + (64 << 20), (peak, returned, bound)
+    assert peak - returned < (0.2 if variant == "native" else 0.9) * logits_fp32
     _check(wl, dataclasses.replace(h, variant=variant))
 
 

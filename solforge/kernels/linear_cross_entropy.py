@@ -77,9 +77,8 @@ def linear_cross_entropy_ref(hidden: torch.Tensor, weight: torch.Tensor, bias: t
     acc = torch.float64 if hidden.dtype == torch.float32 else torch.float32
     H = hidden.shape[-1]
     h2 = hidden.reshape(-1, H)
-    with torch.no_grad():
-        wide = torch.float64
-        logits = F.linear(h2.to(wide), weight.to(wide), None if bias is None else bias.to(wide)).to(hidden.dtype)
+    with torch.no_grad():  # (fp32 GEMMs of bf16/fp16 values are exact products, summed in fp32)
+        logits = F.linear(h2.to(acc), weight.to(acc), None if bias is None else bias.to(acc)).to(hidden.dtype)
     with torch.enable_grad():
         x = logits.to(acc).requires_grad_(bool(grads))
         loss = F.cross_entropy(x, labels.reshape(-1).long(), ignore_index=ignore_index, reduction=reduction)
@@ -271,6 +270,7 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
                     _add_product_f32(dw, x.t(), hc)
             if grads & GRAD_BIAS:
                 db.add_(x.sum(0, dtype=f32))
+        del buf  # before dweight's cast below: the two need not be held together
     elif grads & GRAD_HIDDEN:
         dh.zero_()
     total = loss_rows.sum()
