@@ -283,15 +283,19 @@ def test_ops_under_opcheck_and_torch_compile() -> None:
 class Head(nn.Module):
     """A body and an LM head whose logits only the loss reads."""
 
-    def __init__(self, H: int, V: int, bias: bool = False, keep_logits: bool = False) -> None:
+    def __init__(self, H: int, V: int, bias: bool = False, keep_logits: bool = False, reduction: str = "mean") -> None:
         super().__init__()
         self.body = nn.Linear(H, H)
         self.lm_head = nn.Linear(H, V, bias=bias)
-        self.V, self.keep = V, keep_logits
+        self.V, self.keep, self.reduction = V, keep_logits, reduction
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         logits = self.lm_head(self.body(x))
-        loss = F.cross_entropy(logits.float().view(-1, self.V), labels.view(-1), ignore_index=-100)
+        flat = logits.float().view(-1, self.V)
+        if self.reduction == "sum":  # Hugging Face's num_items_in_batch form: the division stays outside
+            loss = F.cross_entropy(flat, labels.view(-1), ignore_index=-100, reduction="sum") / 7.0
+        else:
+            loss = F.cross_entropy(flat, labels.view(-1), ignore_index=-100)
         return (loss, logits) if self.keep else loss
 
 
@@ -325,12 +329,12 @@ def test_matching_the_module(dtype: torch.dtype) -> None:
     assert _plan(Head(16, 40, keep_logits=True).to(DEVICE), *_xl(), grad=True) == [("cross_entropy", 1, -1)]
 
 
-@pytest.mark.parametrize("dtype,bias", [(FP32, True), (BF16, False)])
-def test_integration_and_training(dtype: torch.dtype, bias: bool) -> None:
+@pytest.mark.parametrize("dtype,bias,reduction", [(FP32, True, "sum"), (BF16, False, "mean")])
+def test_integration_and_training(dtype: torch.dtype, bias: bool, reduction: str) -> None:
     from solforge.integrate import integrate
 
     torch.manual_seed(0)
-    m = Head(16, 70, bias=bias).to(DEVICE).to(dtype).train()
+    m = Head(16, 70, bias=bias, reduction=reduction).to(DEVICE).to(dtype).train()
     x, labels = _xl(16, 70, dtype)
     opt, stats = integrate(m, {})
     loss = opt(x, labels)
