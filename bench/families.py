@@ -301,9 +301,16 @@ def cross_entropy_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     return family_cross_entropy.run()
 
 
+def linear_cross_entropy_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import family_linear_ce
+
+    return family_linear_ce.run()
+
+
 FAMILIES: dict[str, Callable[[argparse.Namespace], list[dict[str, Any]]]] = {
     "swiglu": swiglu_rows, "add_rmsnorm": add_rmsnorm_rows, "rope": rope_rows, "layernorm": layernorm_rows,
-    "softmax": softmax_rows, "cross_entropy": cross_entropy_rows, "gelu": gelu_rows}
+    "softmax": softmax_rows, "cross_entropy": cross_entropy_rows, "gelu": gelu_rows,
+    "linear_cross_entropy": linear_cross_entropy_rows}
 
 
 def main(argv: list[str] | None = None) -> int:

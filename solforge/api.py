@@ -131,6 +131,13 @@ def _baseline(group: _plan.WorkloadGroup, device: str) -> RunResult:
     args = [torch.randn(tuple(m.shape), generator=gen, dtype=torch.float32).to(device=device, dtype=m.dtype)
             if m.dtype.is_floating_point else
             torch.randint(0, 2, tuple(m.shape), generator=gen).to(device=device, dtype=m.dtype) for m in metas]
+    # a family whose kernel also computes its region's gradients (linear_cross_entropy) names the
+    # inputs they are for: its region is then timed with their backward, as the kernel is
+    fam = family_module(group.workload.family)
+    wants = tuple(fam.baseline_grads(group.workload)) if hasattr(fam, "baseline_grads") else ()
+    if wants:
+        leaves = [args[i].requires_grad_(True) for i in wants]
+        return time_kernel(lambda: torch.autograd.grad(sub(*args), leaves), device)
     with torch.no_grad():
         return time_kernel(lambda: sub(*args), device)
 

@@ -55,6 +55,15 @@ def lower_to_aten(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.Graph
     with fake_mode, preserve_node_meta():
         # run through an Interpreter: it sets the current node's meta for each op it traces
         aten = make_fx(lambda *a: fx.Interpreter(gm).run(*a), tracing_mode="real")(*fake_inputs)
+    # Which inputs carry a gradient and whether autograd was on: make_fx's values lose both, and a
+    # family that computes its gradients inside its forward (linear_cross_entropy) must know them.
+    # Dynamo guards on grad mode and on each input's requires_grad, so they hold for every call of
+    # this graph (a call with other values compiles another graph).
+    placeholders = [n for n in aten.graph.nodes if n.op == "placeholder"]
+    for node, x in zip(placeholders, example_inputs, strict=False):
+        if isinstance(x, torch.Tensor):
+            node.meta["requires_grad"] = bool(x.requires_grad)
+    aten.meta["grad_enabled"] = torch.is_grad_enabled()
     return aten
 
 

@@ -92,7 +92,18 @@ class WorkloadGroup:
 
 
 def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
-    from solforge.plan import add_layernorm, add_rmsnorm, cross_entropy, gelu, layernorm, rmsnorm, rope, softmax, swiglu
+    from solforge.plan import (
+        add_layernorm,
+        add_rmsnorm,
+        cross_entropy,
+        gelu,
+        layernorm,
+        linear_cross_entropy,
+        rmsnorm,
+        rope,
+        softmax,
+        swiglu,
+    )
 
     # first claim wins: rope takes the q/k RMSNorms it fuses, and a residual add + norm is one
     # add_rmsnorm (add_layernorm), before the rmsnorm (layernorm) matcher sees them. The LayerNorm
@@ -102,9 +113,12 @@ def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
     # and its casts) share no node with the others or each other; softmax is last, so a future
     # family that fuses a softmax into something larger (attention) claims it first. gelu comes after
     # swiglu, which claims the aten.gelu of a gated gelu(gate) * up; a bare gelu (GPT-2's MLP) is gelu's.
+    # linear_cross_entropy is a cross_entropy region plus the projection feeding it (where the logits
+    # have no other use): it comes just before cross_entropy, which takes the loss alone otherwise.
     return {"rope": rope.match, "add_rmsnorm": add_rmsnorm.match, "rmsnorm": rmsnorm.match,
             "add_layernorm": add_layernorm.match, "layernorm": layernorm.match, "swiglu": swiglu.match,
-            "gelu": gelu.match, "cross_entropy": cross_entropy.match, "softmax": softmax.match}
+            "gelu": gelu.match, "linear_cross_entropy": linear_cross_entropy.match,
+            "cross_entropy": cross_entropy.match, "softmax": softmax.match}
 
 
 def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:

@@ -26,6 +26,7 @@ VIEW = "view"  # launches nothing: folded into a neighbour region
 FAMILY_KIND = {
     "rmsnorm": "normalization", "add_rmsnorm": "normalization", "layernorm": "normalization",
     "add_layernorm": "normalization", "softmax": "reduction", "cross_entropy": "reduction",
+    "linear_cross_entropy": "gemm",  # the LM head's projection (and its gradients' GEMMs) dominate
     "swiglu": "pointwise", "gelu": "pointwise", "silu_mul": "pointwise", "rope": "pointwise",
     "residual_add": "pointwise",
 }

@@ -41,7 +41,8 @@ def verify(family: ModuleType, workload: Workload, launch: Launch, *, trials: in
     `family.<name>_ref` computes the reference. The odd shape changes the row count that
     `family.verify_rows(workload)` gives (default: the first input's first dim)."""
     ref_fn = getattr(family, f"{family.FAMILY.rpartition('.')[2]}_ref")
-    # a family may widen the output dtype's tolerance where its semantics need it (documented there)
+    # a family may widen the output dtype's tolerance where its semantics need it (documented there),
+    # one for all outputs or a tuple with one per output
     tol = family.output_tolerance(workload) if hasattr(family, "output_tolerance") else None
     rows = family.verify_rows(workload) if hasattr(family, "verify_rows") else workload.shapes[0][0]
     shapes: list[int | None] = [None] * max(3, trials) + [odd_rows(rows)]
@@ -65,7 +66,7 @@ def verify(family: ModuleType, workload: Workload, launch: Launch, *, trials: in
                 return Verdict(False, trials=i, reason=f"{label}: an input was modified")
         outs, refs = _items(out), _items(ref)
         for j, (o, expected) in enumerate(zip(outs, refs, strict=True)):
-            c = compare(o, expected, tol)
+            c = compare(o, expected, tol[j] if isinstance(tol, tuple) else tol)
             max_abs, max_rel = max(max_abs, c.max_abs_err), max(max_rel, c.max_rel_err)
             if not c.ok:
                 what = f"{label}, output {j}" if len(outs) > 1 else label

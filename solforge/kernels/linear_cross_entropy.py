@@ -1,0 +1,547 @@
+"""Linear + cross-entropy family: an LM head's projection and its loss, without the (rows, V) logits.
+
+    logits = hidden @ weight.T (+ bias)          in the input dtype (the model's lm_head rounds here)
+    loss   = cross_entropy(logits.float(), labels, ignore_index, reduction)   mean or sum
+
+At Qwen3's vocabulary (V = 151936) the logits of 8192 tokens are 2.5 GB in bf16, and the loss as a
+model computes it adds an fp32 copy (5 GB), the log-softmax (5 GB) and in training its gradient
+(5 GB). Here the rows go through in chunks of `Config.rows`: one reused (rows, V) buffer takes
+each chunk's logits (torch.mm / addmm in the input dtype, so they round exactly as the model's),
+one Triton program per row computes its logsumexp and loss (kernels/cross_entropy.py's loads and
+gradient step) and, when gradients are wanted, overwrites the row in place with
+dloss/dlogits = (softmax - onehot) * scale (1 / #valid rows for the mean, 1 for the sum, 0 on
+ignored rows). The chunk's gradients follow at once while it is in the buffer:
+
+    dhidden[chunk] = dlogits @ weight;  dweight += dlogits.T @ hidden[chunk];  dbias += dlogits.sum(0)
+
+so the forward returns the loss together with dhidden, dweight and dbias, and the backward only
+multiplies them by the incoming (scalar) gradient. Peak memory is the chunk buffer plus the
+gradients: O(rows x V + V x H), never O(N x V). Without gradients (inference, no_grad) only the
+projection and the loss run.
+
+Which gradients to compute is an argument (`grads`, bits GRAD_HIDDEN | GRAD_WEIGHT | GRAD_BIAS):
+the graph rewrite knows it (capture records grad mode and each input's requires_grad, both of
+which dynamo guards on). A frozen lm_head skips the dweight GEMM; a tied embedding's weight gets
+dweight like any other, and autograd adds it to the embedding's own gradient. Should autograd ask
+for a gradient the forward did not compute, the backward computes it again from saved inputs.
+
+dweight sums over every chunk. The variant says how: "fp32" adds each chunk's product, as the
+GEMM's fp32 accumulator holds it (torch.mm(out_dtype=float32)), into an fp32 buffer, in slices of
+at most 256 MB: as exact as the model's single GEMM, for an fp32 buffer of V x H (1.6 GB at
+Qwen3-4B) and one elementwise pass over it per chunk. "native" lets cuBLAS add into the dweight in
+the input dtype (beta = 1; Liger's way): no extra memory or pass, but the running sum is rounded
+once per chunk, and a column whose chunks cancel keeps the error of the largest one. torch has no
+GEMM that adds bf16 products into an fp32 matrix in place (addmm's out_dtype needs `self` in the
+input dtype), hence the choice; the verifier decides what is accurate enough.
+
+fp16 note: the gradients are scaled by 1/#valid before the incoming gradient is known, so a
+GradScaler's large loss scale cannot keep small fp16 dlogits from underflowing as it does in eager.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from solforge.kernels import config_text
+from solforge.kernels.cross_entropy import _grad_chunk, _ld
+from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
+from solforge.records import Workload
+
+FAMILY = "linear_cross_entropy"
+
+_SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
+_TARGETS = (torch.int64, torch.int32)
+REDUCTIONS = ("mean", "sum")  # "none" needs a gradient per row, known only in the backward
+GRAD_HIDDEN, GRAD_WEIGHT, GRAD_BIAS = 1, 2, 4
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference
+
+
+def linear_cross_entropy_ref(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                             labels: torch.Tensor, *, ignore_index: int = -100, reduction: str = "mean",
+                             out_dtype: torch.dtype | None = None, grads: int = 0
+                             ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """The loss (out_dtype) and, for each bit of `grads`, the gradient (dhidden, dweight, dbias in
+    their inputs' dtypes): the logits rounded to the input dtype as the model's lm_head rounds them
+    (computed exactly, then rounded once: what a GEMM with an fp32 accumulator gives up to the
+    accumulation order), then everything in fp32 (fp64 for fp32 inputs) by autograd."""
+    acc = torch.float64 if hidden.dtype == torch.float32 else torch.float32
+    H = hidden.shape[-1]
+    h2 = hidden.reshape(-1, H)
+    with torch.no_grad():  # (fp32 GEMMs of bf16/fp16 values are exact products, summed in fp32)
+        logits = F.linear(h2.to(acc), weight.to(acc), None if bias is None else bias.to(acc)).to(hidden.dtype)
+    with torch.enable_grad():
+        x = logits.to(acc).requires_grad_(bool(grads))
+        loss = F.cross_entropy(x, labels.reshape(-1).long(), ignore_index=ignore_index, reduction=reduction)
+        out = loss.detach().to(out_dtype or hidden.dtype)
+        if not grads:
+            return out
+        (dx,) = torch.autograd.grad(loss, [x])
+    outs = [out]
+    if grads & GRAD_HIDDEN:
+        outs.append((dx @ weight.to(acc)).reshape(hidden.shape).to(hidden.dtype))
+    if grads & GRAD_WEIGHT:
+        outs.append((dx.T @ h2.to(acc)).to(weight.dtype))
+    if grads & GRAD_BIAS and bias is not None:
+        outs.append(dx.sum(0).to(bias.dtype))
+    return tuple(outs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernel: the loss of each row of a chunk of logits and, with GRAD, its gradient in place
+
+
+@triton.jit
+def _lse_fold(x_row, off, V, mv, sv, BLOCK: tl.constexpr, EVEN: tl.constexpr, EVICT: tl.constexpr):
+    """cross_entropy's online logsumexp step, with the eviction policy a parameter: the gradient
+    pass reads the row again, so the first pass leaves it in L2 then."""
+    cols = off + tl.arange(0, BLOCK)
+    x = _ld(x_row + cols, cols, V, -float("inf"), EVEN, EVICT)
+    new = tl.maximum(mv, x)
+    safe = tl.where(new == -float("inf"), 0.0, new)
+    return new, sv * tl.exp(mv - safe) + tl.exp(x - safe)
+
+
+@triton.jit
+def _lce_rows_kernel(x_ptr, t_ptr, loss_ptr, scale_ptr, V, stride_x, ignore_index, BLOCK: tl.constexpr,
+                     EVEN: tl.constexpr, INTERP: tl.constexpr, GRAD: tl.constexpr, EVICT: tl.constexpr):
+    """One row per program: loss = logsumexp(x) - x[t] (0 on ignored rows, NaN for a target outside
+    [0, V)); with GRAD, x is overwritten by (softmax(x) - onehot(t)) * scale."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    mv = tl.full([BLOCK], -float("inf"), tl.float32)
+    sv = tl.zeros([BLOCK], dtype=tl.float32)
+    if INTERP:  # Triton 3.6's interpreter and numpy >= 2.4 (triton#9171): while loops, see cross_entropy.py
+        off = 0
+        while off < V:
+            mv, sv = _lse_fold(x_row, off, V, mv, sv, BLOCK, EVEN, EVICT)
+            off += BLOCK
+    else:
+        for off in tl.range(0, V, BLOCK):
+            mv, sv = _lse_fold(x_row, off, V, mv, sv, BLOCK, EVEN, EVICT)
+    mx = tl.max(mv, axis=0)
+    safe = tl.where(mx == -float("inf"), 0.0, mx)
+    lse = safe + tl.log(tl.sum(tl.where(mv == -float("inf"), 0.0, sv * tl.exp(mv - safe)), axis=0))
+    t = tl.load(t_ptr + row).to(tl.int64)
+    inside = (t >= 0) & (t < V)
+    xt = tl.load(x_row + tl.where(inside, t, 0)).to(tl.float32)  # read before the row is overwritten
+    loss = tl.where(inside, lse - xt, float("nan"))
+    tl.store(loss_ptr + row, tl.where(t == ignore_index, 0.0, loss))
+    if GRAD:
+        # where, not a multiply: the mean's 1 / #valid is inf when every target is ignored
+        scale = tl.where(t == ignore_index, 0.0, tl.load(scale_ptr))
+        if INTERP:
+            off = 0
+            while off < V:
+                _grad_chunk(x_row, x_row, off, V, lse, t, scale, BLOCK, EVEN)
+                off += BLOCK
+        else:
+            for off in tl.range(0, V, BLOCK):
+                _grad_chunk(x_row, x_row, off, V, lse, t, scale, BLOCK, EVEN)
+
+
+_INTERPRETED = type(_lce_rows_kernel).__name__ == "InterpretedFunction"
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+
+
+def _bad(msg: str) -> ValueError:
+    return ValueError(f"solforge linear_cross_entropy: {msg}")
+
+
+def _check(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+           reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden as (N, H), labels as (N,)), checked."""
+    if reduction not in REDUCTIONS:
+        raise _bad(f"reduction {reduction!r}: one of {REDUCTIONS}")
+    if hidden.dtype not in _SUPPORTED or weight.dtype != hidden.dtype or \
+            (bias is not None and bias.dtype != hidden.dtype):
+        raise _bad(f"hidden {hidden.dtype}, weight {weight.dtype}, bias {None if bias is None else bias.dtype}: "
+                   "one dtype of bf16, fp16, fp32")
+    if weight.dim() != 2 or hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
+        raise _bad(f"hidden {tuple(hidden.shape)} and weight {tuple(weight.shape)}: need (..., H) and (V, H)")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise _bad(f"bias {tuple(bias.shape)} for {weight.shape[0]} classes")
+    if labels.dtype not in _TARGETS:
+        raise _bad(f"labels have dtype {labels.dtype}: int64 or int32 class indices")
+    if len({t.device for t in (hidden, weight, labels, *(() if bias is None else (bias,)))}) != 1:
+        raise _bad("hidden, weight, bias and labels must be on one device")
+    if hidden.device.type != "cuda" and not _INTERPRETED:
+        raise _bad(f"inputs are on {hidden.device}; the kernels need CUDA (or TRITON_INTERPRET=1 set before "
+                   "triton is imported)")
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    t = labels.reshape(-1)
+    if t.shape[0] != h2.shape[0]:
+        raise _bad(f"{h2.shape[0]} rows of hidden states but {t.shape[0]} labels")
+    return h2, t.contiguous()
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(N: int, H: int, V: int, dtype: torch.dtype, grads: int, config: Config | None) -> tuple[Config, dict]:
+    wl = _workload(N, H, V, dtype, False, torch.int64, -100, "mean", torch.float32, grads, "cuda")
+    c = config or heuristic(wl)
+    if not is_valid(c, wl):
+        raise _bad(f"config {c.encode()} is not valid for {wl.key}")
+    # one pass (no gradient): the logits are read once, keep L2 for the next rows; two passes: keep
+    # the row for the second
+    kw = dict(BLOCK=c.block, EVEN=V % c.block == 0, INTERP=_INTERPRETED, GRAD=bool(grads),
+              EVICT="evict_last" if grads else "evict_first", num_warps=c.num_warps)
+    return c, kw
+
+
+# fp32 products are formed in slices of dweight's rows: the temporary stays at most this big
+_F32_SLICE_BYTES = 256 << 20
+_MM_OUT_DTYPE = [True]  # torch.mm(..., out_dtype=float32) works here (checked on first use)
+
+
+def _mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b of half inputs as the GEMM's fp32 accumulator holds it, before any rounding: cuBLAS
+    with an fp32 output (torch >= 2.8, CUDA); elsewhere (the interpreter's CPU tensors) in fp32."""
+    if a.is_cuda and _MM_OUT_DTYPE[0]:
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (RuntimeError, TypeError, NotImplementedError):
+            _MM_OUT_DTYPE[0] = False
+    return torch.mm(a.float(), b.float())
+
+
+def _add_product_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b in fp32 without rounding the product to the inputs' dtype: one chunk's product
+    rounded to bf16 carries an error of its own size, and chunks that cancel leave that error in a
+    small sum (measured: 0.015 on an element of 0.078, N = 37, against 0.0005 for one rounding)."""
+    step = max(1, _F32_SLICE_BYTES // (4 * acc.shape[1]))
+    for v in range(0, acc.shape[0], step):
+        acc[v : v + step].add_(_mm_f32(a[v : v + step], b))
+
+
+def forward(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, *,
+            ignore_index: int = -100, reduction: str = "mean", out_dtype: torch.dtype | None = None,
+            grads: int = 0, config: Config | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, dhidden, dweight, dbias): what the custom op returns. A gradient not asked for by
+    `grads` (or dbias without a bias) is an empty tensor."""
+    h2, t = _check(hidden, weight, bias, labels, reduction)
+    grads &= GRAD_HIDDEN | GRAD_WEIGHT | (GRAD_BIAS if bias is not None else 0)
+    N, H = h2.shape
+    V = weight.shape[0]
+    dev, dt = hidden.device, hidden.dtype
+    dh = torch.empty(hidden.shape, dtype=dt, device=dev) if grads & GRAD_HIDDEN else hidden.new_empty(0)
+    f32 = torch.float32
+    c, kw = _plan(N, H, V, dt, grads, config)
+    # dweight's accumulator: fp32 (variant "fp32", or fp32 inputs: addmm_ adds in fp32 then), or the
+    # weight's own dtype with cuBLAS adding into it ("native")
+    wacc = f32 if c.variant == "fp32" else dt
+    # (a fresh empty tensor per gradient not computed: an op's outputs must not alias each other)
+    dw = torch.zeros(weight.shape, dtype=wacc, device=dev) if grads & GRAD_WEIGHT else hidden.new_empty(0)
+    db = torch.zeros(V, dtype=f32, device=dev) if grads & GRAD_BIAS else hidden.new_empty(0)
+    loss_rows = torch.empty(N, dtype=f32, device=dev)
+    n_valid = (t != ignore_index).sum()
+    # 1 / 0 = inf when every target is ignored; the kernel zeroes ignored rows with a where
+    scale = (1.0 / n_valid.to(f32) if reduction == "mean" else torch.ones((), dtype=f32, device=dev)).reshape(1)
+    if N and V:
+        rows = min(c.rows, N)
+        buf = torch.empty(rows, V, dtype=dt, device=dev)
+        wt = weight.t()
+        for s in range(0, N, rows):
+            e = min(s + rows, N)
+            hc, x = h2[s:e], buf[: e - s]
+            if bias is None:
+                torch.mm(hc, wt, out=x)
+            else:
+                torch.addmm(bias, hc, wt, out=x)
+            _lce_rows_kernel[(e - s,)](x, t[s:e], loss_rows[s:e], scale, V, x.stride(0), ignore_index, **kw)
+            if grads & GRAD_HIDDEN:
+                torch.mm(x, weight, out=dh.view(N, H)[s:e])
+            if grads & GRAD_WEIGHT:
+                if dw.dtype == dt:  # cuBLAS: dw = dw + x.T @ hc (fp32 inside, rounded to dw's dtype)
+                    dw.addmm_(x.t(), hc)
+                else:
+                    _add_product_f32(dw, x.t(), hc)
+            if grads & GRAD_BIAS:
+                db.add_(x.sum(0, dtype=f32))
+        del buf  # before dweight's cast below: the two need not be held together
+    elif grads & GRAD_HIDDEN:
+        dh.zero_()
+    total = loss_rows.sum()
+    loss = total / n_valid if reduction == "mean" else total  # 0 / 0 = NaN when all are ignored, as torch
+    return (loss.to(out_dtype or dt), dh, dw.to(dt) if grads & GRAD_WEIGHT else dw,
+            db.to(bias.dtype) if bias is not None and grads & GRAD_BIAS else db)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+                         *, ignore_index: int = -100, reduction: str = "mean", out_dtype: torch.dtype | None = None,
+                         grads: int = 0, config: Config | None = None,
+                         out: torch.Tensor | tuple[torch.Tensor, ...] | None = None
+                         ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """The loss of `hidden @ weight.T + bias` against `labels`, and the gradients `grads` asks for,
+    shaped as `linear_cross_entropy_ref` returns them. `config` picks chunking and kernel (default:
+    `heuristic`); `out` (a tensor, or a tuple like the result) is written in place when given."""
+    loss, dh, dw, db = forward(hidden, weight, bias, labels, ignore_index=ignore_index, reduction=reduction,
+                               out_dtype=out_dtype, grads=grads, config=config)
+    res: tuple[torch.Tensor, ...] = (loss,)
+    for bit, g in ((GRAD_HIDDEN, dh), (GRAD_WEIGHT, dw), (GRAD_BIAS, db)):
+        if grads & bit and (bit != GRAD_BIAS or bias is not None):
+            res += (g,)
+    result = res if grads else loss
+    if out is None:
+        return result
+    outs = out if isinstance(out, tuple) else (out,)
+    if len(outs) != len(res) or any(o.shape != r.shape or o.dtype != r.dtype for o, r in zip(outs, res, strict=True)):
+        raise _bad("out must match the result: " + ", ".join(f"{r.dtype} {tuple(r.shape)}" for r in res))
+    for o, r in zip(outs, res, strict=True):
+        o.copy_(r)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Custom op: (loss, dhidden, dweight, dbias). Only the loss is differentiable; the autograd formula
+# scales the saved gradients by the incoming one. Library API, not @custom_op (kernels/rmsnorm.py).
+
+_LIB = torch.library.Library("solforge", "FRAGMENT")
+_LIB.define("linear_cross_entropy(Tensor hidden, Tensor weight, Tensor? bias, Tensor labels, int ignore_index, "
+            "str reduction, ScalarType out_dtype, int grads, str config) -> (Tensor, Tensor, Tensor, Tensor)")
+
+
+def _op(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+        ignore_index: int, reduction: str, out_dtype: torch.dtype, grads: int, config: str
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return forward(hidden, weight, bias, labels, ignore_index=ignore_index, reduction=reduction, out_dtype=out_dtype,
+                   grads=grads, config=Config.decode(config) if config else None)
+
+
+_LIB.impl("linear_cross_entropy", _op, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("solforge::linear_cross_entropy")
+def _fake(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+          ignore_index: int, reduction: str, out_dtype: torch.dtype, grads: int, config: str
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (hidden.new_empty((), dtype=out_dtype),
+            hidden.new_empty(hidden.shape) if grads & GRAD_HIDDEN else hidden.new_empty(0),
+            weight.new_empty(weight.shape) if grads & GRAD_WEIGHT else hidden.new_empty(0),
+            bias.new_empty(bias.shape) if bias is not None and grads & GRAD_BIAS else hidden.new_empty(0))
+
+
+linear_cross_entropy_op = torch.ops.solforge.linear_cross_entropy.default
+
+
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    hidden, weight, bias, labels, ignore_index, reduction, out_dtype, grads, config = inputs
+    _loss, dh, dw, db = output
+    ctx.mark_non_differentiable(dh, dw, db)
+    need = ctx.needs_input_grad
+    want = (need[0] and GRAD_HIDDEN) | (need[1] and GRAD_WEIGHT) | (bias is not None and need[2] and GRAD_BIAS)
+    ctx.want, ctx.missing = want, want & ~grads
+    ctx.args = (ignore_index, reduction, out_dtype, config)
+    if ctx.missing:  # the rewrite expected fewer gradients: keep what recomputing them needs
+        ctx.save_for_backward(dh, dw, db, hidden, weight, bias, labels)
+    else:
+        ctx.save_for_backward(dh, dw, db)
+
+
+def _backward(ctx: Any, dloss: torch.Tensor, *_unused: Any) -> tuple[Any, ...]:
+    saved = ctx.saved_tensors
+    dh, dw, db = saved[:3]
+    if ctx.missing:
+        hidden, weight, bias, labels = saved[3:]
+        _l, dh, dw, db = linear_cross_entropy_op(hidden, weight, bias, labels, *ctx.args[:3], ctx.want, ctx.args[3])
+    # a 0-dim fp32 factor keeps each gradient's dtype (no promotion against a 0-dim tensor)
+    g = dloss.detach()
+    return (dh * g if ctx.want & GRAD_HIDDEN else None, dw * g if ctx.want & GRAD_WEIGHT else None,
+            db * g if ctx.want & GRAD_BIAS else None, None, None, None, None, None, None)
+
+
+torch.library.register_autograd("solforge::linear_cross_entropy", _backward, setup_context=_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# Config triad
+
+VARIANTS = ("fp32", "native")
+_WARPS = (1, 2, 4, 8, 16, 32)
+_MAX_PER_THREAD = 32  # as cross_entropy.py: fp32 values of a vocabulary chunk a thread holds
+# The family's memory promise: a chunk's logits never exceed this (the heuristic aims at a third).
+MAX_CHUNK_BYTES = 1 << 30
+_HEURISTIC_CHUNK_BYTES = 384 << 20
+_ABBREV = {"rows": "r", "block": "b", "num_warps": "w"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """`rows` rows of logits per chunk; the row kernel reads `block` classes at a time (a power of
+    two) with `num_warps` warps; `variant`: how dweight accumulates (module docstring)."""
+
+    variant: str = "fp32"
+    rows: int = 1024
+    block: int = 4096
+    num_warps: int = 8
+
+    def items(self) -> tuple[tuple[str, Any], ...]:
+        return config_text.items(self)
+
+    def encode(self) -> str:
+        """Compact text, e.g. "fp32:r=1024:b=4096:w=8"."""
+        return config_text.encode(self, _ABBREV, always=("rows", "block", "num_warps"))
+
+    @staticmethod
+    def decode(text: str) -> Config:
+        return _decode_config(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode_config(text: str) -> Config:
+    return config_text.decode(Config, text, family=FAMILY, variants=VARIANTS, abbrev=_ABBREV)
+
+
+def _dims(workload: Workload) -> tuple[int, int, int]:
+    (N, H), (V, _H) = workload.shapes[0], workload.shapes[1]
+    return N, H, V
+
+
+def _itemsize(workload: Workload) -> int:
+    return parse_dtype(workload.dtypes[0]).itemsize
+
+
+def is_valid(config: Config, workload: Workload) -> bool:
+    """Correct and within the memory promise: a chunk's logits at most MAX_CHUNK_BYTES (or one row),
+    a vocabulary block no wider than the row needs and within the registers."""
+    c = config
+    _N, _H, V = _dims(workload)
+    if c.variant not in VARIANTS or c.num_warps not in _WARPS or c.rows < 1:
+        return False
+    if c.block <= 0 or c.block & (c.block - 1) or c.block > triton.next_power_of_2(V):
+        return False
+    if c.rows > 1 and c.rows * V * _itemsize(workload) > MAX_CHUNK_BYTES:
+        return False
+    return c.block // (32 * c.num_warps) <= _MAX_PER_THREAD
+
+
+def _kernel_shape(V: int) -> tuple[int, int]:
+    """cross_entropy's heuristic chunk width and warps (the row kernel is its kernel)."""
+    block = min(8192, triton.next_power_of_2(V))
+    return block, max(1, min(32, block // (32 * 16)))
+
+
+def space(workload: Workload) -> list[Config]:
+    """Rows per chunk (powers of two from 256 to the memory cap, and all rows at once when that
+    fits) x accumulation ("native" only for half inputs with a weight gradient) x two row-kernel
+    shapes: about 20 configs at Qwen3's vocabulary. The GEMMs dominate; rows is the knob that moves
+    them (fewer, larger GEMMs against a larger buffer)."""
+    N, _H, V = _dims(workload)
+    grads = int(workload.param("grads", 0))
+    half = _itemsize(workload) < 4
+    variants = ("fp32", "native") if half and grads & GRAD_WEIGHT else ("fp32",)
+    rows_opts = []
+    r = 256
+    while r < N:
+        rows_opts.append(r)
+        r *= 2
+    rows_opts.append(N)
+    shapes = {_kernel_shape(V), (min(4096, triton.next_power_of_2(V)), 8)}
+    out = [Config(v, r, b, w) for r in rows_opts for v in variants for b, w in sorted(shapes)]
+    out = [c for c in out if is_valid(c, workload)]
+    return list(dict.fromkeys(out)) or [heuristic(workload)]
+
+
+def heuristic(workload: Workload) -> Config:
+    """Untuned default: chunks of ~384 MB of logits at most (1024 rows at V = 151936 in bf16), a
+    power of two of rows (whole GEMM tiles), fp32 accumulation. Not yet measured on the H100:
+    bench/family_linear_ce.py does."""
+    N, _H, V = _dims(workload)
+    fit = max(1, _HEURISTIC_CHUNK_BYTES // max(1, V * _itemsize(workload)))
+    rows = min(N, 1 << (fit.bit_length() - 1)) if N else 1
+    block, warps = _kernel_shape(V)
+    return Config("fp32", max(1, rows), block, warps)
+
+
+def _workload(N: int, H: int, V: int, dtype: torch.dtype, has_bias: bool, tdtype: torch.dtype, ignore_index: int,
+              reduction: str, out_dtype: torch.dtype, grads: int, device: str) -> Workload:
+    shapes = ((N, H), (V, H), *(((V,),) if has_bias else ()), (N,))
+    dt = dtype_name(dtype)
+    return Workload(family=FAMILY, shapes=shapes,
+                    dtypes=(dt, dt, *((dt,) if has_bias else ()), str(tdtype).removeprefix("torch."),
+                            dtype_name(out_dtype)),
+                    params=(("bias", has_bias), ("grads", int(grads)), ("ignore_index", int(ignore_index)),
+                            ("out_dtype", dtype_name(out_dtype)), ("reduction", reduction)), device=device)
+
+
+def workload_for(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, *,
+                 ignore_index: int = -100, reduction: str = "mean", out_dtype: torch.dtype | None = None,
+                 grads: int = 0) -> Workload:
+    """The Workload record of one call (hidden seen as (N, H)). A bias gradient without a bias is
+    dropped from `grads`."""
+    H = int(hidden.shape[-1])
+    N = int(labels.numel())
+    grads &= GRAD_HIDDEN | GRAD_WEIGHT | (GRAD_BIAS if bias is not None else 0)
+    return _workload(N, H, int(weight.shape[0]), hidden.dtype, bias is not None, labels.dtype, ignore_index,
+                     reduction, out_dtype or hidden.dtype, grads, hidden.device.type)
+
+
+def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
+                device: str | torch.device | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Fresh random (args, kwargs) for `linear_cross_entropy` / its reference.
+
+    Weights ~ N(0, 1/H) and hidden states ~ N(0, 4) give logits of std ~2 (a trained LM head's
+    spread). Each row is shifted by its own constant (std 3: a hidden-state component along a weight
+    column of ones). Not more: in bf16 a logit of 100 has an ulp of 0.5, so two GEMMs (chunked or
+    not) would disagree by e^0.5 in a probability, and in fp32 a column of large hidden values
+    makes dweight a sum of terms 100x its size, beyond any element-wise fp32 tolerance. The tests
+    check the overflow a kernel without the max would hit with a bias of +100 instead. About one
+    label in five is the ignore_index."""
+    N, H, V = _dims(workload)
+    N = N if rows is None else rows
+    device = device or workload.device
+    dt = parse_dtype(workload.dtypes[0])
+    g, where = input_generator(max(N, V) * H, device, seed)
+    w = torch.randn(V, H, generator=g, device=where) / H**0.5
+    w[:, 0] = 1.0  # the shared direction: column 0 of hidden shifts a whole row
+    h = 2 * torch.randn(N, H, generator=g, device=where)
+    h[:, 0] = 3 * torch.randn(N, generator=g, device=where)
+    bias = None
+    if workload.param("bias", False):
+        bias = (0.5 * torch.randn(V, generator=g, device=where)).to(dt).to(device)
+    ignore = int(workload.param("ignore_index", -100))
+    t = torch.randint(0, V, (N,), generator=g, device=where)
+    t = t.masked_fill(torch.rand(N, generator=g, device=where) < 0.2, ignore)
+    tdt = workload.dtypes[3 if bias is not None else 2]
+    kwargs = {"ignore_index": ignore, "reduction": str(workload.param("reduction", "mean")),
+              "out_dtype": parse_dtype(workload.param("out_dtype", workload.dtypes[0])),
+              "grads": int(workload.param("grads", 0))}
+    return (h.to(dt).to(device), w.to(dt).to(device), bias, t.to(getattr(torch, tdt)).to(device)), kwargs
+
+
+def output_tolerance(workload: Workload) -> tuple[Tolerance, ...]:
+    """One tolerance per output. The loss: its dtype's. A gradient of the mean carries a factor
+    1 / #valid rows (~0.8 N in make_inputs), so its absolute tolerance does too: the dtype's atol
+    (sized for values ~1) would accept any gradient of a few thousand rows."""
+    N, _H, _V = _dims(workload)
+    grads = int(workload.param("grads", 0))
+    dt = parse_dtype(workload.dtypes[0])
+    out = [tolerance(parse_dtype(workload.param("out_dtype", workload.dtypes[0])))]
+    g = tolerance(dt)
+    if workload.param("reduction", "mean") == "mean":
+        g = Tolerance(atol=g.atol / max(1, N), rtol=g.rtol)
+    bits = (GRAD_HIDDEN, GRAD_WEIGHT, *((GRAD_BIAS,) if workload.param("bias", False) else ()))
+    out += [g for b in bits if grads & b]
+    return tuple(out)
+
+
+def baseline_grads(workload: Workload) -> tuple[int, ...]:
+    """Which of the region's tensor inputs (hidden, weight, bias, labels) the kernel returns the
+    gradient of: the baseline (the region as the model ran it) is timed with their backward too,
+    since this family's time includes it."""
+    grads = int(workload.param("grads", 0))
+    has_bias = bool(workload.param("bias", False))
+    idx = [i for i, b in enumerate((GRAD_HIDDEN, GRAD_WEIGHT)) if grads & b]
+    return tuple(idx + ([2] if has_bias and grads & GRAD_BIAS else []))
