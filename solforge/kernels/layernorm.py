@@ -423,18 +423,18 @@ def space(workload: Workload) -> list[Config]:
 
 
 def heuristic(workload: Workload) -> Config:
-    """Untuned default, from rmsnorm's H100 measurements (kernels/rmsnorm.py) until bench/ln_sweep.py
-    has swept this family: the fewest-lanes block split (rmsnorm's best at 16384 x 2560 was
-    row:bh=2048:bt=512:w=8, 60.2 us), a whole row per program for rows of 1024+, several short rows
-    per program keeping >= 264 tiles (two per SM of an H100). ~16 values a thread: with two more
-    reductions than rmsnorm, fewer warps per row mean fewer block-wide barriers per byte (the
-    15 s tune at 16384 x 2560 preferred 4 warps to 8 with 4096 lanes: 92.6 us).
-    Invalid only where no config fits (`supported`)."""
+    """The fewest-lanes block split and a whole row per program for rows of 1024+, several short
+    rows per program keeping >= 264 tiles (two per SM of an H100) below that. Values a thread for
+    long rows: ~32 without a residual: swept on the H100 at 2560 (bench/results/2026-11-22-h100-
+    ln-sweep.json), 2 warps (40 values) were best at 16384 rows (61.5 us, 2.73 TB/s, against 66.4
+    with 4 warps) and within 2% of the best at 4096; with a residual (add_layernorm, two more
+    tensors a row) ~16: 4 warps measured 118.1 us at 16384 x 2560, 1.7% from the best (8 warps, no
+    split). Invalid only where no config fits (`supported`)."""
     rows, H = _dims(workload)
     bh, bt = blocks(H)[0]
     width, pow2 = bh + bt, triton.next_power_of_2(H)
     if width >= 1024:
-        c = Config("row", bh, bt, 1, _warps_for(width, 16))
+        c = Config("row", bh, bt, 1, _warps_for(width, 16 if workload.param("residual", False) else 32))
     else:
         r = min(4096 // pow2, max(1, triton.next_power_of_2(rows // 264 + 1) // 2))
         if workload.device != "cuda":  # the interpreter pays per program, not per SM: fewest programs

@@ -282,17 +282,27 @@ def bwd_space(n_rows: int, H: int) -> list[BwdConfig]:
     return [c for c in out if bwd_is_valid(c, n_rows, H)]
 
 
-def bwd_heuristic(n_rows: int, H: int, device: torch.device | str) -> BwdConfig:
-    """rmsnorm_bwd's measured tiling (kernels/rmsnorm_bwd.py, H100: 16384 x 2560 best r=2 p=2 w=4 at
-    156 us, 4096 x 2560 the same at 55 us; 524288 x 128 best r=32 p=8 w=4) on the fewest-lanes block
-    split: tiles of ~8K elements (rows from the power-of-two width, so 2560 keeps rmsnorm's 2 rows,
-    now 40 values a thread instead of 64), 4 warps, 2 programs per SM for rows of 1024+, 8 below.
-    Not yet swept for LayerNorm: bench/ln_sweep.py does that."""
-    bh, bt = blocks(H)[0]
+def bwd_heuristic(n_rows: int, H: int, device: torch.device | str, ds: bool = False) -> BwdConfig:
+    """Measured on the H100 (bench/ln_sweep.py, bench/results/2026-11-22-h100-ln-sweep.json, bf16,
+    H = 2560, 16384 and 4096 rows), for rows of 1024+:
+    - without a residual gradient: the block split, one row per tile, 4 programs per SM and ~40
+      values a thread (2 warps at 2560): 134.7 / 52.4 us, against 345.9 / 102.3 for rmsnorm_bwd's
+      tiling (r=2 p=2 w=4) that this heuristic used before;
+    - with one (`ds`, add_layernorm): one power-of-two block, 4 rows a tile, 1 program per SM and
+      64 values a thread (8 warps at 2560): 168.6 / 55.5 us; the split tiling above was 177.7 at
+      16384 rows and not among the best five at 4096.
+    Shorter rows keep rmsnorm_bwd's tiling (tiles of ~8K elements, 8 programs per SM): not swept."""
     pow2 = triton.next_power_of_2(H)
-    rows = max(1, min(32, 8192 // pow2))
-    warps = 4 if rows * (bh + bt) <= 8192 else 8
-    c = BwdConfig(rows, 2 if pow2 >= 1024 else 8, warps, bh, bt)
+    if pow2 >= 1024 and ds:
+        rows = max(1, 16384 // pow2)
+        c = BwdConfig(rows, 1, max(1, min(32, rows * pow2 // (32 * 64))), pow2, 0)
+    elif pow2 >= 1024:
+        bh, bt = blocks(H)[0]
+        c = BwdConfig(1, 4, max(1, min(32, triton.next_power_of_2(-(-(bh + bt) // (32 * 48))))), bh, bt)
+    else:
+        bh, bt = blocks(H)[0]
+        rows = max(1, min(32, 8192 // pow2))
+        c = BwdConfig(rows, 8, 4 if rows * (bh + bt) <= 8192 else 8, bh, bt)
     while not bwd_is_valid(c, n_rows, H) and c.num_warps < 32:
         c = dataclasses.replace(c, num_warps=c.num_warps * 2)
     return c
@@ -331,7 +341,7 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None
     if n_rows == 0:
         zero = torch.zeros(H, device=x.device)
         return dx.view(x.shape), (zero if weight is not None else None), (zero.clone() if bias_grad else None)
-    c = config or bwd_heuristic(n_rows, H, x.device)
+    c = config or bwd_heuristic(n_rows, H, x.device, ds=ds is not None)
     if not isinstance(c, BwdConfig):  # rmsnorm_bwd's BwdConfig (rows, progs, num_warps)
         c = BwdConfig(c.rows, c.progs, c.num_warps)
     if not bwd_is_valid(c, n_rows, H):
