@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import rmsnorm as _rms
+from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import Config, _load_weight, _st, _tile_load, _tile_store
 from solforge.kernels.rmsnorm_bwd import rmsnorm_bwd_op
 from solforge.numerics import Tolerance, input_generator
@@ -105,8 +106,8 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | 
     grid, kw = _launch_plan(n_rows, H, x.dtype, weight.dtype if weight is not None else None, out_dtype,
                             float(eps), round_before_weight, config, x.device.type)
     w = weight.contiguous() if weight is not None else x2
-    _add_rmsnorm_kernel[(grid,)](x2, r2, w, s2, y2, n_rows, H, x2.stride(0), r2.stride(0), s2.stride(0),
-                                 y2.stride(0), eps, **kw)
+    _launch(_add_rmsnorm_kernel, (grid,),
+            (x2, r2, w, s2, y2, n_rows, H, x2.stride(0), r2.stride(0), s2.stride(0), y2.stride(0), eps), kw)
     return s, y
 
 

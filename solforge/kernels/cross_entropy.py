@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
 
@@ -211,7 +212,7 @@ def forward(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -
     lse = torch.empty(n_rows, dtype=torch.float32, device=x2.device)
     if n_rows and V:
         kw = _launch_plan(n_rows, V, x2.dtype, config, x2.device.type)
-        _ce_fwd_kernel[(n_rows,)](x2, t, loss_rows, lse, V, x2.stride(0), ignore_index, **kw)
+        _launch(_ce_fwd_kernel, (n_rows,), (x2, t, loss_rows, lse, V, x2.stride(0), ignore_index), kw)
     if reduction == "none":
         loss = loss_rows
     elif reduction == "sum":
@@ -258,8 +259,9 @@ def cross_entropy_bwd(dloss: torch.Tensor, logits: torch.Tensor, target: torch.T
         raise _bad(f"dloss of a {reduction} reduction must be one value; got {tuple(dloss.shape)}")
     kw = _launch_plan(n_rows, V, x2.dtype, config, x2.device.type)
     dx2 = dx.view(-1, V)
-    _ce_bwd_kernel[(n_rows,)](x2, t, lse, scale, dx2, V, x2.stride(0), dx2.stride(0),
-                              1 if reduction == "none" else 0, ignore_index, **kw)
+    _launch(_ce_bwd_kernel, (n_rows,),
+            (x2, t, lse, scale, dx2, V, x2.stride(0), dx2.stride(0), 1 if reduction == "none" else 0, ignore_index),
+            kw)
     return dx
 
 

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import _ld, _load_weight, _st
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
@@ -224,8 +225,9 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor 
                             bias.dtype if bias is not None else None, out_dtype, float(eps), residual is not None,
                             config, x.device.type)
     # absent tensors are never read (HAS_* constexprs): any pointer will do
-    _layernorm_kernel[(grid,)](x2, r2, weight if weight is not None else x2, bias if bias is not None else x2,
-                               s2, y2, n_rows, H, x2.stride(0), r2.stride(0), s2.stride(0), y2.stride(0), eps, **kw)
+    _launch(_layernorm_kernel, (grid,),
+            (x2, r2, weight if weight is not None else x2, bias if bias is not None else x2, s2, y2, n_rows, H,
+             x2.stride(0), r2.stride(0), s2.stride(0), y2.stride(0), eps), kw)
     return s, y
 
 

@@ -51,6 +51,7 @@ import triton.language as tl
 
 from solforge.kernels import config_text
 from solforge.kernels.cross_entropy import _grad_chunk, _ld
+from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 
@@ -260,7 +261,7 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
                 torch.mm(hc, wt, out=x)
             else:
                 torch.addmm(bias, hc, wt, out=x)
-            _lce_rows_kernel[(e - s,)](x, t[s:e], loss_rows[s:e], scale, V, x.stride(0), ignore_index, **kw)
+            _launch(_lce_rows_kernel, (e - s,), (x, t[s:e], loss_rows[s:e], scale, V, x.stride(0), ignore_index), kw)
             if grads & GRAD_HIDDEN:
                 torch.mm(x, weight, out=dh.view(N, H)[s:e])
             if grads & GRAD_WEIGHT:

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
 
@@ -271,9 +272,9 @@ def softmax(x: torch.Tensor, *, out_dtype: torch.dtype | None = None, config: Co
     n_rows = x2.shape[0]
     kind, grid, kw = _launch_plan(n_rows, N, x.dtype, out_dtype, config, x.device.type)
     if kind == "online":
-        _softmax_online_kernel[(grid,)](x2, y2, N, x2.stride(0), y2.stride(0), **kw)
+        _launch(_softmax_online_kernel, (grid,), (x2, y2, N, x2.stride(0), y2.stride(0)), kw)
     else:
-        _softmax_tile_kernel[(grid,)](x2, y2, n_rows, N, x2.stride(0), y2.stride(0), **kw)
+        _launch(_softmax_tile_kernel, (grid,), (x2, y2, n_rows, N, x2.stride(0), y2.stride(0)), kw)
     return out
 
 
@@ -293,12 +294,12 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, *, dx_dtype: torch.dtype | No
     y2, dy2, dx2 = _rows_view(y, N), _rows_view(dy, N), dx.view(-1, N)
     n_rows = y2.shape[0]
     kind, grid, kw = _launch_plan(n_rows, N, y.dtype, dx_dtype, config, y.device.type, True)
-    args = (dy2, y2, dx2)
-    strides = (dy2.stride(0), y2.stride(0), dx2.stride(0))
     if kind == "online":
-        _softmax_bwd_online_kernel[(grid,)](*args, N, *strides, **kw)
+        _launch(_softmax_bwd_online_kernel, (grid,), (dy2, y2, dx2, N, dy2.stride(0), y2.stride(0), dx2.stride(0)),
+                kw)
     else:
-        _softmax_bwd_tile_kernel[(grid,)](*args, n_rows, N, *strides, **kw)
+        _launch(_softmax_bwd_tile_kernel, (grid,),
+                (dy2, y2, dx2, n_rows, N, dy2.stride(0), y2.stride(0), dx2.stride(0)), kw)
     return dx
 
 

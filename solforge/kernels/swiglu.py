@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
 
@@ -260,7 +261,8 @@ def _plan(n_rows: int, N: int, dtype: torch.dtype, act: str, config: Config | No
             raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
         if len(_PLANS) > 4096:  # many distinct row counts (varying sequence lengths): start over
             _PLANS.clear()
-        plan = _PLANS[key] = _launch_args(n_rows, N, cfg, device)
+        grid, extra, kw = _launch_args(n_rows, N, cfg, device)
+        plan = _PLANS[key] = grid, extra, kw | {"ACT": act}
     return plan
 
 
@@ -285,7 +287,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, act: str = "silu", *, config: C
     y2, sy = _rows_out(out, N, "out")
     n_rows = g2.shape[0]
     grid, extra, kw = _plan(n_rows, N, gate.dtype, act, config, device)
-    _swiglu_fwd_kernel[(grid,)](g2, u2, y2, n_rows, N, sg, su, sy, *extra, ACT=act, **kw)
+    _launch(_swiglu_fwd_kernel, (grid,), (g2, u2, y2, n_rows, N, sg, su, sy, *extra), kw)
     return out
 
 
@@ -344,7 +346,7 @@ def swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, act: str 
     u2, su = _rows_view(up, N)
     n_rows = g2.shape[0]
     grid, extra, kw = _plan(n_rows, N, gate.dtype, act, config, device)
-    _swiglu_bwd_kernel[(grid,)](dy2, g2, u2, dg, du, n_rows, N, sdy, sg, su, N, *extra, ACT=act, **kw)
+    _launch(_swiglu_bwd_kernel, (grid,), (dy2, g2, u2, dg, du, n_rows, N, sdy, sg, su, N, *extra), kw)
     return dg, du
 
 
