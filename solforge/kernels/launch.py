@@ -58,6 +58,7 @@ _get_stream: Any = None
 # key -> (kernel, run, function, packed_metadata, grid_0, grid_1, grid_2, values after the args)
 _Entry = tuple[Any, Any, Any, Any, int, int, int, tuple[Any, ...]]
 _CACHE: dict[tuple[Any, ...], _Entry] = {}
+_SLOW = [0]  # launches that went through Triton while the direct path was on (tests, benchmarks)
 _Tensor = torch.Tensor
 
 
@@ -87,6 +88,12 @@ def clear() -> None:
 
 def cache_size() -> int:
     return len(_CACHE)
+
+
+def slow_launches() -> int:
+    """How many launches went through Triton's path while the direct path was on: a repeated
+    call that adds none took the direct path for every kernel it launched."""
+    return _SLOW[0]
 
 
 def _other_key(a: Any) -> Any:
@@ -151,6 +158,7 @@ def launch(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], constexprs: 
                 _, run, function, metadata, g0, g1, g2, tail = hit
                 run(g0, g1, g2, _get_stream(key[2]), function, metadata, None, None, None, *args, *tail)
                 return
+        _SLOW[0] += 1
         compiled = kernel[grid](*args, **constexprs)
         _fill(key, kernel, grid, args, constexprs, compiled)
         return
@@ -174,6 +182,9 @@ def _fill(key: tuple[Any, ...] | None, kernel: Any, grid: tuple[int, ...], args:
         return
     params = getattr(kernel, "params", None)
     if params is None or len(args) > len(params) or any(isinstance(v, torch.Tensor) for v in constexprs.values()):
+        return
+    # A constexpr passed positionally specializes on its value: the key holds a float's type only.
+    if any(p.is_constexpr and type(a) is float for p, a in zip(params, args, strict=False)):
         return
     tail = []
     for p in params[len(args):]:
