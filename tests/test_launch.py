@@ -86,6 +86,21 @@ def test_key_parts() -> None:
         L.arg_key([(1, 2)])  # tuples specialize per element: not keyed
 
 
+def test_meta_is_frozen_and_keys_like_a_dict() -> None:
+    m = L.Meta(A=True, B=64, num_warps=4)
+    k = object()
+    assert L.launch_key(k, (1,), [3], m, 0) == L.launch_key(k, (1,), [3], dict(m), 0)
+    assert L.launch_key(k, (1,), [3], m, 0) != L.launch_key(k, (1,), [3], L.Meta(A=1, B=64, num_warps=4), 0)
+    for mutate in (lambda: m.__setitem__("A", False), lambda: m.update(A=False), lambda: m.pop("A"),
+                   lambda: m.clear(), lambda: m.setdefault("C", 1)):
+        with pytest.raises(TypeError):
+            mutate()
+    m2 = m | {"C": "x"}
+    assert type(m2) is L.Meta and m2 == {"A": True, "B": 64, "num_warps": 4, "C": "x"} and "C" not in m
+    assert m2.key == L._kwargs_key(dict(m2))
+    assert (lambda **kw: kw)(**m) == {"A": True, "B": 64, "num_warps": 4}
+
+
 # ----------------------------------------------------------------------------------------------
 # The direct path, with a stand-in for Triton's launch and its CompiledKernel
 

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.swiglu import _act_fwd, _act_fwd_bwd, _block_for, _warps_for
 from solforge.numerics import dtype_name, input_generator, parse_dtype
@@ -219,7 +220,7 @@ def _plan(n_rows: int, N: int, dtype: torch.dtype, has_bias: bool, approximate: 
         kw.update(ACT=_ACT[approximate], HAS_BIAS=has_bias)
         if backward:
             kw["BIAS_GRAD"] = bias_grad
-        plan = _PLANS[key] = grid, extra, kw
+        plan = _PLANS[key] = grid, extra, Meta(kw)
     return plan
 
 
@@ -234,7 +235,7 @@ def gelu(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "
         raise _bad(f"out must have shape {tuple(shape)}, dtype {x.dtype} and device {device}; got "
                    f"{tuple(out.shape)}, {out.dtype}, {out.device}")
     if out is None:
-        out = torch.empty(shape, dtype=x.dtype, device=device)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if x.numel() == 0:
         return out
     N = int(shape[-1])
@@ -323,7 +324,7 @@ def gelu_bwd(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None
                    f"on {dy.device}")
     want_db = bias is not None and (bias_grad is None or bias_grad)
     shape, device = x.shape, x.device
-    dx = torch.empty(shape, dtype=x.dtype, device=device)
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     N = int(shape[-1])
     if x.numel() == 0:
         return dx, (torch.zeros(N, dtype=bias.dtype, device=device) if want_db else None)  # type: ignore[union-attr]

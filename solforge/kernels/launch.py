@@ -126,12 +126,39 @@ def arg_key(args: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def _kwargs_key(constexprs: Mapping[str, Any]) -> tuple[Any, ...]:
+    # with the types: True, 1 and 1.0 are equal in Python but specialize differently
+    return tuple(constexprs.items()), tuple(map(type, constexprs.values()))
+
+
+class Meta(dict):  # type: ignore[type-arg]
+    """A kernel's constexprs and launch options, frozen, with their part of the key computed
+    once: what a launcher's cached plan should hold (a plain dict works too, at ~0.5 us a launch
+    on a 2-core CPU for its key). Every mutating method raises, so the key cannot go stale."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.key = _kwargs_key(self)
+
+    def _frozen(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("launch.Meta is frozen: build a new one")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = __ior__ = _frozen  # type: ignore[assignment]
+
+    def __or__(self, other: Any) -> Meta:  # type: ignore[override]
+        return Meta({**self, **other})
+
+    def __reduce__(self) -> Any:
+        return Meta, (dict(self),)
+
+
 def launch_key(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], constexprs: Mapping[str, Any],
                device: int) -> tuple[Any, ...]:
-    """The cache key of one launch (raises _Uncacheable); the kwargs with their types, since True,
-    1 and 1.0 are equal in Python but specialize differently."""
-    return (id(kernel), grid, device, tuple(constexprs.items()), tuple(map(type, constexprs.values())),
-            arg_key(args))
+    """The cache key of one launch (raises _Uncacheable). Public for tests."""
+    mk = constexprs.key if type(constexprs) is Meta else _kwargs_key(constexprs)  # type: ignore[attr-defined]
+    return id(kernel), grid, device, mk, arg_key(args)
 
 
 def _quiet() -> bool:

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import _ld, _load_weight, _st
 
@@ -321,7 +322,7 @@ def _sm_count(device: torch.device) -> int:
 
 def _rows_view(t: torch.Tensor, H: int) -> torch.Tensor:
     """(rows, H) with a unit column stride; reshape copies only when one row stride cannot do."""
-    t2 = t.reshape(-1, H)
+    t2 = t if t.dim() == 2 else t.reshape(-1, H)
     return t2 if t2.stride(-1) == 1 or H == 1 else t2.contiguous()
 
 
@@ -338,7 +339,7 @@ def _plan(n_rows: int, H: int, device: torch.device, has_ds: bool, want_dw: bool
     bh, bt = c.split(H)
     n_tiles = triton.cdiv(n_rows, c.rows)
     grid = min(n_tiles, c.progs * _sm_count(device))
-    return grid, triton.cdiv(n_tiles, grid), dict(
+    return grid, triton.cdiv(n_tiles, grid), Meta(
         ROWS=c.rows, BLOCK_H=bh, BLOCK_T=bt, EVEN_H=H == bh + bt, HAS_WEIGHT=want_dw, WANT_DW=want_dw,
         WANT_DB=bias_grad, HAS_DS=has_ds, INTERP=_INTERPRETED, num_warps=c.num_warps)
 
@@ -356,7 +357,7 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None
     x2, dy2 = _rows_view(x, H), _rows_view(dy, H)
     ds2 = _rows_view(ds, H) if ds is not None else None
     n_rows = x2.shape[0]
-    dx = torch.empty((n_rows, H), dtype=x.dtype, device=x.device)
+    dx = torch.empty_like(x2, memory_format=torch.contiguous_format)
     if n_rows == 0:
         zero = torch.zeros(H, device=x.device)
         return dx.view(x.shape), (zero if weight is not None else None), (zero.clone() if bias_grad else None)

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
@@ -286,14 +287,14 @@ def _make_plan(n_rows: int, H: int, config: Config, device: torch.device, has_we
     kw: dict[str, Any] = dict(BLOCK_H=c.block_h, EVEN_H=even, HAS_WEIGHT=has_weight, ROUND=rnd,
                               num_warps=c.num_warps)
     if c.variant == "loop":
-        return _rmsnorm_loop_kernel, n_rows, (), kw | {"INTERP": _INTERPRETED}
+        return _rmsnorm_loop_kernel, n_rows, (), Meta(kw, INTERP=_INTERPRETED)
     kw.update(ROWS=c.rows, BLOCK_T=c.block_t, EVICT="evict_first" if c.evict else "")
     n_tiles = triton.cdiv(n_rows, c.rows)
     if c.variant == "persist":
         grid = min(n_tiles, _sm_count(device) * c.progs)
         kw.update(STAGES=c.stages, INTERP=_INTERPRETED)
-        return _rmsnorm_persistent_kernel, grid, (triton.cdiv(n_tiles, grid), grid), kw
-    return _rmsnorm_tile_kernel, n_tiles, (), kw
+        return _rmsnorm_persistent_kernel, grid, (triton.cdiv(n_tiles, grid), grid), Meta(kw)
+    return _rmsnorm_tile_kernel, n_tiles, (), Meta(kw)
 
 
 def _bad(msg: str) -> ValueError:
@@ -349,7 +350,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, out_dty
         sx = H
     n_rows = x2.shape[0]
     if out is None:
-        y2 = torch.empty((n_rows, H), dtype=out_dtype, device=device)
+        y2 = torch.empty_like(x2, dtype=out_dtype, memory_format=torch.contiguous_format)
         out = y2 if nd == 2 else y2.view(shape)
         sy = H
     else:

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
@@ -153,7 +154,7 @@ def _plan(n_rows: int, H: int, device: torch.device, has_weight: bool, rbw: bool
     c = config or heuristic(n_rows, H, device)
     n_tiles = triton.cdiv(n_rows, c.rows)
     grid = min(n_tiles, c.progs * _sm_count(device))
-    meta = dict(ROWS=c.rows, BLOCK_H=triton.next_power_of_2(H), HAS_WEIGHT=has_weight, ROUND=rbw, HAS_DS=has_ds,
+    meta = Meta(ROWS=c.rows, BLOCK_H=triton.next_power_of_2(H), HAS_WEIGHT=has_weight, ROUND=rbw, HAS_DS=has_ds,
                 INTERP=_INTERPRETED, num_warps=c.num_warps)
     return grid, triton.cdiv(n_tiles, grid), meta
 
@@ -178,7 +179,7 @@ def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, 
         if ds2.stride(-1) != 1:
             ds2 = ds2.contiguous()
     n_rows = x2.shape[0]
-    dx = torch.empty((n_rows, H), dtype=x.dtype, device=x.device)
+    dx = torch.empty_like(x2, memory_format=torch.contiguous_format)
     if n_rows == 0:
         return dx.view(x.shape), (torch.zeros(H, device=x.device) if weight is not None else None)
     has_w = weight is not None

@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
@@ -418,11 +419,9 @@ def _checked_config(sig: tuple[Any, ...], eps: float, norm: bool, round_before_w
     cfg = config or (bwd_heuristic(wl) if backward else heuristic(wl))
     if not is_valid(cfg, wl):
         raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
-    meta = dict(NORM=norm, HAS_WEIGHT=len(sig) == 6, ROUND=norm and round_before_weight,
+    meta = Meta(NORM=norm, HAS_WEIGHT=len(sig) == 6, ROUND=norm and round_before_weight,
                 **_common(cfg, sig[0][0][3]))
-    if backward:
-        meta["INTERP"] = _INTERPRETED
-    return cfg, meta
+    return cfg, (Meta(meta, INTERP=_INTERPRETED) if backward else meta)
 
 
 @functools.cache
@@ -439,7 +438,8 @@ def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: tor
     """(dq, dk, dq_weight, dk_weight) for grads of `rope`'s outputs (dweights None without weights).
     dq, dk are (B, S, H, D) contiguous like q and k; the weight grads are summed in fp32."""
     B, S, Hq, Hk, D = _check(q, k, q_weight, k_weight, norm)
-    dq, dk = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     has_w = q_weight is not None
     if q.numel() == 0:
         z = (torch.zeros_like(q_weight), torch.zeros_like(k_weight)) if has_w else (None, None)  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
@@ -214,7 +215,7 @@ def _bad(msg: str) -> ValueError:
 
 def _rows_view(t: torch.Tensor, N: int) -> torch.Tensor:
     """(rows, N) with a unit column stride; reshape copies only when one row stride cannot do."""
-    t2 = t.reshape(-1, N)
+    t2 = t if t.dim() == 2 else t.reshape(-1, N)
     return t2 if t2.stride(-1) == 1 or N == 1 else t2.contiguous()
 
 
@@ -239,9 +240,9 @@ def _launch_plan(n_rows: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype
     if not is_valid(c, wl):  # a bad config could silently skip columns: refuse it
         raise _bad(f"config {c.encode()} is not valid for {wl.key}")
     if c.variant == "online":
-        return "online", n_rows, dict(BLOCK=c.block, EVEN=N % c.block == 0, INTERP=_INTERPRETED,
+        return "online", n_rows, Meta(BLOCK=c.block, EVEN=N % c.block == 0, INTERP=_INTERPRETED,
                                       num_warps=c.num_warps)
-    return "tile", triton.cdiv(n_rows, c.rows), dict(ROWS=c.rows, BLOCK=c.block, EVEN=N == c.block,
+    return "tile", triton.cdiv(n_rows, c.rows), Meta(ROWS=c.rows, BLOCK=c.block, EVEN=N == c.block,
                                                      num_warps=c.num_warps)
 
 
@@ -262,7 +263,7 @@ def softmax(x: torch.Tensor, *, out_dtype: torch.dtype | None = None, config: Co
     out_dtype = out_dtype or x.dtype
     _check(x, out_dtype)
     if out is None:
-        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        out = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
     elif out.shape != x.shape or out.dtype != out_dtype or out.device != x.device:
         raise _bad(f"out must be {out_dtype} {tuple(x.shape)} on {x.device}")
     if x.numel() == 0:
@@ -287,7 +288,7 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, *, dx_dtype: torch.dtype | No
     _check(y, dx_dtype)
     if dy.shape != y.shape or dy.dtype not in _SUPPORTED:
         raise _bad(f"backward: dy {dy.dtype} {tuple(dy.shape)} must be shaped like y {tuple(y.shape)}")
-    dx = torch.empty(y.shape, dtype=dx_dtype, device=y.device)
+    dx = torch.empty_like(y, dtype=dx_dtype, memory_format=torch.contiguous_format)
     if y.numel() == 0:
         return dx
     N = y.shape[-1]

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
@@ -262,7 +263,7 @@ def _plan(n_rows: int, N: int, dtype: torch.dtype, act: str, config: Config | No
         if len(_PLANS) > 4096:  # many distinct row counts (varying sequence lengths): start over
             _PLANS.clear()
         grid, extra, kw = _launch_args(n_rows, N, cfg, device)
-        plan = _PLANS[key] = grid, extra, kw | {"ACT": act}
+        plan = _PLANS[key] = grid, extra, Meta(kw, ACT=act)
     return plan
 
 
@@ -278,7 +279,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, act: str = "silu", *, config: C
         raise _bad(f"out must have shape {tuple(shape)}, dtype {gate.dtype} and device {device}; got "
                    f"{tuple(out.shape)}, {out.dtype}, {out.device}")
     if out is None:
-        out = torch.empty(shape, dtype=gate.dtype, device=device)
+        out = torch.empty_like(gate, memory_format=torch.contiguous_format)
     if gate.numel() == 0:
         return out
     N = int(shape[-1])
@@ -336,8 +337,8 @@ def swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, act: str 
     contiguous tensors of gate's and up's dtypes. dy may be strided (even expanded: autograd hands
     `y.sum()`'s gradient over as a stride-0 tensor, which is copied first)."""
     shape, device = _check({"gate": gate, "up": up, "dy": dy}, act)
-    dg = torch.empty(shape, dtype=gate.dtype, device=device)
-    du = torch.empty(shape, dtype=up.dtype, device=device)
+    dg = torch.empty_like(gate, memory_format=torch.contiguous_format)
+    du = torch.empty_like(up, memory_format=torch.contiguous_format)
     if gate.numel() == 0:
         return dg, du
     N = int(shape[-1])
