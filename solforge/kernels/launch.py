@@ -208,6 +208,8 @@ def _fill(key: tuple[Any, ...] | None, kernel: Any, grid: tuple[int, ...], args:
     if key is None or compiled is None or not hasattr(compiled, "packed_metadata") or not 1 <= len(grid) <= 3:
         return
     params = getattr(kernel, "params", None)
+    if getattr(kernel, "pre_run_hooks", None):  # Triton calls them on every launch
+        return
     if params is None or len(args) > len(params) or any(isinstance(v, torch.Tensor) for v in constexprs.values()):
         return
     # A constexpr passed positionally specializes on its value: the key holds a float's type only.
