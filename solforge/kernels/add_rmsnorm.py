@@ -20,6 +20,8 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import rmsnorm as _rms
+from solforge.kernels.launch import Meta
+from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import Config, _load_weight, _st, _tile_load, _tile_store
 from solforge.kernels.rmsnorm_bwd import rmsnorm_bwd_op
 from solforge.numerics import Tolerance, input_generator
@@ -68,7 +70,7 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, s_ptr, y_ptr, n_rows, H, stride_x, 
 
 
 def _rows_view(t: torch.Tensor, H: int) -> torch.Tensor:
-    t2 = t.reshape(-1, H)
+    t2 = t if t.dim() == 2 else t.reshape(-1, H)
     return t2 if t2.stride(-1) == 1 or H == 1 else t2.contiguous()
 
 
@@ -91,8 +93,8 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | 
     if x.device.type != "cuda" and not _rms._INTERPRETED:
         raise ValueError(f"solforge add_rmsnorm: x is on {x.device}; the kernels need CUDA (or TRITON_INTERPRET=1)")
     if out is None:
-        s = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        s = torch.empty_like(x, memory_format=torch.contiguous_format)
+        y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
     else:
         s, y = out
         if s.shape != x.shape or y.shape != x.shape or s.dtype != x.dtype or y.dtype != out_dtype:
@@ -105,8 +107,8 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | 
     grid, kw = _launch_plan(n_rows, H, x.dtype, weight.dtype if weight is not None else None, out_dtype,
                             float(eps), round_before_weight, config, x.device.type)
     w = weight.contiguous() if weight is not None else x2
-    _add_rmsnorm_kernel[(grid,)](x2, r2, w, s2, y2, n_rows, H, x2.stride(0), r2.stride(0), s2.stride(0),
-                                 y2.stride(0), eps, **kw)
+    _launch(_add_rmsnorm_kernel, (grid,),
+            (x2, r2, w, s2, y2, n_rows, H, x2.stride(0), r2.stride(0), s2.stride(0), y2.stride(0), eps), kw)
     return s, y
 
 
@@ -121,7 +123,7 @@ def _launch_plan(n_rows: int, H: int, dtype: torch.dtype, wdtype: torch.dtype | 
     c = config or heuristic(wl)
     if not is_valid(c, wl):
         raise ValueError(f"solforge add_rmsnorm: config {c.encode()} is not valid for {wl.key}")
-    return triton.cdiv(n_rows, c.rows), dict(
+    return triton.cdiv(n_rows, c.rows), Meta(
         ROWS=c.rows, BLOCK_H=c.block_h, BLOCK_T=c.block_t, EVEN_H=H == c.block_h + c.block_t,
         HAS_WEIGHT=wdtype is not None, ROUND=rbw, EVICT="evict_first" if c.evict else "", num_warps=c.num_warps)
 

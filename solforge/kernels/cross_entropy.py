@@ -33,6 +33,8 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import Meta
+from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
 
@@ -195,7 +197,7 @@ def _launch_plan(n_rows: int, V: int, dtype: torch.dtype, config: Config | None,
     c = config or heuristic(wl)
     if not is_valid(c, wl):
         raise _bad(f"config {c.encode()} is not valid for {wl.key}")
-    return dict(BLOCK=c.block, EVEN=V % c.block == 0, INTERP=_INTERPRETED, num_warps=c.num_warps)
+    return Meta(BLOCK=c.block, EVEN=V % c.block == 0, INTERP=_INTERPRETED, num_warps=c.num_warps)
 
 
 def forward(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100, reduction: str = "mean",
@@ -211,7 +213,7 @@ def forward(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -
     lse = torch.empty(n_rows, dtype=torch.float32, device=x2.device)
     if n_rows and V:
         kw = _launch_plan(n_rows, V, x2.dtype, config, x2.device.type)
-        _ce_fwd_kernel[(n_rows,)](x2, t, loss_rows, lse, V, x2.stride(0), ignore_index, **kw)
+        _launch(_ce_fwd_kernel, (n_rows,), (x2, t, loss_rows, lse, V, x2.stride(0), ignore_index), kw)
     if reduction == "none":
         loss = loss_rows
     elif reduction == "sum":
@@ -244,7 +246,7 @@ def cross_entropy_bwd(dloss: torch.Tensor, logits: torch.Tensor, target: torch.T
         raise _bad(f"reduction {reduction!r}: one of {REDUCTIONS}")
     x2, t = _rows(logits, target)
     n_rows, V = x2.shape
-    dx = torch.empty(logits.shape, dtype=dx_dtype or logits.dtype, device=logits.device)
+    dx = torch.empty_like(logits, dtype=dx_dtype or logits.dtype, memory_format=torch.contiguous_format)
     if not (n_rows and V):
         return dx.zero_()
     scale = dloss.detach().to(torch.float32)
@@ -258,8 +260,9 @@ def cross_entropy_bwd(dloss: torch.Tensor, logits: torch.Tensor, target: torch.T
         raise _bad(f"dloss of a {reduction} reduction must be one value; got {tuple(dloss.shape)}")
     kw = _launch_plan(n_rows, V, x2.dtype, config, x2.device.type)
     dx2 = dx.view(-1, V)
-    _ce_bwd_kernel[(n_rows,)](x2, t, lse, scale, dx2, V, x2.stride(0), dx2.stride(0),
-                              1 if reduction == "none" else 0, ignore_index, **kw)
+    _launch(_ce_bwd_kernel, (n_rows,),
+            (x2, t, lse, scale, dx2, V, x2.stride(0), dx2.stride(0), 1 if reduction == "none" else 0, ignore_index),
+            kw)
     return dx
 
 

@@ -33,6 +33,8 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import Meta
+from solforge.kernels.launch import launch as _launch
 from solforge.kernels.swiglu import _act_fwd, _act_fwd_bwd, _block_for, _warps_for
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
@@ -202,17 +204,23 @@ _PLANS: dict[tuple[Any, ...], _Plan] = {}
 
 
 def _plan(n_rows: int, N: int, dtype: torch.dtype, has_bias: bool, approximate: str, config: Config | None,
-          device: torch.device, backward: bool = False) -> _Plan:
-    key = (n_rows, N, dtype, has_bias, approximate, config, device, backward)
+          device: torch.device, backward: bool = False, bias_grad: bool = False) -> _Plan:
+    """(grid, runtime args after the strides, every constexpr and launch kwarg). The workload (and
+    so the heuristic) sees a bias when the forward has one, or when the backward sums its gradient."""
+    key = (n_rows, N, dtype, has_bias, approximate, config, device, backward, bias_grad)
     plan = _PLANS.get(key)
     if plan is None:
-        wl = _workload(n_rows, N, dtype, has_bias, approximate, device.type)
+        wl = _workload(n_rows, N, dtype, bias_grad if backward else has_bias, approximate, device.type)
         cfg = config if config is not None else bwd_heuristic(wl) if backward else heuristic(wl)
         if not is_valid(cfg, wl):  # a bad config could silently skip columns: refuse it
             raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
         if len(_PLANS) > 4096:  # many distinct row counts (varying sequence lengths): start over
             _PLANS.clear()
-        plan = _PLANS[key] = _launch_args(n_rows, N, cfg, device)
+        grid, extra, kw = _launch_args(n_rows, N, cfg, device)
+        kw.update(ACT=_ACT[approximate], HAS_BIAS=has_bias)
+        if backward:
+            kw["BIAS_GRAD"] = bias_grad
+        plan = _PLANS[key] = grid, extra, Meta(kw)
     return plan
 
 
@@ -227,7 +235,7 @@ def gelu(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "
         raise _bad(f"out must have shape {tuple(shape)}, dtype {x.dtype} and device {device}; got "
                    f"{tuple(out.shape)}, {out.dtype}, {out.device}")
     if out is None:
-        out = torch.empty(shape, dtype=x.dtype, device=device)
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if x.numel() == 0:
         return out
     N = int(shape[-1])
@@ -242,8 +250,7 @@ def gelu(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "
     b = bias.contiguous() if bias is not None else x2  # never read without HAS_BIAS
     n_rows = x2.shape[0]
     grid, extra, kw = _plan(n_rows, N, x.dtype, bias is not None, approximate, config, device)
-    _gelu_fwd_kernel[(grid,)](x2, b, y2, n_rows, N, sx, sy, *extra, ACT=_ACT[approximate],
-                              HAS_BIAS=bias is not None, **kw)
+    _launch(_gelu_fwd_kernel, (grid,), (x2, b, y2, n_rows, N, sx, sy, *extra), kw)
     return out
 
 
@@ -317,20 +324,20 @@ def gelu_bwd(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None
                    f"on {dy.device}")
     want_db = bias is not None and (bias_grad is None or bias_grad)
     shape, device = x.shape, x.device
-    dx = torch.empty(shape, dtype=x.dtype, device=device)
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     N = int(shape[-1])
     if x.numel() == 0:
         return dx, (torch.zeros(N, dtype=bias.dtype, device=device) if want_db else None)  # type: ignore[union-attr]
     dy2, sdy = _rows(dy, N)
     x2, sx = _rows(x, N)
     n_rows = x2.shape[0]
-    grid, extra, kw = _plan(n_rows, N, x.dtype, want_db, approximate, config, device, backward=True)
+    grid, extra, kw = _plan(n_rows, N, x.dtype, bias is not None, approximate, config, device, backward=True,
+                            bias_grad=want_db)
     n_rprogs = extra[2]
     # few partial rows with persist (a few hundred at GPT-2 shapes: ~2 MB against ~150 MB of dy/x/dx)
     part = torch.empty((n_rprogs, N), dtype=torch.float32, device=device) if want_db else dx
     b = bias.contiguous() if bias is not None else x2
-    _gelu_bwd_kernel[(grid,)](dy2, x2, b, dx, part, n_rows, N, sdy, sx, *extra, ACT=_ACT[approximate],
-                              HAS_BIAS=bias is not None, BIAS_GRAD=want_db, **kw)
+    _launch(_gelu_bwd_kernel, (grid,), (dy2, x2, b, dx, part, n_rows, N, sdy, sx, *extra), kw)
     return dx, (part.sum(0).to(bias.dtype) if want_db else None)  # type: ignore[union-attr]
 
 

@@ -32,6 +32,8 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import Meta
+from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import _ld, _load_weight, _st
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
@@ -165,7 +167,7 @@ def _bad(msg: str, family: str = FAMILY) -> ValueError:
 
 def _rows_view(t: torch.Tensor, H: int) -> torch.Tensor:
     """(rows, H) with a unit column stride; reshape copies only when one row stride cannot do."""
-    t2 = t.reshape(-1, H)
+    t2 = t if t.dim() == 2 else t.reshape(-1, H)
     return t2 if t2.stride(-1) == 1 or H == 1 else t2.contiguous()
 
 
@@ -200,12 +202,12 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor 
                    "imported)", family)
     s, y = out
     if y is None:
-        y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        y = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
     elif y.shape != x.shape or y.dtype != out_dtype or y.device != x.device:
         raise _bad(f"out must be {out_dtype} {tuple(x.shape)} on {x.device}", family)
     if residual is not None:
         if s is None:
-            s = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            s = torch.empty_like(x, memory_format=torch.contiguous_format)
         elif s.shape != x.shape or s.dtype != x.dtype or s.device != x.device:
             raise _bad(f"the sum's out must be {x.dtype} {tuple(x.shape)} on {x.device}", family)
     if x.numel() == 0:
@@ -224,8 +226,9 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor 
                             bias.dtype if bias is not None else None, out_dtype, float(eps), residual is not None,
                             config, x.device.type)
     # absent tensors are never read (HAS_* constexprs): any pointer will do
-    _layernorm_kernel[(grid,)](x2, r2, weight if weight is not None else x2, bias if bias is not None else x2,
-                               s2, y2, n_rows, H, x2.stride(0), r2.stride(0), s2.stride(0), y2.stride(0), eps, **kw)
+    _launch(_layernorm_kernel, (grid,),
+            (x2, r2, weight if weight is not None else x2, bias if bias is not None else x2, s2, y2, n_rows, H,
+             x2.stride(0), r2.stride(0), s2.stride(0), y2.stride(0), eps), kw)
     return s, y
 
 
@@ -241,7 +244,7 @@ def _launch_plan(n_rows: int, H: int, dtype: torch.dtype, wdtype: torch.dtype | 
     c = config or heuristic(wl)
     if not is_valid(c, wl):  # a bad config could silently skip columns: refuse it
         raise _bad(f"config {c.encode()} is not valid for {wl.key}", wl.family)
-    return triton.cdiv(n_rows, c.rows), dict(
+    return triton.cdiv(n_rows, c.rows), Meta(
         ROWS=c.rows, BLOCK_H=c.block_h, BLOCK_T=c.block_t, EVEN_H=H == c.block_h + c.block_t, HAS_RES=has_res,
         HAS_WEIGHT=wdtype is not None, HAS_BIAS=bdtype is not None, EVICT="evict_first" if c.evict else "",
         INTERP=_INTERPRETED, num_warps=c.num_warps)

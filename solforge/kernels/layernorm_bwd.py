@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from solforge.kernels.launch import Meta
+from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import _ld, _load_weight, _st
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
@@ -320,8 +322,26 @@ def _sm_count(device: torch.device) -> int:
 
 def _rows_view(t: torch.Tensor, H: int) -> torch.Tensor:
     """(rows, H) with a unit column stride; reshape copies only when one row stride cannot do."""
-    t2 = t.reshape(-1, H)
+    t2 = t if t.dim() == 2 else t.reshape(-1, H)
     return t2 if t2.stride(-1) == 1 or H == 1 else t2.contiguous()
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(n_rows: int, H: int, device: torch.device, has_ds: bool, want_dw: bool, bias_grad: bool,
+          config: Any) -> tuple[int, int, dict[str, Any]]:
+    """(grid, loop trip count, constexprs) of one shape and config, checked: cached, so a call pays
+    a lookup rather than the heuristic, the validity check and the kwargs building."""
+    c = config or bwd_heuristic(n_rows, H, device, ds=has_ds)
+    if not isinstance(c, BwdConfig):  # rmsnorm_bwd's BwdConfig (rows, progs, num_warps)
+        c = BwdConfig(c.rows, c.progs, c.num_warps)
+    if not bwd_is_valid(c, n_rows, H):
+        raise ValueError(f"solforge layernorm: backward config {c.encode()} is not valid for {n_rows} x {H}")
+    bh, bt = c.split(H)
+    n_tiles = triton.cdiv(n_rows, c.rows)
+    grid = min(n_tiles, c.progs * _sm_count(device))
+    return grid, triton.cdiv(n_tiles, grid), Meta(
+        ROWS=c.rows, BLOCK_H=bh, BLOCK_T=bt, EVEN_H=H == bh + bt, HAS_WEIGHT=want_dw, WANT_DW=want_dw,
+        WANT_DB=bias_grad, HAS_DS=has_ds, INTERP=_INTERPRETED, num_warps=c.num_warps)
 
 
 def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
@@ -337,29 +357,19 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None
     x2, dy2 = _rows_view(x, H), _rows_view(dy, H)
     ds2 = _rows_view(ds, H) if ds is not None else None
     n_rows = x2.shape[0]
-    dx = torch.empty((n_rows, H), dtype=x.dtype, device=x.device)
+    dx = torch.empty_like(x2, memory_format=torch.contiguous_format)
     if n_rows == 0:
         zero = torch.zeros(H, device=x.device)
         return dx.view(x.shape), (zero if weight is not None else None), (zero.clone() if bias_grad else None)
-    c = config or bwd_heuristic(n_rows, H, x.device, ds=ds is not None)
-    if not isinstance(c, BwdConfig):  # rmsnorm_bwd's BwdConfig (rows, progs, num_warps)
-        c = BwdConfig(c.rows, c.progs, c.num_warps)
-    if not bwd_is_valid(c, n_rows, H):
-        raise ValueError(f"solforge layernorm: backward config {c.encode()} is not valid for {n_rows} x {H}")
-    bh, bt = c.split(H)
-    n_tiles = triton.cdiv(n_rows, c.rows)
-    grid = min(n_tiles, c.progs * _sm_count(x.device))
     want_dw = weight is not None
+    grid, n_iter, meta = _plan(n_rows, H, x.device, ds2 is not None, want_dw, bias_grad, config)
     # dw's and db's partial rows in one buffer, so one sum reduces both
     n_parts = int(want_dw) + int(bias_grad)
     part = torch.empty((n_parts, grid, H), dtype=torch.float32, device=x.device) if n_parts else dx
     w = weight.contiguous() if weight is not None else dx
-    _layernorm_bwd_kernel[(grid,)](
-        dy2, x2, w, ds2 if ds2 is not None else dx, dx, part, n_rows, H, dy2.stride(0), x2.stride(0),
-        ds2.stride(0) if ds2 is not None else 0, dx.stride(0), eps, triton.cdiv(n_tiles, grid),
-        grid * H if want_dw else 0, ROWS=c.rows, BLOCK_H=bh, BLOCK_T=bt, EVEN_H=H == bh + bt,
-        HAS_WEIGHT=want_dw, WANT_DW=want_dw, WANT_DB=bias_grad, HAS_DS=ds2 is not None, INTERP=_INTERPRETED,
-        num_warps=c.num_warps)
+    _launch(_layernorm_bwd_kernel, (grid,),
+            (dy2, x2, w, ds2 if ds2 is not None else dx, dx, part, n_rows, H, dy2.stride(0), x2.stride(0),
+             ds2.stride(0) if ds2 is not None else 0, dx.stride(0), eps, n_iter, grid * H if want_dw else 0), meta)
     sums = part.sum(1) if n_parts else part
     return dx.view(x.shape), (sums[0] if want_dw else None), (sums[n_parts - 1] if bias_grad else None)
 

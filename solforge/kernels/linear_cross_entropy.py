@@ -51,6 +51,8 @@ import triton.language as tl
 
 from solforge.kernels import config_text
 from solforge.kernels.cross_entropy import _grad_chunk, _ld
+from solforge.kernels.launch import Meta
+from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 
@@ -197,7 +199,7 @@ def _plan(N: int, H: int, V: int, dtype: torch.dtype, grads: int, config: Config
     # the row for the second
     kw = dict(BLOCK=c.block, EVEN=V % c.block == 0, INTERP=_INTERPRETED, GRAD=bool(grads),
               EVICT="evict_last" if grads else "evict_first", num_warps=c.num_warps)
-    return c, kw
+    return c, Meta(kw)
 
 
 # fp32 products are formed in slices of dweight's rows: the temporary stays at most this big
@@ -260,7 +262,7 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
                 torch.mm(hc, wt, out=x)
             else:
                 torch.addmm(bias, hc, wt, out=x)
-            _lce_rows_kernel[(e - s,)](x, t[s:e], loss_rows[s:e], scale, V, x.stride(0), ignore_index, **kw)
+            _launch(_lce_rows_kernel, (e - s,), (x, t[s:e], loss_rows[s:e], scale, V, x.stride(0), ignore_index), kw)
             if grads & GRAD_HIDDEN:
                 torch.mm(x, weight, out=dh.view(N, H)[s:e])
             if grads & GRAD_WEIGHT:

@@ -27,6 +27,8 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import Meta
+from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 
@@ -276,7 +278,6 @@ def _sm_count(device: torch.device) -> int:
 # pays for a dict lookup, not for Workload/heuristic/Config work.
 _Plan = tuple[Any, int, tuple[int, ...], dict[str, Any]]
 _PLANS: dict[tuple[Any, ...], _Plan] = {}
-_N_ARGS = 8  # x, w, y, n_rows, H, stride_x, stride_y, eps
 
 
 def _make_plan(n_rows: int, H: int, config: Config, device: torch.device, has_weight: bool,
@@ -286,28 +287,14 @@ def _make_plan(n_rows: int, H: int, config: Config, device: torch.device, has_we
     kw: dict[str, Any] = dict(BLOCK_H=c.block_h, EVEN_H=even, HAS_WEIGHT=has_weight, ROUND=rnd,
                               num_warps=c.num_warps)
     if c.variant == "loop":
-        return _rmsnorm_loop_kernel, n_rows, (), kw | {"INTERP": _INTERPRETED}
+        return _rmsnorm_loop_kernel, n_rows, (), Meta(kw, INTERP=_INTERPRETED)
     kw.update(ROWS=c.rows, BLOCK_T=c.block_t, EVICT="evict_first" if c.evict else "")
     n_tiles = triton.cdiv(n_rows, c.rows)
     if c.variant == "persist":
         grid = min(n_tiles, _sm_count(device) * c.progs)
         kw.update(STAGES=c.stages, INTERP=_INTERPRETED)
-        return _rmsnorm_persistent_kernel, grid, (triton.cdiv(n_tiles, grid), grid), kw
-    return _rmsnorm_tile_kernel, n_tiles, (), kw
-
-
-# Direct launches of already compiled kernels. Triton's `kernel[grid](...)` re-derives the
-# specialization (alignment, divisibility) of every argument on every call: 17-23 us per launch on
-# the (slow) host of the H100 we measured, against 6.5 us for CompiledKernel.run with the same
-# arguments; a whole 1 x 2560 rmsnorm call went from 28-45 us to 20-22 us. The key holds every
-# value a specialization can depend on (dtypes, shape, strides, pointer alignment), so a hit is
-# exactly the kernel Triton itself would pick. Like Triton, this launches on the current device.
-_Launch = tuple[Any, Any, Any, int, tuple[Any, ...], Any]
-_LAUNCHES: dict[tuple[Any, ...], _Launch] = {}
-_hooks = triton.knobs.runtime
-# CompiledKernel.run's argument list is Triton-internal: direct launches only on the version whose
-# launcher was checked (3.6); any other version takes Triton's own path.
-_DIRECT = triton.__version__.startswith("3.6.") and not _INTERPRETED
+        return _rmsnorm_persistent_kernel, grid, (triton.cdiv(n_tiles, grid), grid), Meta(kw)
+    return _rmsnorm_tile_kernel, n_tiles, (), Meta(kw)
 
 
 def _bad(msg: str) -> ValueError:
@@ -363,7 +350,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, out_dty
         sx = H
     n_rows = x2.shape[0]
     if out is None:
-        y2 = torch.empty((n_rows, H), dtype=out_dtype, device=device)
+        y2 = torch.empty_like(x2, dtype=out_dtype, memory_format=torch.contiguous_format)
         out = y2 if nd == 2 else y2.view(shape)
         sy = H
     else:
@@ -376,35 +363,18 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, out_dty
             raise _bad("out's last dim must be contiguous")
     w = x2 if weight is None else weight  # never read without HAS_WEIGHT; any pointer will do
 
-    key = (n_rows, H, sx, sy, dtype, wdtype, out_dtype, round_before_weight, config, device,
-           x2.data_ptr() & 15, w.data_ptr() & 15, y2.data_ptr() & 15)
-    fast = _LAUNCHES.get(key)
-    # Triton 3.6 keeps launch hooks (profilers) in HookChains: take the direct path only while
-    # they are empty, so a profiler attached later still sees every launch.
-    if fast is not None and not getattr(_hooks.launch_enter_hook, "calls", _hooks.launch_enter_hook) \
-            and not getattr(_hooks.launch_exit_hook, "calls", _hooks.launch_exit_hook):
-        run, function, metadata, grid, tail, get_stream = fast
-        run(grid, 1, 1, get_stream(device.index), function, metadata, None, None, None,
-            x2, w, y2, n_rows, H, sx, sy, eps, *tail)
-        return out
-
-    pkey = key[:10]
+    pkey = (n_rows, H, sx, sy, dtype, wdtype, out_dtype, round_before_weight, config, device)
     plan = _PLANS.get(pkey)
     if plan is None:
         wl = workload_for(x2, weight, eps, out_dtype, round_before_weight)
         cfg = heuristic(wl) if config is None else config
         if not is_valid(cfg, wl):  # a bad config could silently skip columns: refuse it
             raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
+        if len(_PLANS) > 4096:  # many distinct row counts (varying sequence lengths): start over
+            _PLANS.clear()
         plan = _PLANS[pkey] = _make_plan(n_rows, H, cfg, device, weight is not None, round_before_weight)
     kernel, grid, extra, kw = plan
-    compiled = kernel[(grid,)](x2, w, y2, n_rows, H, sx, sy, eps, *extra, **kw)
-    if _DIRECT and device.index == torch.cuda.current_device():
-        consts = tuple(kw[name] for name in kernel.arg_names[_N_ARGS + len(extra):])  # constexprs
-        if len(_LAUNCHES) > 4096:  # many distinct row counts (varying sequence lengths): start over
-            _LAUNCHES.clear()
-            _PLANS.clear()
-        _LAUNCHES[key] = (compiled.run, compiled.function, compiled.packed_metadata, grid, extra + consts,
-                          triton.runtime.driver.active.get_current_stream)
+    _launch(kernel, (grid,), (x2, w, y2, n_rows, H, sx, sy, eps, *extra), kw)
     return out
 
 

@@ -24,6 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
+from solforge.kernels.launch import Meta
+from solforge.kernels.launch import launch as _launch
+
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -143,6 +146,19 @@ def heuristic(n_rows: int, H: int, device: torch.device) -> BwdConfig:
     return BwdConfig(rows, 2 if block >= 1024 else 8, warps)
 
 
+@functools.lru_cache(maxsize=4096)
+def _plan(n_rows: int, H: int, device: torch.device, has_weight: bool, rbw: bool, has_ds: bool,
+          config: BwdConfig | None) -> tuple[int, int, dict[str, Any]]:
+    """Grid, loop trip count and constexprs of one shape and config: cached, so a call pays a
+    lookup rather than the heuristic and the Config and kwargs building."""
+    c = config or heuristic(n_rows, H, device)
+    n_tiles = triton.cdiv(n_rows, c.rows)
+    grid = min(n_tiles, c.progs * _sm_count(device))
+    meta = Meta(ROWS=c.rows, BLOCK_H=triton.next_power_of_2(H), HAS_WEIGHT=has_weight, ROUND=rbw, HAS_DS=has_ds,
+                INTERP=_INTERPRETED, num_warps=c.num_warps)
+    return grid, triton.cdiv(n_tiles, grid), meta
+
+
 def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
                 round_before_weight: bool = False, ds: torch.Tensor | None = None,
                 config: BwdConfig | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -163,19 +179,16 @@ def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, 
         if ds2.stride(-1) != 1:
             ds2 = ds2.contiguous()
     n_rows = x2.shape[0]
-    dx = torch.empty((n_rows, H), dtype=x.dtype, device=x.device)
+    dx = torch.empty_like(x2, memory_format=torch.contiguous_format)
     if n_rows == 0:
         return dx.view(x.shape), (torch.zeros(H, device=x.device) if weight is not None else None)
-    c = config or heuristic(n_rows, H, x.device)
-    n_tiles = triton.cdiv(n_rows, c.rows)
-    grid = min(n_tiles, c.progs * _sm_count(x.device))
-    dw = torch.empty((grid, H), dtype=torch.float32, device=x.device) if weight is not None else dx
-    w = weight.contiguous() if weight is not None else dx
-    _rmsnorm_bwd_kernel[(grid,)](
-        dy2, x2, w, ds2 if ds2 is not None else dx, dx, dw, n_rows, H, dy2.stride(0), x2.stride(0),
-        ds2.stride(0) if ds2 is not None else 0, dx.stride(0), eps, triton.cdiv(n_tiles, grid),
-        ROWS=c.rows, BLOCK_H=triton.next_power_of_2(H), HAS_WEIGHT=weight is not None,
-        ROUND=round_before_weight, HAS_DS=ds2 is not None, INTERP=_INTERPRETED, num_warps=c.num_warps)
+    has_w = weight is not None
+    grid, n_iter, meta = _plan(n_rows, H, x.device, has_w, round_before_weight, ds2 is not None, config)
+    dw = torch.empty((grid, H), dtype=torch.float32, device=x.device) if has_w else dx
+    w = weight.contiguous() if has_w else dx  # type: ignore[union-attr]
+    _launch(_rmsnorm_bwd_kernel, (grid,),
+            (dy2, x2, w, ds2 if ds2 is not None else dx, dx, dw, n_rows, H, dy2.stride(0), x2.stride(0),
+             ds2.stride(0) if ds2 is not None else 0, dx.stride(0), eps, n_iter), meta)
     return dx.view(x.shape), (dw.sum(0) if weight is not None else None)
 
 

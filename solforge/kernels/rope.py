@@ -38,6 +38,8 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import Meta
+from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 
@@ -386,17 +388,15 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     c, scb, scs = _cs_strides(cos, "cos", B, S, D)
     sn, ssb, sss = _cs_strides(sin, "sin", B, S, D)
     qo, ko = (_token_major(o, heads_first) for o in out)
-    cfg = _checked_config(_sig(q, k, cos, sin, q_weight, k_weight), float(eps), norm, round_before_weight,
-                          heads_first, od, config, q.device.type, backward=False)
+    cfg, meta = _checked_config(_sig(q, k, cos, sin, q_weight, k_weight), float(eps), norm, round_before_weight,
+                                heads_first, od, config, q.device.type, backward=False)
     n_tok = B * S
     n_qb, n_kb = triton.cdiv(Hq, cfg.heads), triton.cdiv(Hk, cfg.heads)
     qw = q4 if q_weight is None else _rows(q_weight)  # never read without a weight; any pointer will do
     kw = k4 if k_weight is None else _rows(k_weight)
-    _rope_fwd_kernel[(triton.cdiv(n_tok, cfg.tokens), n_qb + n_kb)](
-        q4, k4, c, sn, qw, kw, qo, ko, n_tok, S, Hq, Hk, n_qb,
-        q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1), k4.stride(2), scb, scs, ssb, sss,
-        qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2), eps,
-        NORM=norm, HAS_WEIGHT=q_weight is not None, ROUND=norm and round_before_weight, **_common(cfg, D))
+    _launch(_rope_fwd_kernel, (triton.cdiv(n_tok, cfg.tokens), n_qb + n_kb),
+            (q4, k4, c, sn, qw, kw, qo, ko, n_tok, S, Hq, Hk, n_qb, *q4.stride()[:3], *k4.stride()[:3], scb, scs,
+             ssb, sss, *qo.stride()[:3], *ko.stride()[:3], eps), meta)
     return out
 
 
@@ -406,10 +406,12 @@ def _sig(*tensors: torch.Tensor | None) -> tuple[Any, ...]:
 
 @functools.lru_cache(maxsize=1024)
 def _checked_config(sig: tuple[Any, ...], eps: float, norm: bool, round_before_weight: bool, heads_first: bool,
-                    out_dtype: torch.dtype, config: Config | None, device: str, *, backward: bool) -> Config:
-    """The config a call runs with (the heuristic when None), checked against its workload. Cached
-    per shapes and options: building the Workload and the heuristic costs tens of microseconds of
-    Python a call, which at Qwen3-4B's training shape was as long as the kernel."""
+                    out_dtype: torch.dtype, config: Config | None, device: str, *,
+                    backward: bool) -> tuple[Config, dict[str, Any]]:
+    """The config a call runs with (the heuristic when None), checked against its workload, and
+    the kernel's constexpr/launch kwargs. Cached per shapes and options: building the Workload and
+    the heuristic costs tens of microseconds of Python a call, which at Qwen3-4B's training shape
+    was as long as the kernel."""
     metas = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in sig]
     weights = metas[4:] if len(metas) == 6 else [None, None]
     wl = dataclasses.replace(workload_for(*metas[:4], *weights, eps, norm=norm, round_before_weight=round_before_weight,
@@ -417,7 +419,9 @@ def _checked_config(sig: tuple[Any, ...], eps: float, norm: bool, round_before_w
     cfg = config or (bwd_heuristic(wl) if backward else heuristic(wl))
     if not is_valid(cfg, wl):
         raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
-    return cfg
+    meta = Meta(NORM=norm, HAS_WEIGHT=len(sig) == 6, ROUND=norm and round_before_weight,
+                **_common(cfg, sig[0][0][3]))
+    return cfg, (Meta(meta, INTERP=_INTERPRETED) if backward else meta)
 
 
 @functools.cache
@@ -434,7 +438,8 @@ def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: tor
     """(dq, dk, dq_weight, dk_weight) for grads of `rope`'s outputs (dweights None without weights).
     dq, dk are (B, S, H, D) contiguous like q and k; the weight grads are summed in fp32."""
     B, S, Hq, Hk, D = _check(q, k, q_weight, k_weight, norm)
-    dq, dk = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     has_w = q_weight is not None
     if q.numel() == 0:
         z = (torch.zeros_like(q_weight), torch.zeros_like(k_weight)) if has_w else (None, None)  # type: ignore[arg-type]
@@ -443,8 +448,8 @@ def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: tor
     q4, k4 = _rows(q), _rows(k)
     c, scb, scs = _cs_strides(cos, "cos", B, S, D)
     sn, ssb, sss = _cs_strides(sin, "sin", B, S, D)
-    cfg = _checked_config(_sig(q, k, cos, sin, q_weight, k_weight), float(eps), norm, round_before_weight,
-                          heads_first, grad_q.dtype, config, q.device.type, backward=True)
+    cfg, meta = _checked_config(_sig(q, k, cos, sin, q_weight, k_weight), float(eps), norm, round_before_weight,
+                                heads_first, grad_q.dtype, config, q.device.type, backward=True)
     n_tok = B * S
     n_qb, n_kb = triton.cdiv(Hq, cfg.heads), triton.cdiv(Hk, cfg.heads)
     n_tb = triton.cdiv(n_tok, cfg.tokens)
@@ -453,12 +458,10 @@ def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: tor
     dw = torch.empty(((n_qb + n_kb) * progs, D), dtype=torch.float32, device=q.device) if has_w else q4
     qw = q4 if q_weight is None else _rows(q_weight)
     kw = k4 if k_weight is None else _rows(k_weight)
-    _rope_bwd_kernel[(progs, n_qb + n_kb)](
-        gq, gk, q4, k4, c, sn, qw, kw, dq, dk, dw, n_tok, S, Hq, Hk, n_qb, triton.cdiv(n_tb, progs), progs,
-        gq.stride(0), gq.stride(1), gq.stride(2), gk.stride(0), gk.stride(1), gk.stride(2),
-        q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1), k4.stride(2), scb, scs, ssb, sss,
-        dq.stride(0), dq.stride(1), dq.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), eps,
-        NORM=norm, HAS_WEIGHT=has_w, ROUND=norm and round_before_weight, INTERP=_INTERPRETED, **_common(cfg, D))
+    _launch(_rope_bwd_kernel, (progs, n_qb + n_kb),
+            (gq, gk, q4, k4, c, sn, qw, kw, dq, dk, dw, n_tok, S, Hq, Hk, n_qb, triton.cdiv(n_tb, progs), progs,
+             *gq.stride()[:3], *gk.stride()[:3], *q4.stride()[:3], *k4.stride()[:3], scb, scs, ssb, sss,
+             *dq.stride()[:3], *dk.stride()[:3], eps), meta)
     if not has_w:
         return dq, dk, None, None
     dqw = dw[: n_qb * progs].sum(0).to(q_weight.dtype)  # type: ignore[union-attr]

@@ -26,6 +26,8 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import Meta
+from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
 
@@ -213,7 +215,7 @@ def _bad(msg: str) -> ValueError:
 
 def _rows_view(t: torch.Tensor, N: int) -> torch.Tensor:
     """(rows, N) with a unit column stride; reshape copies only when one row stride cannot do."""
-    t2 = t.reshape(-1, N)
+    t2 = t if t.dim() == 2 else t.reshape(-1, N)
     return t2 if t2.stride(-1) == 1 or N == 1 else t2.contiguous()
 
 
@@ -238,9 +240,9 @@ def _launch_plan(n_rows: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype
     if not is_valid(c, wl):  # a bad config could silently skip columns: refuse it
         raise _bad(f"config {c.encode()} is not valid for {wl.key}")
     if c.variant == "online":
-        return "online", n_rows, dict(BLOCK=c.block, EVEN=N % c.block == 0, INTERP=_INTERPRETED,
+        return "online", n_rows, Meta(BLOCK=c.block, EVEN=N % c.block == 0, INTERP=_INTERPRETED,
                                       num_warps=c.num_warps)
-    return "tile", triton.cdiv(n_rows, c.rows), dict(ROWS=c.rows, BLOCK=c.block, EVEN=N == c.block,
+    return "tile", triton.cdiv(n_rows, c.rows), Meta(ROWS=c.rows, BLOCK=c.block, EVEN=N == c.block,
                                                      num_warps=c.num_warps)
 
 
@@ -261,7 +263,7 @@ def softmax(x: torch.Tensor, *, out_dtype: torch.dtype | None = None, config: Co
     out_dtype = out_dtype or x.dtype
     _check(x, out_dtype)
     if out is None:
-        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        out = torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
     elif out.shape != x.shape or out.dtype != out_dtype or out.device != x.device:
         raise _bad(f"out must be {out_dtype} {tuple(x.shape)} on {x.device}")
     if x.numel() == 0:
@@ -271,9 +273,9 @@ def softmax(x: torch.Tensor, *, out_dtype: torch.dtype | None = None, config: Co
     n_rows = x2.shape[0]
     kind, grid, kw = _launch_plan(n_rows, N, x.dtype, out_dtype, config, x.device.type)
     if kind == "online":
-        _softmax_online_kernel[(grid,)](x2, y2, N, x2.stride(0), y2.stride(0), **kw)
+        _launch(_softmax_online_kernel, (grid,), (x2, y2, N, x2.stride(0), y2.stride(0)), kw)
     else:
-        _softmax_tile_kernel[(grid,)](x2, y2, n_rows, N, x2.stride(0), y2.stride(0), **kw)
+        _launch(_softmax_tile_kernel, (grid,), (x2, y2, n_rows, N, x2.stride(0), y2.stride(0)), kw)
     return out
 
 
@@ -286,19 +288,19 @@ def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, *, dx_dtype: torch.dtype | No
     _check(y, dx_dtype)
     if dy.shape != y.shape or dy.dtype not in _SUPPORTED:
         raise _bad(f"backward: dy {dy.dtype} {tuple(dy.shape)} must be shaped like y {tuple(y.shape)}")
-    dx = torch.empty(y.shape, dtype=dx_dtype, device=y.device)
+    dx = torch.empty_like(y, dtype=dx_dtype, memory_format=torch.contiguous_format)
     if y.numel() == 0:
         return dx
     N = y.shape[-1]
     y2, dy2, dx2 = _rows_view(y, N), _rows_view(dy, N), dx.view(-1, N)
     n_rows = y2.shape[0]
     kind, grid, kw = _launch_plan(n_rows, N, y.dtype, dx_dtype, config, y.device.type, True)
-    args = (dy2, y2, dx2)
-    strides = (dy2.stride(0), y2.stride(0), dx2.stride(0))
     if kind == "online":
-        _softmax_bwd_online_kernel[(grid,)](*args, N, *strides, **kw)
+        _launch(_softmax_bwd_online_kernel, (grid,), (dy2, y2, dx2, N, dy2.stride(0), y2.stride(0), dx2.stride(0)),
+                kw)
     else:
-        _softmax_bwd_tile_kernel[(grid,)](*args, n_rows, N, *strides, **kw)
+        _launch(_softmax_bwd_tile_kernel, (grid,),
+                (dy2, y2, dx2, n_rows, N, dy2.stride(0), y2.stride(0), dx2.stride(0)), kw)
     return dx
 
 

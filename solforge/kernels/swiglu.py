@@ -29,6 +29,8 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.launch import Meta
+from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
 
@@ -260,7 +262,8 @@ def _plan(n_rows: int, N: int, dtype: torch.dtype, act: str, config: Config | No
             raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
         if len(_PLANS) > 4096:  # many distinct row counts (varying sequence lengths): start over
             _PLANS.clear()
-        plan = _PLANS[key] = _launch_args(n_rows, N, cfg, device)
+        grid, extra, kw = _launch_args(n_rows, N, cfg, device)
+        plan = _PLANS[key] = grid, extra, Meta(kw, ACT=act)
     return plan
 
 
@@ -276,7 +279,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, act: str = "silu", *, config: C
         raise _bad(f"out must have shape {tuple(shape)}, dtype {gate.dtype} and device {device}; got "
                    f"{tuple(out.shape)}, {out.dtype}, {out.device}")
     if out is None:
-        out = torch.empty(shape, dtype=gate.dtype, device=device)
+        out = torch.empty_like(gate, memory_format=torch.contiguous_format)
     if gate.numel() == 0:
         return out
     N = int(shape[-1])
@@ -285,7 +288,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, act: str = "silu", *, config: C
     y2, sy = _rows_out(out, N, "out")
     n_rows = g2.shape[0]
     grid, extra, kw = _plan(n_rows, N, gate.dtype, act, config, device)
-    _swiglu_fwd_kernel[(grid,)](g2, u2, y2, n_rows, N, sg, su, sy, *extra, ACT=act, **kw)
+    _launch(_swiglu_fwd_kernel, (grid,), (g2, u2, y2, n_rows, N, sg, su, sy, *extra), kw)
     return out
 
 
@@ -334,8 +337,8 @@ def swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, act: str 
     contiguous tensors of gate's and up's dtypes. dy may be strided (even expanded: autograd hands
     `y.sum()`'s gradient over as a stride-0 tensor, which is copied first)."""
     shape, device = _check({"gate": gate, "up": up, "dy": dy}, act)
-    dg = torch.empty(shape, dtype=gate.dtype, device=device)
-    du = torch.empty(shape, dtype=up.dtype, device=device)
+    dg = torch.empty_like(gate, memory_format=torch.contiguous_format)
+    du = torch.empty_like(up, memory_format=torch.contiguous_format)
     if gate.numel() == 0:
         return dg, du
     N = int(shape[-1])
@@ -344,7 +347,7 @@ def swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, act: str 
     u2, su = _rows_view(up, N)
     n_rows = g2.shape[0]
     grid, extra, kw = _plan(n_rows, N, gate.dtype, act, config, device)
-    _swiglu_bwd_kernel[(grid,)](dy2, g2, u2, dg, du, n_rows, N, sdy, sg, su, N, *extra, ACT=act, **kw)
+    _launch(_swiglu_bwd_kernel, (grid,), (dy2, g2, u2, dg, du, n_rows, N, sdy, sg, su, N, *extra), kw)
     return dg, du
 
 
