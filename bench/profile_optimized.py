@@ -49,12 +49,64 @@ def profile(fn: Any, top: int) -> dict[str, Any]:
             "kernels": [{"name": n[:140], "ms": round(us / 1e3, 3), "calls": c} for n, (us, c) in rows]}
 
 
+def clocks(fns: dict[str, Any], seconds: float = 8.0) -> dict[str, Any]:
+    """SM clock and power while each function runs back to back for `seconds` (nvidia-smi sampled
+    every 100 ms in the background): whether a variant runs its GEMMs at lower clocks."""
+    import subprocess
+    import tempfile
+    import time
+
+    log = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
+                            "--format=csv,noheader,nounits", "-lms", "100"], stdout=log, stderr=subprocess.DEVNULL)
+    spans: dict[str, tuple[float, float]] = {}
+    try:
+        time.sleep(1.0)
+        for name, fn in fns.items():
+            fn()
+            torch.cuda.synchronize()
+            t0 = time.time()
+            n = 0
+            while time.time() - t0 < seconds:
+                fn()
+                n += 1
+                if n % 4 == 0:
+                    torch.cuda.synchronize()
+            torch.cuda.synchronize()
+            spans[name] = (t0 + 1.0, time.time())  # skip the first second (clocks settling)
+            time.sleep(2.0)  # let the card cool a little between variants
+    finally:
+        smi.terminate()
+        smi.wait()
+    import datetime as dt
+
+    rows = []
+    for line in open(log.name):
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            t = dt.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            rows.append((t, float(parts[1]), float(parts[2]), float(parts[3])))
+        except (ValueError, IndexError):
+            continue
+    out: dict[str, Any] = {}
+    for name, (a, b) in spans.items():
+        sel = [r for r in rows if a <= r[0] <= b]
+        if sel:
+            out[name] = {"samples": len(sel), "sm_clock_mhz": round(sum(r[1] for r in sel) / len(sel), 1),
+                         "power_w": round(sum(r[2] for r in sel) / len(sel), 1),
+                         "temp_c": round(sum(r[3] for r in sel) / len(sel), 1)}
+        else:
+            out[name] = {"samples": 0, "note": "no nvidia-smi samples (clock of smi vs host?)"}
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=8192)
     p.add_argument("--budget", type=float, default=60.0)
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--clocks", action="store_true", help="also sample SM clock and power per variant")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     from transformers import Qwen3ForCausalLM
@@ -76,6 +128,10 @@ def main() -> int:
     with torch.inference_mode():
         out["eager"] = profile(lambda: body(ids), a.top)
         out["solforge"] = profile(lambda: f(ids), a.top)
+        if a.clocks:
+            out["clocks"] = clocks({"eager": lambda: body(ids), "solforge": lambda: f(ids),
+                                    "eager again": lambda: body(ids)})
+            print("clocks:", json.dumps(out["clocks"]))
     for v in ("eager", "solforge"):
         d = out[v]
         print(f"== {v}: {d['total_ms']} ms of kernels; by kind {d['by_kind_ms']}")
