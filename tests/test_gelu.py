@@ -383,6 +383,7 @@ def test_every_spelling_is_found_and_swapped(name: str, bias: str) -> None:
     assert groups[0].workload.shapes == want_shapes
     opt, report = optimize(m, (x,), budget=1, max_candidates=1, make_inputs=lambda s: (_inputs(s),), db=False)
     assert [r.family for r in report.regions] == ["gelu"]
+    stats = None
     if report.regions[0].integrated:
         assert report.e2e is not None and report.e2e.passed, report.e2e
     else:  # on a GPU, a kernel not faster than eager's one aten.gelu at 15 rows is kept out: swap it anyway
@@ -390,11 +391,11 @@ def test_every_spelling_is_found_and_swapped(name: str, bias: str) -> None:
         from solforge.integrate import integrate
 
         opt, stats = integrate(m, {groups[0].workload: heuristic(groups[0].workload).encode()})
-        assert stats.total == 1
     x2 = _inputs(9)
     with torch.no_grad():
         c = compare(opt(x2), m(x2))
     assert c.ok, c.reason
+    assert stats is None or stats.total == 1  # counted as the graph is compiled, on the first call
 
 
 @pytest.mark.parametrize("name", ["NewGELUActivation", "F.gelu"])
