@@ -454,10 +454,13 @@ def test_qwen3_4b_head_on_gpu(variant: str) -> None:
     assert peak - returned < (0.2 if variant == "native" else 0.9) * logits_fp32
     if variant == "fp32":
         _check(wl, dataclasses.replace(h, variant=variant))
-    else:  # bf16 accumulation over 4 chunks: measured on the H100 (2026-11-22) to miss dweight's
-        # tolerance at this shape (231 elements, worst 7.4e-6 at 4.6e-5), so the tuner's verifier rejects it
-        with pytest.raises(AssertionError, match="dweight"):
+    else:  # bf16 accumulation over 4 chunks missed dweight's tolerance here on the H100 (2026-11-22,
+        # against a reference that did not yet round the logits' gradient as the model does): it may
+        # pass or fail, but only on dweight's precision; the tuner's verifier decides, as for any candidate
+        try:
             _check(wl, dataclasses.replace(h, variant=variant))
+        except AssertionError as e:
+            assert str(e).startswith("dweight"), e
 
 
 @requires_gpu

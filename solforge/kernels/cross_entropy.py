@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.interp import round_bf16
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
@@ -126,10 +127,14 @@ def _ce_fwd_kernel(x_ptr, t_ptr, loss_ptr, lse_ptr, V, stride_x, ignore_index, B
 
 
 @triton.jit
-def _grad_chunk(x_row, dx_row, off, V, lse, t, scale, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+def _grad_chunk(x_row, dx_row, off, V, lse, t, scale, BLOCK: tl.constexpr, EVEN: tl.constexpr,
+                INTERP: tl.constexpr):
     cols = off + tl.arange(0, BLOCK)
     p = tl.exp(_ld(x_row + cols, cols, V, -float("inf"), EVEN, "evict_first") - lse)  # masked lanes: 0
     g = (p - tl.where(cols == t, 1.0, 0.0)) * scale
+    if INTERP:  # the interpreter's bf16 cast truncates; round to nearest as the GPU does
+        if dx_row.dtype.element_ty == tl.bfloat16:
+            g = round_bf16(g)
     if EVEN:
         tl.store(dx_row + cols, g.to(dx_row.dtype.element_ty))
     else:
@@ -150,11 +155,11 @@ def _ce_bwd_kernel(x_ptr, t_ptr, lse_ptr, scale_ptr, dx_ptr, V, stride_x, stride
     if INTERP:  # while loops: see _ce_fwd_kernel
         off = 0
         while off < V:
-            _grad_chunk(x_row, dx_row, off, V, lse, t, scale, BLOCK, EVEN)
+            _grad_chunk(x_row, dx_row, off, V, lse, t, scale, BLOCK, EVEN, INTERP)
             off += BLOCK
     else:
         for off in tl.range(0, V, BLOCK):
-            _grad_chunk(x_row, dx_row, off, V, lse, t, scale, BLOCK, EVEN)
+            _grad_chunk(x_row, dx_row, off, V, lse, t, scale, BLOCK, EVEN, INTERP)
 
 
 # The interpreter replaces @triton.jit functions when TRITON_INTERPRET=1 is set before import;

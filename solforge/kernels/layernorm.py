@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels.interp import round_bf16
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import _ld, _load_weight, _st
@@ -67,21 +68,11 @@ def layernorm_ref(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tens
 
 
 @triton.jit
-def _round_bf16(v):
-    """fp32 -> nearest bf16 (ties to even), still as fp32. Only for Triton's interpreter, whose bf16
-    cast truncates: a sum one bf16 ulp off (0.03 at |s| ~ 6) moves a LayerNorm output by that much
-    times rstd, past bf16 tolerance wherever the row mean is large. The GPU's cast rounds already."""
-    bits = v.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _add_store(x, r, s_ptrs, m, cols, H, COL_MASK: tl.constexpr, INTERP: tl.constexpr):
     """s = x + r rounded to s's dtype (as the model's own add rounds), stored; returned as fp32."""
     s = x.to(tl.float32) + r.to(tl.float32)
     if INTERP and s_ptrs.dtype.element_ty == tl.bfloat16:
-        s = _round_bf16(s)
+        s = round_bf16(s)
     s = s.to(s_ptrs.dtype.element_ty)
     _st(s_ptrs, s, m, cols, H, COL_MASK)
     return s.to(tl.float32)
