@@ -9,6 +9,10 @@ triton versions + a hash of the template source (the family's module and every s
 module it imports). Change any of them and the workload is a new key, so it is tuned again; a
 template change re-tunes only the families whose sources it touched.
 
+Besides the tuner's records, the file keeps each region's original time (`baselines`, schema 2),
+so that a warm run does not time the model's own regions again; those stay on the machine that
+measured them (export/import carry measurements and winners only).
+
 Concurrency: WAL journal, a busy timeout, and one short `BEGIN IMMEDIATE` transaction per write,
 committed at once: several processes may tune into one file, and a run killed at any moment loses
 nothing it had measured (WAL with synchronous=NORMAL survives a killed process; only a power loss
