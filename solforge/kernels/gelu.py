@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
+from solforge.kernels import swiglu as _swiglu
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.swiglu import _act_fwd, _act_fwd_bwd, _block_for, _warps_for
@@ -405,30 +406,19 @@ gelu_bwd_op = torch.ops.solforge.gelu_bwd
 # ----------------------------------------------------------------------------------------------
 # Config triad
 
-VARIANTS = ("tile", "persist")
-_WARPS = (1, 2, 4, 8, 16, 32)
-# Register budget: fp32 values per operand a thread holds at once (as in rmsnorm.py).
-_MAX_PER_THREAD = 64
-_MIN_BLOCK = 16
-_ABBREV = {"block_n": "bn", "rows": "r", "num_warps": "w", "progs": "p", "evict": "e"}
+# The same tiles as swiglu's kernels (one elementwise pass over [rows, block_n] tiles): its space's
+# knobs, validity rule and register budget, under this family's name.
+VARIANTS = _swiglu.VARIANTS
+_MIN_BLOCK = _swiglu._MIN_BLOCK
+_dims = _swiglu._dims
+is_valid = _swiglu.is_valid
+_unique_valid = _swiglu._unique_valid
 
 
 @dataclass(frozen=True)
-class Config:
-    """One kernel choice: [rows, block_n] tiles, warps, and for `persist` programs per SM."""
-
-    variant: str = "tile"
-    block_n: int = 1024  # columns per tile, a power of two
-    rows: int = 1  # rows per tile, a power of two
-    num_warps: int = 4
-    progs: int = 0  # persist: programs per SM
-    evict: int = 0  # 1: load with evict_first (the inputs are read once)
-
-    def items(self) -> tuple[tuple[str, Any], ...]:
-        return config_text.items(self)
-
-    def encode(self) -> str:
-        return config_text.encode(self, _ABBREV, always=("block_n", "rows", "num_warps"))
+class Config(_swiglu.Config):
+    """swiglu's config (one kernel choice: [rows, block_n] tiles, warps, and for `persist` programs
+    per SM), decoded under this family's name."""
 
     @staticmethod
     def decode(text: str) -> Config:
@@ -437,44 +427,7 @@ class Config:
 
 @functools.lru_cache(maxsize=4096)
 def _decode_config(text: str) -> Config:
-    return config_text.decode(Config, text, family=FAMILY, variants=VARIANTS, abbrev=_ABBREV)
-
-
-def _pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-def _dims(workload: Workload) -> tuple[int, int]:
-    shape = workload.shapes[0]
-    return math.prod(shape[:-1]), shape[-1]
-
-
-def is_valid(config: Config, workload: Workload) -> bool:
-    """Can this config compute this workload correctly without spilling registers?"""
-    c = config
-    rows, N = _dims(workload)
-    if c.variant not in VARIANTS or c.num_warps not in _WARPS or c.evict not in (0, 1):
-        return False
-    if (c.variant == "persist") != (c.progs > 0) or c.progs > 32:
-        return False
-    if not (_pow2(c.block_n) and _pow2(c.rows)):
-        return False
-    # no block wider than the row needs (past the minimum), no tile taller than the rows
-    if not (_MIN_BLOCK <= c.block_n <= max(_MIN_BLOCK, triton.next_power_of_2(N))):
-        return False
-    if c.rows > triton.next_power_of_2(max(rows, 1)):
-        return False
-    return c.rows * c.block_n // (32 * c.num_warps) <= _MAX_PER_THREAD
-
-
-def _unique_valid(cands: list[Config], workload: Workload) -> list[Config]:
-    seen: set[Config] = set()
-    out = []
-    for c in cands:
-        if c not in seen and is_valid(c, workload):
-            seen.add(c)
-            out.append(c)
-    return out
+    return config_text.decode(Config, text, family=FAMILY, variants=VARIANTS, abbrev=_swiglu._ABBREV)
 
 
 def _tile_rows(elems: int, bn: int, rows: int) -> int:
