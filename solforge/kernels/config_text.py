@@ -7,8 +7,9 @@ Each family names its fields' abbreviations; fields at their default are left ou
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Collection, Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 C = TypeVar("C")
 
@@ -39,3 +40,30 @@ def decode(cls: type[C], text: str, *, family: str, variants: Collection[str], a
             raise ValueError(f"bad {family} config {text!r}: field {p!r} (keys: {', '.join(fields)})")
         kw[fields[k]] = int(v)
     return cls(variant, **kw)  # type: ignore[call-arg]
+
+
+class Text:
+    """Mixin for a family's frozen-dataclass Config: `items`, `encode` and a cached `decode`, from
+    the class attributes `_family`, `_variants`, `_abbrev` and `_always` (not dataclass fields:
+    they carry no annotation in the family's class)."""
+
+    _family: ClassVar[str]
+    _variants: ClassVar[Collection[str]]
+    _abbrev: ClassVar[Mapping[str, str]]
+    _always: ClassVar[Collection[str]] = ()
+
+    def items(self) -> tuple[tuple[str, Any], ...]:
+        return items(self)
+
+    def encode(self) -> str:
+        return encode(self, self._abbrev, self._always)
+
+    @classmethod
+    def decode(cls: type[C], text: str) -> C:
+        return _decode_cached(cls, text)
+
+
+@functools.lru_cache(maxsize=8192)
+def _decode_cached(cls: type[C], text: str) -> C:
+    # one parse per (family, text): the custom ops decode their config string on every call
+    return decode(cls, text, family=cls._family, variants=cls._variants, abbrev=cls._abbrev)  # type: ignore[attr-defined]

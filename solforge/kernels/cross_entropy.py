@@ -344,28 +344,16 @@ _ABBREV = {"block": "b", "num_warps": "w"}
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(config_text.Text):
     """Chunks of `block` classes (a power of two), one row per program."""
 
     variant: str = "online"
     block: int = 4096
     num_warps: int = 8
 
-    def items(self) -> tuple[tuple[str, Any], ...]:
-        return config_text.items(self)
+    _family, _variants, _abbrev = FAMILY, VARIANTS, _ABBREV
+    _always = ("block", "num_warps")  # text form, e.g. "online:b=4096:w=8"
 
-    def encode(self) -> str:
-        """Compact text, e.g. "online:b=4096:w=8"."""
-        return config_text.encode(self, _ABBREV, always=("block", "num_warps"))
-
-    @staticmethod
-    def decode(text: str) -> Config:
-        return _decode_config(text)
-
-
-@functools.lru_cache(maxsize=4096)
-def _decode_config(text: str) -> Config:
-    return config_text.decode(Config, text, family=FAMILY, variants=VARIANTS, abbrev=_ABBREV)
 
 
 def _dims(workload: Workload) -> tuple[int, int]:

@@ -32,7 +32,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from solforge.kernels import config_text
 from solforge.kernels import swiglu as _swiglu
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
@@ -420,14 +419,7 @@ class Config(_swiglu.Config):
     """swiglu's config (one kernel choice: [rows, block_n] tiles, warps, and for `persist` programs
     per SM), decoded under this family's name."""
 
-    @staticmethod
-    def decode(text: str) -> Config:
-        return _decode_config(text)
-
-
-@functools.lru_cache(maxsize=4096)
-def _decode_config(text: str) -> Config:
-    return config_text.decode(Config, text, family=FAMILY, variants=VARIANTS, abbrev=_swiglu._ABBREV)
+    _family = FAMILY
 
 
 def _tile_rows(elems: int, bn: int, rows: int) -> int:

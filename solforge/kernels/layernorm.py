@@ -325,7 +325,7 @@ _ABBREV = {"block_h": "bh", "block_t": "bt", "rows": "r", "num_warps": "w", "evi
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(config_text.Text):
     """One kernel choice: a [rows, block_h (+ block_t)] tile per program. block_t > 0 splits a row
     that is not a power of two into a power-of-two main block and tail (2560 = 2048 + 512) so that
     no lanes (registers, and a third of the threads' work at 2560 against 4096) go to masked columns."""
@@ -337,21 +337,9 @@ class Config:
     num_warps: int = 4
     evict: int = 0  # 1: load x (and the residual) with evict_first
 
-    def items(self) -> tuple[tuple[str, Any], ...]:
-        return config_text.items(self)
+    _family, _variants, _abbrev = FAMILY, VARIANTS, _ABBREV
+    _always = ("block_h", "num_warps")  # text form, e.g. "rows:bh=512:bt=256:r=4:w=8"
 
-    def encode(self) -> str:
-        """Compact text, e.g. "rows:bh=512:bt=256:r=4:w=8" (fields at their default left out)."""
-        return config_text.encode(self, _ABBREV, always=("block_h", "num_warps"))
-
-    @staticmethod
-    def decode(text: str) -> Config:
-        return _decode_config(text)
-
-
-@functools.lru_cache(maxsize=4096)
-def _decode_config(text: str) -> Config:
-    return config_text.decode(Config, text, family=FAMILY, variants=VARIANTS, abbrev=_ABBREV)
 
 
 def _pow2(n: int) -> bool:

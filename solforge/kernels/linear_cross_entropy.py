@@ -385,7 +385,7 @@ _ABBREV = {"rows": "r", "block": "b", "num_warps": "w"}
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(config_text.Text):
     """`rows` rows of logits per chunk; the row kernel reads `block` classes at a time (a power of
     two) with `num_warps` warps; `variant`: how dweight accumulates (module docstring)."""
 
@@ -394,21 +394,9 @@ class Config:
     block: int = 4096
     num_warps: int = 8
 
-    def items(self) -> tuple[tuple[str, Any], ...]:
-        return config_text.items(self)
+    _family, _variants, _abbrev = FAMILY, VARIANTS, _ABBREV
+    _always = ("rows", "block", "num_warps")  # text form, e.g. "fp32:r=1024:b=4096:w=8"
 
-    def encode(self) -> str:
-        """Compact text, e.g. "fp32:r=1024:b=4096:w=8"."""
-        return config_text.encode(self, _ABBREV, always=("rows", "block", "num_warps"))
-
-    @staticmethod
-    def decode(text: str) -> Config:
-        return _decode_config(text)
-
-
-@functools.lru_cache(maxsize=4096)
-def _decode_config(text: str) -> Config:
-    return config_text.decode(Config, text, family=FAMILY, variants=VARIANTS, abbrev=_ABBREV)
 
 
 def _dims(workload: Workload) -> tuple[int, int, int]:

@@ -391,7 +391,7 @@ _ABBREV = {"block_h": "bh", "block_t": "bt", "rows": "r", "num_warps": "w", "pro
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(config_text.Text):
     """One kernel choice. block_t > 0 splits a row into a power-of-two main block and tail."""
 
     variant: str = "row"
@@ -403,22 +403,9 @@ class Config:
     stages: int = 1  # persist: tiles in flight per program (2: the next tile's load is issued early)
     evict: int = 0  # 1: load x with evict_first (tile variants)
 
-    def items(self) -> tuple[tuple[str, Any], ...]:
-        return config_text.items(self)
+    _family, _variants, _abbrev = FAMILY, VARIANTS, _ABBREV
+    _always = ("block_h", "num_warps")  # text form, e.g. "rows:bh=2048:bt=512:r=4:w=8"
 
-    def encode(self) -> str:
-        """Compact text, e.g. "rows:bh=2048:bt=512:r=4:w=8"; fields at their default are left out
-        except block_h and num_warps."""
-        return config_text.encode(self, _ABBREV, always=("block_h", "num_warps"))
-
-    @staticmethod
-    def decode(text: str) -> Config:
-        return _decode_config(text)
-
-
-@functools.lru_cache(maxsize=4096)
-def _decode_config(text: str) -> Config:
-    return config_text.decode(Config, text, family=FAMILY, variants=VARIANTS, abbrev=_ABBREV)
 
 
 def _pow2(n: int) -> bool:

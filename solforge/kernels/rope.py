@@ -482,7 +482,7 @@ _ABBREV = {"tokens": "t", "heads": "h", "num_warps": "w"}
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(config_text.Text):
     """A [tokens, heads, D] tile per program (q heads and k heads in separate programs)."""
 
     variant: str = "tile"
@@ -490,21 +490,9 @@ class Config:
     heads: int = 8  # heads per program
     num_warps: int = 4
 
-    def items(self) -> tuple[tuple[str, Any], ...]:
-        return config_text.items(self)
+    _family, _variants, _abbrev = FAMILY, VARIANTS, _ABBREV
+    _always = tuple(_ABBREV)  # text form, e.g. "tile:t=4:h=8:w=4"
 
-    def encode(self) -> str:
-        """Compact text, e.g. "tile:t=4:h=8:w=4"."""
-        return config_text.encode(self, _ABBREV, always=tuple(_ABBREV))
-
-    @staticmethod
-    def decode(text: str) -> Config:
-        return _decode_config(text)
-
-
-@functools.lru_cache(maxsize=1024)
-def _decode_config(text: str) -> Config:
-    return config_text.decode(Config, text, family=FAMILY, variants=VARIANTS, abbrev=_ABBREV)
 
 
 def _dims(workload: Workload) -> tuple[int, int, int, int]:

@@ -373,7 +373,7 @@ _ABBREV = {"block": "b", "rows": "r", "num_warps": "w"}
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(config_text.Text):
     """One kernel choice: a [rows, block] tile per program (row/rows: block = N rounded up to a
     power of two), or chunks of `block` columns (online)."""
 
@@ -382,21 +382,9 @@ class Config:
     rows: int = 1
     num_warps: int = 4
 
-    def items(self) -> tuple[tuple[str, Any], ...]:
-        return config_text.items(self)
+    _family, _variants, _abbrev = FAMILY, VARIANTS, _ABBREV
+    _always = ("block", "num_warps")  # text form, e.g. "rows:b=1024:r=4:w=8"
 
-    def encode(self) -> str:
-        """Compact text, e.g. "rows:b=1024:r=4:w=8"."""
-        return config_text.encode(self, _ABBREV, always=("block", "num_warps"))
-
-    @staticmethod
-    def decode(text: str) -> Config:
-        return _decode_config(text)
-
-
-@functools.lru_cache(maxsize=4096)
-def _decode_config(text: str) -> Config:
-    return config_text.decode(Config, text, family=FAMILY, variants=VARIANTS, abbrev=_ABBREV)
 
 
 def _pow2(n: int) -> bool:

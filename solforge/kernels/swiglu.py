@@ -420,7 +420,7 @@ _ABBREV = {"block_n": "bn", "rows": "r", "num_warps": "w", "progs": "p", "evict"
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(config_text.Text):
     """One kernel choice: [rows, block_n] tiles, warps, and for `persist` programs per SM."""
 
     variant: str = "tile"
@@ -430,20 +430,9 @@ class Config:
     progs: int = 0  # persist: programs per SM
     evict: int = 0  # 1: load with evict_first (the inputs are read once)
 
-    def items(self) -> tuple[tuple[str, Any], ...]:
-        return config_text.items(self)
+    _family, _variants, _abbrev = FAMILY, VARIANTS, _ABBREV
+    _always = ("block_n", "rows", "num_warps")
 
-    def encode(self) -> str:
-        return config_text.encode(self, _ABBREV, always=("block_n", "rows", "num_warps"))
-
-    @staticmethod
-    def decode(text: str) -> Config:
-        return _decode_config(text)
-
-
-@functools.lru_cache(maxsize=4096)
-def _decode_config(text: str) -> Config:
-    return config_text.decode(Config, text, family=FAMILY, variants=VARIANTS, abbrev=_ABBREV)
 
 
 def _pow2(n: int) -> bool:
