@@ -3,12 +3,17 @@
 Optimizes the model body (B2 S8192 bf16, as bench/e2e.py's qwen3 variant; point $SOLFORGE_DB at a
 filled kernel database to skip tuning), then profiles one forward of eager and of the optimized
 body and prints, for each, the kernels grouped by name with their total CUDA time, plus totals by
-kind (GEMM, attention, solforge's Triton kernels, everything else). JSON to --out.
+kind (GEMM, attention, solforge's Triton kernels, everything else), and the wall time of the
+profiled call: kernel time well below wall time means the GPU waited for the host. JSON to --out.
+
+--train profiles bench/e2e.py's training step instead (B1 S4096 by default: forward, loss = mean
+of the squared last hidden state, backward), solforge optimized with mode="train".
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections import defaultdict
@@ -29,9 +34,15 @@ def kind(name: str) -> str:
 
 
 def profile(fn: Any, top: int) -> dict[str, Any]:
+    import time
+
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - t0) * 1e3  # unprofiled: the profiler adds host time per op
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
@@ -45,7 +56,8 @@ def profile(fn: Any, top: int) -> dict[str, Any]:
     for name, (us, _) in by_name.items():
         kinds[kind(name)] += us
     rows = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
-    return {"total_ms": round(total / 1e3, 2), "by_kind_ms": {k: round(v / 1e3, 2) for k, v in kinds.items()},
+    return {"total_ms": round(total / 1e3, 2), "wall_ms": round(wall_ms, 2),
+            "by_kind_ms": {k: round(v / 1e3, 2) for k, v in kinds.items()},
             "kernels": [{"name": n[:140], "ms": round(us / 1e3, 3), "calls": c} for n, (us, c) in rows]}
 
 
@@ -102,13 +114,16 @@ def clocks(fns: dict[str, Any], seconds: float = 8.0) -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--train", action="store_true", help="profile the training step (fwd + bwd)")
+    p.add_argument("--batch", type=int, default=None, help="default 2, or 1 with --train")
+    p.add_argument("--seq", type=int, default=None, help="default 8192, or 4096 with --train")
     p.add_argument("--budget", type=float, default=60.0)
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--clocks", action="store_true", help="also sample SM clock and power per variant")
     p.add_argument("--out", default=None)
     a = p.parse_args()
+    a.batch = a.batch or (1 if a.train else 2)
+    a.seq = a.seq or (4096 if a.train else 8192)
     from transformers import Qwen3ForCausalLM
 
     from solforge.api import optimize
@@ -119,22 +134,29 @@ def main() -> int:
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
-    body = model.model.eval()
+    body = model.model.train() if a.train else model.model.eval()
     ids = torch.randint(0, cfg.vocab_size, (a.batch, a.seq), device="cuda")
-    with torch.no_grad():
-        f, rep = optimize(body, (ids,), budget=a.budget, is_language_model=False)
-    out: dict[str, Any] = {"regions": [{"workload": r.workload, "count": r.count, "best_us": r.best_us,
+    with torch.enable_grad() if a.train else torch.no_grad():
+        f, rep = optimize(body, (ids,), budget=a.budget, is_language_model=False,
+                          mode="train" if a.train else "inference")
+    out: dict[str, Any] = {"train": a.train, "batch": a.batch, "seq": a.seq,
+                           "regions": [{"workload": r.workload, "count": r.count, "best_us": r.best_us,
                                         "source": r.source} for r in rep.regions]}
-    with torch.inference_mode():
-        out["eager"] = profile(lambda: body(ids), a.top)
-        out["solforge"] = profile(lambda: f(ids), a.top)
+
+    def run(fn: Any) -> Any:
+        if a.train:  # bench/e2e.py's training step
+            return lambda: fn(ids).last_hidden_state.float().square().mean().backward()
+        return lambda: fn(ids)
+
+    with contextlib.nullcontext() if a.train else torch.inference_mode():
+        out["eager"] = profile(run(body), a.top)
+        out["solforge"] = profile(run(f), a.top)
         if a.clocks:
-            out["clocks"] = clocks({"eager": lambda: body(ids), "solforge": lambda: f(ids),
-                                    "eager again": lambda: body(ids)})
+            out["clocks"] = clocks({"eager": run(body), "solforge": run(f), "eager again": run(body)})
             print("clocks:", json.dumps(out["clocks"]))
     for v in ("eager", "solforge"):
         d = out[v]
-        print(f"== {v}: {d['total_ms']} ms of kernels; by kind {d['by_kind_ms']}")
+        print(f"== {v}: {d['total_ms']} ms of kernels, {d['wall_ms']} ms wall; by kind {d['by_kind_ms']}")
         for k in d["kernels"]:
             print(f"  {k['ms']:9.3f} ms {k['calls']:5d}x  {k['name']}")
     if a.out:
