@@ -47,17 +47,34 @@ def profile(fn: Any, top: int) -> dict[str, Any]:
         fn()
         torch.cuda.synchronize()
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    spans: list[tuple[float, float, str]] = []
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             by_name[e.name][0] += e.device_time_total
             by_name[e.name][1] += 1
+            spans.append((e.time_range.start, e.time_range.end, e.name))
     total = sum(v[0] for v in by_name.values())
     kinds: dict[str, float] = defaultdict(float)
     for name, (us, _) in by_name.items():
         kinds[kind(name)] += us
     rows = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    # GPU idle between the first kernel's start and the last one's end: where the host was late
+    spans.sort()
+    gaps: list[tuple[float, str, str]] = []
+    end, prev = (spans[0][0], "") if spans else (0.0, "")
+    for a, b, name in spans:
+        if a > end:
+            gaps.append((a - end, prev, name))
+        if b > end:
+            end, prev = b, name
+    gaps.sort(reverse=True)
+    idle = {"idle_ms": round(sum(g for g, _, _ in gaps) / 1e3, 2),
+            "gaps_over_50us": sum(g > 50 for g, _, _ in gaps),
+            "idle_in_gaps_over_50us_ms": round(sum(g for g, _, _ in gaps if g > 50) / 1e3, 2),
+            "largest_gaps": [{"us": round(g, 1), "after": p[:80], "before": n[:80]} for g, p, n in gaps[:12]]}
     return {"total_ms": round(total / 1e3, 2), "wall_ms": round(wall_ms, 2),
             "by_kind_ms": {k: round(v / 1e3, 2) for k, v in kinds.items()},
+            "gpu_idle": idle,
             "kernels": [{"name": n[:140], "ms": round(us / 1e3, 3), "calls": c} for n, (us, c) in rows]}
 
 
@@ -157,6 +174,8 @@ def main() -> int:
     for v in ("eager", "solforge"):
         d = out[v]
         print(f"== {v}: {d['total_ms']} ms of kernels, {d['wall_ms']} ms wall; by kind {d['by_kind_ms']}")
+        print(f"   GPU idle {d['gpu_idle']['idle_ms']} ms, {d['gpu_idle']['gaps_over_50us']} gaps over 50 us "
+              f"({d['gpu_idle']['idle_in_gaps_over_50us_ms']} ms); largest: {d['gpu_idle']['largest_gaps'][:6]}")
         for k in d["kernels"]:
             print(f"  {k['ms']:9.3f} ms {k['calls']:5d}x  {k['name']}")
     if a.out:

@@ -460,11 +460,20 @@ def heuristic(workload: Workload) -> Config:
 
 
 def bwd_heuristic(workload: Workload) -> Config:
-    """The backward's default: the forward's tile, run persistent (4 programs per SM) when the
-    bias needs a gradient, so db comes from a few hundred partial rows rather than one per tile.
-    4 is rmsnorm_bwd's neighbourhood (2 measured best there at 2560 columns); not yet swept here."""
+    """The backward's default. With a bias gradient: persistent (2 programs per SM, so db comes
+    from a few hundred partial rows rather than one per tile), ~8K-element tiles up to 4096 columns
+    wide, 16 elements a thread, evict_first loads. From the H100 sweep of the bias case
+    (bench/families.py --families gelu, 2026-11-22): 73.3 us at 8192x3072 (best 72.7) and 380.0 us
+    at 16384x10240 (best 379.9, 2.65 TB/s), against 90.8 and 633.8 for the earlier r=4:w=8:p=4
+    guess. Without a bias the forward's tile (not swept)."""
     h = heuristic(workload)
-    return dataclasses.replace(h, variant="persist", progs=4) if len(workload.shapes) > 1 else h
+    if len(workload.shapes) == 1:
+        return h
+    rows, N = _dims(workload)
+    bn = min(4096, max(_MIN_BLOCK, triton.next_power_of_2(N)))
+    r = _tile_rows(8192, bn, rows)
+    c = Config("persist", bn, r, _warps_for(r * bn, 16), progs=2, evict=1)
+    return c if is_valid(c, workload) else dataclasses.replace(h, variant="persist", progs=4)
 
 
 def _workload(n_rows: int, N: int, dtype: torch.dtype, has_bias: bool, approximate: str, device: str) -> Workload:

@@ -453,8 +453,10 @@ def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: tor
     n_tok = B * S
     n_qb, n_kb = triton.cdiv(Hq, cfg.heads), triton.cdiv(Hk, cfg.heads)
     n_tb = triton.cdiv(n_tok, cfg.tokens)
-    # With a weight gradient: ~4 programs per SM in all, each writing one partial dweight row.
-    progs = max(1, min(n_tb, 4 * _sm_count(q.device) // (n_qb + n_kb))) if has_w else n_tb
+    # With a weight gradient: a grid-stride loop, `progs` programs per SM in all (config), each
+    # writing one partial dweight row.
+    per_sm = cfg.progs or _DEFAULT_PROGS
+    progs = max(1, min(n_tb, per_sm * _sm_count(q.device) // (n_qb + n_kb))) if has_w else n_tb
     dw = torch.empty(((n_qb + n_kb) * progs, D), dtype=torch.float32, device=q.device) if has_w else q4
     qw = q4 if q_weight is None else _rows(q_weight)
     kw = k4 if k_weight is None else _rows(k_weight)
@@ -478,7 +480,10 @@ _POW2 = (1, 2, 4, 8, 16, 32, 64)
 # fp32 values of x per thread: the two halves of every row of the tile (the backward holds about
 # twice as many: grad and x). Past 64 the compiler spills (same budget as kernels/rmsnorm.py).
 _MAX_PER_THREAD = 64
-_ABBREV = {"tokens": "t", "heads": "h", "num_warps": "w"}
+_ABBREV = {"tokens": "t", "heads": "h", "num_warps": "w", "progs": "p"}
+# the backward's programs per SM (all head blocks together) when it sums a weight gradient
+_PROGS = (1, 2, 4, 8, 16, 32)
+_DEFAULT_PROGS = 4
 
 
 @dataclass(frozen=True)
@@ -489,9 +494,12 @@ class Config(config_text.Text):
     tokens: int = 4  # tokens per program: cos/sin rows are loaded once per program
     heads: int = 8  # heads per program
     num_warps: int = 4
+    # backward with a weight gradient only: programs per SM in the grid-stride loop, each summing
+    # one partial dweight row (0: the default, 4); the forward ignores it
+    progs: int = 0
 
     _family, _variants, _abbrev = FAMILY, VARIANTS, _ABBREV
-    _always = tuple(_ABBREV)  # text form, e.g. "tile:t=4:h=8:w=4"
+    _always = ("tokens", "heads", "num_warps")  # text form, e.g. "tile:t=4:h=8:w=4" (+ ":p=16")
 
 
 
@@ -511,6 +519,8 @@ def is_valid(config: Config, workload: Workload) -> bool:
     c = config
     n_tok, Hq, Hk, D = _dims(workload)
     if c.variant not in VARIANTS or c.num_warps not in _WARPS or c.tokens not in _POW2 or c.heads not in _POW2:
+        return False
+    if c.progs and c.progs not in _PROGS:
         return False
     if c.heads > triton.next_power_of_2(max(Hq, Hk)) or c.tokens > triton.next_power_of_2(max(n_tok, 1)):
         return False
@@ -551,6 +561,15 @@ def heuristic(workload: Workload) -> Config:
     c = Config("tile", tokens, heads, 4)
     w = max(1, min(16, triton.next_power_of_2(_elems(c, D) // (32 * 16))))
     return Config("tile", tokens, heads, w)
+
+
+def bwd_space(workload: Workload) -> list[Config]:
+    """The backward's configs: the forward's tiles x programs per SM (the latter matters only with
+    norm weights, whose gradient the grid-stride loop sums; without them one program per tile)."""
+    has_w = len(workload.shapes) > 4
+    progs = (4, 8, 16, 32) if has_w else (0,)
+    out = [dataclasses.replace(c, progs=p) for c in space(workload) for p in progs]
+    return [c for c in out if is_valid(c, workload)]
 
 
 def bwd_heuristic(workload: Workload) -> Config:
