@@ -576,7 +576,19 @@ def bwd_space(workload: Workload) -> list[Config]:
 
 
 def bwd_heuristic(workload: Workload) -> Config:
-    """The backward holds grad and x per row: half the forward's tile, same threads."""
+    """With norm weights (Qwen3's q/k norms): one head and ~2K values a tile, 8 values a thread,
+    4 programs per SM. The best of `bwd_space` at both Qwen3-4B shapes on the H100
+    (bench/rope_bwd_sweep.py, 2026-11-22): 79.8 us at B1 S4096 and 220.9 us at B2 S8192, where
+    the earlier guess below (t=2:h=8:w=8) took 206 us at B1 S4096 in the training step.
+    Without weights (not swept): the forward's tile halved, as the backward holds grad and x."""
+    n_tok, Hq, Hk, D = _dims(workload)
+    if len(workload.shapes) > 4:
+        width = 2 * triton.next_power_of_2(D // 2)
+        tokens = max(1, min(2048 // width, triton.next_power_of_2(max(n_tok, 1))))
+        w = max(1, min(8, triton.next_power_of_2(tokens * width // (32 * 8))))
+        cand = Config("tile", tokens, 1, w, progs=4)
+        if is_valid(cand, workload):
+            return cand
     c = heuristic(workload)
     if c.tokens > 1:
         return dataclasses.replace(c, tokens=c.tokens // 2)
