@@ -17,6 +17,7 @@ import contextlib
 import json
 import sys
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -156,7 +157,10 @@ def main() -> int:
     with torch.enable_grad() if a.train else torch.no_grad():
         f, rep = optimize(body, (ids,), budget=a.budget, is_language_model=False,
                           mode="train" if a.train else "inference")
-    out: dict[str, Any] = {"train": a.train, "batch": a.batch, "seq": a.seq,
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from e2e import provenance
+
+    out: dict[str, Any] = {**provenance(), "train": a.train, "batch": a.batch, "seq": a.seq,
                            "regions": [{"workload": r.workload, "count": r.count, "best_us": r.best_us,
                                         "source": r.source} for r in rep.regions]}
 
