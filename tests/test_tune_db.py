@@ -111,8 +111,12 @@ def test_runners_give_the_same_winner_and_verdicts(tmp_path):
         finally:
             run.close()
         out[spec] = (res.best.candidate, [(r.candidate, r.ok, r.verdict.max_abs_err) for r in res.records])
-    assert out["local"][0] == out["process"][0]
+    # the same candidates, each with the same verdict and error, whichever runner measured them
     assert sorted(out["local"][1], key=str) == sorted(out["process"][1], key=str)
+    if DEVICE == "cpu":
+        # the same winner: only where timing cannot pick differently. On a GPU two candidates
+        # within noise of each other swapped places between the runners (H100, 2026-11-22)
+        assert out["local"][0] == out["process"][0]
 
 
 def test_optimize_warm_run_comes_from_the_database(tmp_path):
