@@ -9,6 +9,9 @@
   call, CPU launch overhead included), and the custom op alone.
 - qwen3: the Qwen3-4B forward (published config, random bf16 weights, sdpa, B2 S8192,
   inference_mode) of the model body, each variant in its own process (Liger patches classes).
+  Variant "fp32" runs eager in fp32: each variant's argmax agreement with it (`argmax_agree_vs_fp32`)
+  next to eager bf16's own says whether a variant is less accurate than the original or only
+  differs from it where bf16 rounding decides near-ties (random weights give them everywhere).
 - qwen3train: BASELINES.md's training step (B1 S4096, loss = mean of the squared last hidden
   state, forward + backward; solforge optimizes with --mode train) and its peak memory.
 
@@ -212,7 +215,11 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device("cuda"):
+        # fp32: the same seeded weights, rounded to bf16 as every other variant has them, then
+        # computed in fp32 (the accuracy reference for the argmax agreement)
         model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+        if variant == "fp32":
+            model = model.float()
     body = model.model.eval() if mode == "fwd" else model.model.train()
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
     out: dict[str, Any] = {"variant": variant, "mode": mode, "batch": batch, "seq": seq}
@@ -265,23 +272,25 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
 
 
 def agreement(rows: list[dict[str, Any]]) -> None:
-    """Each variant's argmax agreement with eager: all positions, and positions where eager's
-    top-1/top-2 logit margin exceeds a threshold (random weights give near-ties everywhere)."""
-    try:
-        ref = torch.load("/tmp/argmax_eager.pt")
-    except FileNotFoundError:
-        return
-    for row in rows:
+    """Each variant's argmax agreement with eager (and with the fp32 variant when it ran): all
+    positions, and positions where the reference's top-1/top-2 logit margin exceeds a threshold
+    (random weights give near-ties everywhere)."""
+    for ref_name in ("eager", "fp32"):
         try:
-            other = torch.load(f"/tmp/argmax_{row['variant']}.pt")
+            ref = torch.load(f"/tmp/argmax_{ref_name}.pt")
         except FileNotFoundError:
             continue
-        same = other["argmax"] == ref["argmax"]
-        row["argmax_agree_vs_eager"] = round(float(same.float().mean()), 5)
-        for m in (0.05, 0.1, 0.25):
-            sel = ref["margin"] > m
-            row[f"argmax_agree_vs_eager_margin_gt_{m}"] = round(float(same[sel].float().mean()), 5)
-            row[f"positions_margin_gt_{m}"] = round(float(sel.float().mean()), 4)
+        for row in rows:
+            try:
+                other = torch.load(f"/tmp/argmax_{row['variant']}.pt")
+            except FileNotFoundError:
+                continue
+            same = other["argmax"] == ref["argmax"]
+            row[f"argmax_agree_vs_{ref_name}"] = round(float(same.float().mean()), 5)
+            for m in (0.05, 0.1, 0.25):
+                sel = ref["margin"] > m
+                row[f"argmax_agree_vs_{ref_name}_margin_gt_{m}"] = round(float(same[sel].float().mean()), 5)
+                row[f"positions_{ref_name}_margin_gt_{m}"] = round(float(sel.float().mean()), 4)
 
 
 def main() -> int:
