@@ -25,14 +25,25 @@ which dynamo guards on). A frozen lm_head skips the dweight GEMM; a tied embeddi
 dweight like any other, and autograd adds it to the embedding's own gradient. Should autograd ask
 for a gradient the forward did not compute, the backward computes it again from saved inputs.
 
-dweight sums over every chunk. The variant says how: "fp32" adds each chunk's product, as the
-GEMM's fp32 accumulator holds it (torch.mm(out_dtype=float32)), into an fp32 buffer, in slices of
-at most 256 MB: as exact as the model's single GEMM, for an fp32 buffer of V x H (1.6 GB at
-Qwen3-4B) and one elementwise pass over it per chunk. "native" lets cuBLAS add into the dweight in
-the input dtype (beta = 1; Liger's way): no extra memory or pass, but the running sum is rounded
-once per chunk, and a column whose chunks cancel keeps the error of the largest one. torch has no
-GEMM that adds bf16 products into an fp32 matrix in place (addmm's out_dtype needs `self` in the
-input dtype), hence the choice; the verifier decides what is accurate enough.
+dweight sums over every chunk; each GEMM accumulates in fp32 and the result must be rounded to the
+weight's dtype once (lce_grads.DWeight). One chunk (rows >= N: the compile-like point, one buffer
+of N x V) is three GEMMs, dweight written by cuBLAS in the weight's dtype: exactly eager's
+arithmetic, no accumulator. Over several chunks the first writes dweight's storage directly (no
+zero-fill) and the variant says how the rest add: "fp32" forms each product in fp32
+(torch.mm(out_dtype=float32), in 256 MB slices) and adds it into an fp32 buffer, cast once at the
+end (per chunk after the first: an extra 4.7 GB of traffic at Qwen3-4B, ~1.5 ms); "rmw" (bf16) is a
+Triton GEMM that adds its fp32 accumulator into the running sum in its epilogue, the sum kept as
+dweight's bf16 bits plus a plane of its low 16 bits, rounded in place by the last chunk (no
+separate pass, no cast, no third V x H tensor); "native" lets cuBLAS add into the dweight in the
+input dtype (beta = 1; Liger's way): no extra memory or pass, but the running sum is rounded once
+per chunk, and a column whose chunks cancel keeps the error of the largest one (it failed
+verification at Qwen3-4B's head; the heuristic never picks it). The verifier decides what is
+accurate enough. lce_model.py estimates each config's time and peak memory; the heuristic takes
+the fastest within the unchunked graph's peak.
+
+The backward multiplies the saved gradients by the incoming one in place, reading it on the device
+and skipping the pass when it is 1 (lce_grads.scale_in_place); traced (torch.compile), it multiplies
+out of place.
 
 fp16 note: the gradients are scaled by 1/#valid before the incoming gradient is known, so a
 GradScaler's large loss scale cannot keep small fp16 dlogits from underflowing as it does in eager.
@@ -49,9 +60,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from solforge.kernels import config_text, gemm_acc, lce_model
+from solforge.kernels import config_text, lce_grads, lce_model
 from solforge.kernels.cross_entropy import _grad_chunk, _ld
-from solforge.kernels.interp import round_bf16
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
@@ -208,81 +218,6 @@ def _plan(N: int, H: int, V: int, dtype: torch.dtype, grads: int, config: Config
     return c, Meta(kw)
 
 
-# fp32 products are formed in slices of dweight's rows: the temporary stays at most this big
-_F32_SLICE_BYTES = 256 << 20
-_MM_OUT_DTYPE = [True]  # torch.mm(..., out_dtype=float32) works here (checked on first use)
-
-
-def _mm_f32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """a @ b of half inputs as the GEMM's fp32 accumulator holds it, before any rounding: cuBLAS
-    with an fp32 output (torch >= 2.8, CUDA), written into `out` when given; elsewhere (the
-    interpreter's CPU tensors) in fp32."""
-    if a.is_cuda and _MM_OUT_DTYPE[0]:
-        try:
-            return torch.mm(a, b, out_dtype=torch.float32, out=out) if out is not None else \
-                torch.mm(a, b, out_dtype=torch.float32)
-        except (RuntimeError, TypeError, NotImplementedError):
-            _MM_OUT_DTYPE[0] = False
-    if out is None:
-        return torch.mm(a.float(), b.float())
-    return torch.mm(a.float(), b.float(), out=out)
-
-
-def _add_product_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc += a @ b in fp32 without rounding the product to the inputs' dtype: one chunk's product
-    rounded to bf16 carries an error of its own size, and chunks that cancel leave that error in a
-    small sum (measured: 0.015 on an element of 0.078, N = 37, against 0.0005 for one rounding)."""
-    step = max(1, _F32_SLICE_BYTES // (4 * acc.shape[1]))
-    for v in range(0, acc.shape[0], step):
-        acc[v : v + step].add_(_mm_f32(a[v : v + step], b))
-
-
-class _DWeight:
-    """dweight over the chunks, by variant. The first chunk writes it (no zero-fill, no add), the
-    last leaves it in the weight's dtype:
-      one chunk (any variant), or fp32 inputs, or "native": cuBLAS writes the weight's dtype (one
-        GEMM rounded once for one chunk: what eager computes), later chunks add with beta = 1;
-      "fp32": an fp32 buffer the first chunk's GEMM writes directly (mm out_dtype with out=), later
-        chunks add a product formed in 256 MB slices, and one cast at the end;
-      "rmw": gemm_acc's GEMM adds each chunk's fp32 product into the running sum in its epilogue
-        (bf16 only); the sum's high half is the result itself, rounded in place by the last chunk."""
-
-    def __init__(self, variant: str, weight: torch.Tensor, chunks: int, gemm: dict[str, int]) -> None:
-        V, H = weight.shape
-        dt, dev = weight.dtype, weight.device
-        self.mode = "mm" if chunks == 1 or dt == torch.float32 or variant == "native" else variant
-        self.gemm, self.last, self.dtype = gemm, chunks - 1, dt
-        if self.mode == "fp32":  # the result is cast from the buffer at the end: allocated there
-            self.acc: torch.Tensor | None = torch.empty(V, H, dtype=torch.float32, device=dev)
-        else:
-            self.out = torch.empty(V, H, dtype=dt, device=dev)
-        self.lo = torch.empty(V, H, dtype=torch.int16, device=dev) if self.mode == "rmw" else None
-
-    def add(self, i: int, x: torch.Tensor, hc: torch.Tensor) -> None:
-        """Chunk i's dlogits (rows, V) and hidden rows (rows, H)."""
-        if self.mode == "mm":
-            if i == 0:
-                torch.mm(x.t(), hc, out=self.out)
-            else:
-                self.out.addmm_(x.t(), hc)
-        elif self.mode == "fp32":
-            if i == 0:
-                _mm_f32(x.t(), hc, out=self.acc)
-            else:
-                _add_product_f32(self.acc, x.t(), hc)
-        else:
-            mode = gemm_acc.MODE_FIRST if i == 0 else gemm_acc.MODE_LAST if i == self.last else gemm_acc.MODE_MID
-            assert self.lo is not None
-            gemm_acc.acc_tn(x, hc, self.out.view(torch.int16), self.lo, mode, **self.gemm)
-
-    def result(self) -> torch.Tensor:
-        if self.mode == "fp32":
-            assert self.acc is not None
-            self.out, self.acc = self.acc.to(self.dtype), None
-        self.lo = None  # (rmw: the running sum's low half, no longer needed)
-        return self.out
-
-
 def forward(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, *,
             ignore_index: int = -100, reduction: str = "mean", out_dtype: torch.dtype | None = None,
             grads: int = 0, config: Config | None = None
@@ -299,7 +234,7 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     c, kw = _plan(N, H, V, dt, grads, config)
     rows = max(1, min(c.rows, N))
     # (a fresh empty tensor per gradient not computed: an op's outputs must not alias each other)
-    dw = _DWeight(c.variant, weight, -(-N // rows), c.gemm()) if grads & GRAD_WEIGHT and N else None
+    dw = lce_grads.DWeight(c.variant, weight, -(-N // rows), c.gemm()) if grads & GRAD_WEIGHT and N else None
     db = torch.zeros(V, dtype=f32, device=dev) if grads & GRAD_BIAS else hidden.new_empty(0)
     loss_rows = torch.empty(N, dtype=f32, device=dev)
     n_valid = (t != ignore_index).sum()
@@ -406,55 +341,13 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) 
     ctx.save_for_backward(dh, dw, db, hidden, weight, bias, labels)
 
 
-@triton.jit
-def _scale_kernel(x_ptr, g_ptr, n, BLOCK: tl.constexpr, ROUND: tl.constexpr):
-    """x *= g in place, in fp32, rounded to x's dtype; nothing read or written when g == 1."""
-    g = tl.load(g_ptr).to(tl.float32)
-    if g != 1.0:
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        v = tl.load(x_ptr + offs, mask=mask).to(tl.float32) * g
-        if ROUND:  # the interpreter's bf16 cast truncates
-            v = round_bf16(v)
-        tl.store(x_ptr + offs, v.to(x_ptr.dtype.element_ty), mask=mask)
-
-
-_SCALE_META = {True: Meta(BLOCK=8192, ROUND=True, num_warps=8), False: Meta(BLOCK=8192, ROUND=False, num_warps=8)}
-
-
-def _scale_in_place(ts: list[torch.Tensor], g: torch.Tensor) -> bool:
-    """Scale the saved gradients by the incoming one in place, if they are plain tensors run
-    eagerly (not traced by torch.compile / make_fx, not functorch-wrapped); False otherwise.
-
-    Why: `dweight * g` is a pass over V x H (0.78 GB read + 0.78 GB written at Qwen3-4B: 0.52 ms,
-    3% of the whole fwd+bwd) and a second dweight (0.78 GB) alive next to the saved one, for a
-    factor that is exactly 1 whenever the loss is backpropagated as is (loss.backward()); the
-    kernel reads g on the device (no host sync) and its programs return at once then (~10 us).
-    The op's gradient outputs are its backward's scratch: their values after a backward with
-    g != 1 are scaled."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
-        return False
-    for t in (*ts, g):
-        if type(t) is not torch.Tensor or torch._C._functorch.is_functorch_wrapped_tensor(t) \
-                or torch._is_functional_tensor(t) or (t.device.type != "cuda" and not _INTERPRETED):
-            return False
-    if g.numel() != 1 or not all(t.is_contiguous() for t in ts):
-        return False
-    g = g.reshape(1)
-    for t in ts:
-        if t.numel():
-            rnd = _INTERPRETED and t.dtype == torch.bfloat16
-            _launch(_scale_kernel, (triton.cdiv(t.numel(), 8192),), (t, g, t.numel()), _SCALE_META[rnd])
-    return True
-
-
 def _backward(ctx: Any, dloss: torch.Tensor, *_unused: Any) -> tuple[Any, ...]:
     dh, dw, db, hidden, weight, bias, labels = ctx.saved_tensors
     if ctx.missing or ctx.used:  # gradients not computed, or already scaled by an earlier backward
         _l, dh, dw, db = linear_cross_entropy_op(hidden, weight, bias, labels, *ctx.args[:3], ctx.want, ctx.args[3])
     g = dloss.detach()
     want = [(bit, t) for bit, t in ((GRAD_HIDDEN, dh), (GRAD_WEIGHT, dw), (GRAD_BIAS, db)) if ctx.want & bit]
-    if _scale_in_place([t for _b, t in want], g):
+    if lce_grads.scale_in_place([t for _b, t in want], g):
         ctx.used = True
         got = dict(want)
     else:  # a 0-dim fp32 factor keeps each gradient's dtype (no promotion against a 0-dim tensor)
@@ -508,7 +401,7 @@ class Config(config_text.Text):
     _always = ("rows", "block", "num_warps")  # text form, e.g. "fp32:r=1024:b=4096:w=8"
 
     def gemm(self) -> dict[str, int]:
-        """gemm_acc.acc_tn's tile arguments."""
+        """lce_grads.acc_tn's tile arguments."""
         return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "stages": self.stages, "num_warps": self.gw}
 
 
@@ -547,7 +440,7 @@ def is_valid(config: Config, workload: Workload) -> bool:
         if workload.dtypes[0] != "bf16" or not int(workload.param("grads", 0)) & GRAD_WEIGHT:
             return False
         if not (_pow2(c.bm, 16, 256) and _pow2(c.bn, 16, 256) and _pow2(c.bk, 16, 128) and 1 <= c.stages <= 5
-                and c.gw in (4, 8)) or gemm_acc.smem_bytes(c.bm, c.bn, c.bk, c.stages) > _SMEM_BYTES:
+                and c.gw in (4, 8)) or lce_grads.smem_bytes(c.bm, c.bn, c.bk, c.stages) > _SMEM_BYTES:
             return False
     elif tiles != _GEMM_DEFAULTS:
         return False
