@@ -8,6 +8,7 @@ GPU: every rmw tiling of the space at 1024 x 2560 x 32000, and the family's forw
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ def _products(K: list[int], M: int, N: int, seed: int = 0) -> list[tuple[torch.T
             for k in K]
 
 
-def _run(prods: list[tuple[torch.Tensor, torch.Tensor]], M: int, N: int, **tiles: int) -> torch.Tensor:
+def _run(prods: list[tuple[torch.Tensor, torch.Tensor]], M: int, N: int, **tiles: int | bool) -> torch.Tensor:
     hi = torch.full((M, N), float("nan"), dtype=BF16, device=DEVICE)  # poisoned: every element written
     lo = torch.full((M, N), -1, dtype=torch.int16, device=DEVICE)
     last = len(prods) - 1
@@ -38,15 +39,16 @@ def _run(prods: list[tuple[torch.Tensor, torch.Tensor]], M: int, N: int, **tiles
     return hi
 
 
-@pytest.mark.parametrize("K", [[37], [16, 21], [17, 16, 5], [8, 0, 9]])
-def test_acc_tn_is_the_fp32_sum_rounded_once(K: list[int]) -> None:
+@pytest.mark.parametrize("K,preload", [([37], 0), ([16, 21], 0), ([17, 16, 5], 0), ([8, 0, 9], 0), ([17, 16, 5], 1)])
+def test_acc_tn_is_the_fp32_sum_rounded_once(K: list[int], preload: int) -> None:
     """M = 75, N = 41 (not multiples of the 32 x 32 tiles: wrapped loads, masked stores), K not a
-    multiple of 16 (masked K steps), an empty product in the middle. The fp32 sum over the
+    multiple of 16 (masked K steps), an empty product in the middle; the running sum added in the
+    epilogue or preloaded as the dot's accumulator. The fp32 sum over the
     products, rounded to bf16 once, is the answer up to fp32 summation order: at most a few
     elements one bf16 ulp apart."""
     M, N = 75, 41
     prods = _products(K, M, N)
-    got = _run(prods, M, N, **SMALL)
+    got = _run(prods, M, N, **SMALL, preload=bool(preload))
     exact = sum((a.double().T @ b.double() for a, b in prods), torch.zeros(M, N, dtype=torch.float64, device=DEVICE))
     want = exact.float().to(BF16)
     assert torch.isfinite(got.float()).all()
@@ -87,7 +89,7 @@ def _wl(N: int, H: int, V: int, *, bias: bool = False, grads: int = 3) -> object
 
 
 def _rmw(rows: int) -> L.Config:
-    return L.Config("rmw", rows, 64, 1, 32, 32, 16, 1, 4)
+    return L.Config("rmw", rows, 64, 1, 32, 32, 16, 1, 4, rows % 2)  # (odd rows: the running sum preloaded)
 
 
 class _Log(TorchDispatchMode):
@@ -204,14 +206,16 @@ def test_second_backward_recomputes() -> None:
 
 
 @requires_gpu
+@pytest.mark.parametrize("pre", [0, 1])
 @pytest.mark.parametrize("tiles", L._TILES)
-def test_rmw_tilings_on_gpu(tiles: tuple[int, int, int, int, int]) -> None:
+def test_rmw_tilings_on_gpu(tiles: tuple[int, int, int, int, int], pre: int) -> None:
     """dweight of a 32000-word head over 1024 rows of H 2560, in chunks of 512, 256 and 256, with
-    each tiling of the space (wgmma, pipelining, the grouped order): the fp32 sum rounded once."""
+    each tiling of the space (wgmma, pipelining, the grouped order), the running sum read in the
+    epilogue or preloaded: the fp32 sum rounded once."""
     bm, bn, bk, st, gw = tiles
     M, N = 32000, 2560
     prods = _products([512, 256, 256], M, N, seed=3)
-    got = _run(prods, M, N, bm=bm, bn=bn, bk=bk, stages=st, num_warps=gw)
+    got = _run(prods, M, N, bm=bm, bn=bn, bk=bk, stages=st, num_warps=gw, preload=bool(pre))
     exact = sum((a.float().T @ b.float() for a, b in prods), torch.zeros(M, N, device=DEVICE))
     want = exact.to(BF16)
     assert torch.isfinite(got.float()).all()
@@ -224,8 +228,8 @@ def test_rmw_forward_on_gpu() -> None:
     """The family at 1024 x 2560 x 32000 in 4 chunks of 256 with rmw (every tiling), against the
     reference, with its dweight and low plane the only V x H memory."""
     wl = _wl(1024, 2560, 32000)
-    for bm, bn, bk, st, gw in L._TILES:
-        c = L.Config("rmw", 256, 8192, 16, bm, bn, bk, st, gw)
+    for (bm, bn, bk, st, gw), pre in itertools.product(L._TILES, (0, 1)):
+        c = L.Config("rmw", 256, 8192, 16, bm, bn, bk, st, gw, pre)
         assert L.is_valid(c, wl)
         args, kw = L.make_inputs(wl, seed=bm + bn + st)
         ref = L.linear_cross_entropy_ref(*args, **kw)

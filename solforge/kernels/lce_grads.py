@@ -62,9 +62,17 @@ def _k_step(acc, a_ptr, b_ptr, offs_m, offs_n, k0, K, stride_ak, stride_am, stri
 
 
 @triton.jit
+def _load_sum(hi_ptr, lo_ptr, c_off, mask):
+    """The running sum's fp32 tile, put together from its two 16-bit halves."""
+    hi = tl.load(hi_ptr + c_off, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    lo = tl.load(lo_ptr + c_off, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    return ((hi << 16) | lo).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _acc_tn_kernel(a_ptr, b_ptr, hi_ptr, lo_ptr, M, N, K, stride_ak, stride_am, stride_bk, stride_bn, stride_c,
                    MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   GROUP: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
+                   GROUP: tl.constexpr, EVEN_K: tl.constexpr, PRELOAD: tl.constexpr, INTERP: tl.constexpr):
     """One (BM, BN) tile of C = A^T B (+ the running sum), A (K, M) and B (K, N) in bf16."""
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BM)
@@ -79,7 +87,12 @@ def _acc_tn_kernel(a_ptr, b_ptr, hi_ptr, lo_ptr, M, N, K, stride_ak, stride_am, 
     # wrapped indices at the edges: loads stay in bounds without masks; the store masks them out
     offs_m = rm % M
     offs_n = rn % N
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    c_off = rm[:, None].to(tl.int64) * stride_c + rn[None, :]
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if PRELOAD and (MODE == 1 or MODE == 2):  # the running sum as the dot's initial accumulator
+        acc = _load_sum(hi_ptr, lo_ptr, c_off, mask)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
     if INTERP:  # Triton 3.6's interpreter and numpy >= 2.4 (triton#9171): a while loop, see rmsnorm.py
         k0 = 0
         while k0 < K:
@@ -90,12 +103,8 @@ def _acc_tn_kernel(a_ptr, b_ptr, hi_ptr, lo_ptr, M, N, K, stride_ak, stride_am, 
         for k0 in tl.range(0, K, BK):
             acc = _k_step(acc, a_ptr, b_ptr, offs_m, offs_n, k0, K, stride_ak, stride_am, stride_bk, stride_bn,
                           BK, EVEN_K, INTERP)
-    c_off = rm[:, None].to(tl.int64) * stride_c + rn[None, :]
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    if MODE == 1 or MODE == 2:  # the running sum, put together from its two 16-bit halves
-        hi = tl.load(hi_ptr + c_off, mask=mask, other=0).to(tl.int32) & 0xFFFF
-        lo = tl.load(lo_ptr + c_off, mask=mask, other=0).to(tl.int32) & 0xFFFF
-        acc += ((hi << 16) | lo).to(tl.float32, bitcast=True)
+    if not PRELOAD and (MODE == 1 or MODE == 2):  # the running sum, added to the chunk's product
+        acc += _load_sum(hi_ptr, lo_ptr, c_off, mask)
     if MODE >= 2:  # round to nearest even bf16, as a cast on the GPU does; the bits go into hi
         u = acc.to(tl.uint32, bitcast=True)
         r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
@@ -110,10 +119,13 @@ _INTERPRETED = type(_acc_tn_kernel).__name__ == "InterpretedFunction"
 
 
 def acc_tn(a: torch.Tensor, b: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor, mode: int, *, bm: int = 128,
-           bn: int = 256, bk: int = 64, stages: int = 3, num_warps: int = 8) -> None:
+           bn: int = 256, bk: int = 64, stages: int = 3, num_warps: int = 8, preload: bool = False) -> None:
     """hi/lo (M, N) int16 halves of an fp32 running sum S; S += a^T @ b for a (K, M), b (K, N) bf16
     with a unit stride along M and N. `mode` says whether S exists yet and whether this is the
-    last product (then hi, seen as bf16, holds round(S) and lo is not written)."""
+    last product (then hi, seen as bf16, holds round(S) and lo is not written). `preload`: S is read
+    before the main loop as the dot's initial accumulator rather than added in the epilogue (no
+    second BM x BN tile live next to the accumulator: 128 more registers a thread at 128 x 256 with 8
+    warps, which the epilogue's read may spill; the tuner measures both)."""
     K, M = a.shape
     N = b.shape[1]
     if a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16 or b.shape[0] != K:
@@ -129,7 +141,8 @@ def acc_tn(a: torch.Tensor, b: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor,
             lo.zero_()
         return
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    kw = Meta(MODE=mode, BM=bm, BN=bn, BK=bk, GROUP=GROUP_M, EVEN_K=K % bk == 0, INTERP=_INTERPRETED,
+    kw = Meta(MODE=mode, BM=bm, BN=bn, BK=bk, GROUP=GROUP_M, EVEN_K=K % bk == 0, PRELOAD=bool(preload),
+              INTERP=_INTERPRETED,
               num_warps=num_warps, num_stages=stages)
     _launch(_acc_tn_kernel, grid, (a, b, hi, lo, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                                    hi.stride(0)), kw)

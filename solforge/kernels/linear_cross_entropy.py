@@ -371,21 +371,22 @@ MAX_CHUNK_BYTES = 2560 << 20
 # Fewer, larger chunks: below 512 rows the dhidden GEMM (rows x H outputs) fills under half the
 # H100's 132 SMs and each chunk repeats dweight's pass over V x H (lce_model.py).
 _MIN_ROWS = 512
-# rmw's GEMM tiles (BM, BN, BK, stages, warps) for Hopper: 128 x 256 x 64 bf16 tiles in 3-4 stages
-# (144-192 KB of shared memory) with 8 warps (two warpgroups of 64 x 256 wgmma, 128 fp32
-# accumulators a thread), 256 x 128 the same transposed, and 128 x 128 x 64 in 4 stages with 4
-# warps (128 KB; fewer registers for the epilogue's two extra int tiles if the large ones spill).
-_TILES = ((128, 256, 64, 3, 8), (128, 256, 64, 4, 8), (256, 128, 64, 3, 8), (128, 128, 64, 4, 4))
+# rmw's GEMM tiles (BM, BN, BK, stages, warps) for Hopper: 128 x 256 x 64 bf16 tiles in 3 stages
+# (144 KB of shared memory) with 8 warps (two warpgroups of 64 x 256 wgmma, 128 fp32 accumulators
+# a thread), 256 x 128 the same transposed, and 128 x 128 x 64 in 4 stages with 4 warps (128 KB).
+# Each with the running sum read in the epilogue or preloaded as the dot's accumulator (`pre`).
+_TILES = ((128, 256, 64, 3, 8), (256, 128, 64, 3, 8), (128, 128, 64, 4, 4))
 _SMEM_BYTES = 227 * 1024  # the H100's shared memory per block
-_ABBREV = {"rows": "r", "block": "b", "num_warps": "w", "bm": "m", "bn": "n", "bk": "k", "stages": "s", "gw": "g"}
+_ABBREV = {"rows": "r", "block": "b", "num_warps": "w", "bm": "m", "bn": "n", "bk": "k", "stages": "s", "gw": "g",
+           "pre": "p"}
 
 
 @dataclass(frozen=True)
 class Config(config_text.Text):
     """`rows` rows of logits per chunk; the row kernel reads `block` classes at a time (a power of
     two) with `num_warps` warps; `variant`: how dweight accumulates (module docstring). "rmw" also
-    names its GEMM's tiles (`bm` x `bn` x `bk`, `stages`, `gw` warps); the others leave them at
-    their defaults (cuBLAS chooses its own)."""
+    names its GEMM's tiles (`bm` x `bn` x `bk`, `stages`, `gw` warps) and whether the running sum
+    is preloaded (`pre`, lce_grads.acc_tn); the others leave them at their defaults."""
 
     variant: str = "fp32"
     rows: int = 1024
@@ -396,16 +397,18 @@ class Config(config_text.Text):
     bk: int = 64
     stages: int = 3
     gw: int = 8
+    pre: int = 0
 
     _family, _variants, _abbrev = FAMILY, VARIANTS, _ABBREV
     _always = ("rows", "block", "num_warps")  # text form, e.g. "fp32:r=1024:b=4096:w=8"
 
     def gemm(self) -> dict[str, int]:
         """lce_grads.acc_tn's tile arguments."""
-        return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "stages": self.stages, "num_warps": self.gw}
+        return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "stages": self.stages, "num_warps": self.gw,
+                "preload": bool(self.pre)}
 
 
-_GEMM_DEFAULTS = (Config.bm, Config.bn, Config.bk, Config.stages, Config.gw)
+_GEMM_DEFAULTS = (Config.bm, Config.bn, Config.bk, Config.stages, Config.gw, Config.pre)
 
 
 def _dims(workload: Workload) -> tuple[int, int, int]:
@@ -435,12 +438,14 @@ def is_valid(config: Config, workload: Workload) -> bool:
     rows = min(c.rows, max(N, 1))
     if rows > 1 and rows * V * _itemsize(workload) > MAX_CHUNK_BYTES:
         return False
-    tiles = (c.bm, c.bn, c.bk, c.stages, c.gw)
+    tiles = (c.bm, c.bn, c.bk, c.stages, c.gw, c.pre)
     if c.variant == "rmw":
         if workload.dtypes[0] != "bf16" or not int(workload.param("grads", 0)) & GRAD_WEIGHT:
             return False
         if not (_pow2(c.bm, 16, 256) and _pow2(c.bn, 16, 256) and _pow2(c.bk, 16, 128) and 1 <= c.stages <= 5
-                and c.gw in (4, 8)) or lce_grads.smem_bytes(c.bm, c.bn, c.bk, c.stages) > _SMEM_BYTES:
+                and c.gw in (4, 8) and c.pre in (0, 1)):
+            return False
+        if lce_grads.smem_bytes(c.bm, c.bn, c.bk, c.stages) > _SMEM_BYTES:
             return False
     elif tiles != _GEMM_DEFAULTS:
         return False
@@ -499,19 +504,22 @@ def memory_budget(workload: Workload) -> int:
 def space(workload: Workload) -> list[Config]:
     """Rows per chunk (powers of two from 512 below N, and all N rows at once when the buffer fits
     MAX_CHUNK_BYTES) x accumulation (one variant for one chunk; "native" for half inputs and "rmw"
-    for bf16 with a weight gradient) x two row-kernel shapes (fp32, native) or four GEMM tilings
-    (rmw): about 30 configs at Qwen3-4B's head. The GEMMs dominate; rows and the variant move
-    them."""
+    for bf16 with a weight gradient) x, for rmw, three GEMM tilings with and without preloading:
+    34 configs at Qwen3-4B's head for 8192 rows. The GEMMs dominate; rows and the variant move
+    them; the row kernel's second shape is tried on one chunk only."""
     N, _H, V = _dims(workload)
+    grads = int(workload.param("grads", 0))
     shapes = sorted({_kernel_shape(V), (min(4096, triton.next_power_of_2(V)), 8)})
     b0, w0 = _kernel_shape(V)
     out = []
     for r in _rows_options(workload):
         for v in _variants(workload, r):
             if v == "rmw":
-                out += [Config(v, r, b0, w0, bm, bn, bk, st, gw) for bm, bn, bk, st, gw in _TILES]
+                out += [Config(v, r, b0, w0, bm, bn, bk, st, gw, pre) for bm, bn, bk, st, gw in _TILES
+                        for pre in (0, 1)]
             else:
-                out += [Config(v, r, b, w) for b, w in shapes]
+                out += [Config(v, r, b, w) for b, w in (shapes if r >= N or v == "fp32" and not grads & GRAD_WEIGHT
+                                                     else [(b0, w0)])]
     out = [c for c in out if is_valid(c, workload)]
     return list(dict.fromkeys(out)) or [heuristic(workload)]
 
