@@ -202,6 +202,68 @@ def test_second_backward_recomputes() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# built for Hopper without a GPU (Triton's own ptxas): pipelined, wgmma, registers
+
+_BUILD = r"""
+import json, os, subprocess, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from solforge.kernels import lce_grads as G
+bm, bn, bk, stages, warps = map(int, sys.argv[1:6])
+names = list(G._acc_tn_kernel.arg_names)
+const = {"stride_am": 1, "stride_bn": 1, "BM": bm, "BN": bn, "BK": bk, "GROUP": G.GROUP_M, "EVEN_K": True,
+         "INTERP": False}
+sig = {n: "constexpr" if n in const or n in ("MODE", "PRELOAD") else "i32" for n in names}
+sig.update(a_ptr="*bf16", b_ptr="*bf16", hi_ptr="*i16", lo_ptr="*i16")
+# what Triton specializes at Qwen3's shapes: pointers 16-byte aligned, every size a multiple of 16
+attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if sig[n] != "constexpr"}
+out = {}
+for mode, pre in ((0, 0), (1, 0), (1, 1), (2, 0), (2, 1)):
+    src = ASTSource(fn=G._acc_tn_kernel, signature=sig, constexprs={**const, "MODE": mode, "PRELOAD": bool(pre)},
+                    attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": warps, "num_stages": stages})
+    path = os.path.join(sys.argv[6], f"k{mode}{pre}.cubin")
+    open(path, "wb").write(k.asm["cubin"])
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    res = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True, check=True).stdout
+    line = next(l for l in res.splitlines() if "REG:" in l)
+    regs = int(line.split("REG:")[1].split()[0])
+    stack = int(line.split("STACK:")[1].split()[0])
+    ttgir = k.asm["ttgir"]
+    out[f"{mode}{pre}"] = {"regs": regs, "stack": stack, "shared": k.metadata.shared,
+                          "async": ttgir.count("async_copy_global_to_local"), "wgmma": ttgir.count("warp_group_dot")}
+print(json.dumps(out))
+"""
+
+
+def test_rmw_builds_for_hopper(tmp_path: object) -> None:
+    """The space's first tiling, built for sm_90 in every epilogue mode (a subprocess without the
+    interpreter): a software-pipelined main loop (async copies into `stages` buffers: a modulo on
+    the tile's indices or an early return in a helper silently removed it once), wgmma, and no
+    register spills; the shared memory is what lce_grads.smem_bytes says."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    bm, bn, bk, st, gw = L._TILES[0]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(G.__file__)))] +
+                                        [p for p in [env.get("PYTHONPATH")] if p])
+    run = subprocess.run([sys.executable, "-c", _BUILD, *map(str, (bm, bn, bk, st, gw)), str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    if run.returncode and "ptxas" in run.stderr and "No such file" in run.stderr:
+        pytest.skip("Triton's ptxas is not installed here")
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    for key, k in got.items():
+        assert k["async"] > 0 and k["wgmma"] > 0, (key, k)
+        assert k["stack"] == 0 and k["regs"] <= 255, (key, k)
+        assert k["shared"] >= G.smem_bytes(bm, bn, bk, st), (key, k)
+
+
+# ---------------------------------------------------------------------------------------------
 # GPU: realistic shapes
 
 

@@ -172,7 +172,7 @@ def test_config_triad() -> None:
     assert (hb.variant, hb.rows) == ("rmw", 4096) and L.estimated_peak_bytes(hb, big) < 0.5 * L.memory_budget(big)
     # rmw: bf16 with a weight gradient, tiles within shared memory; the others keep the default tiles
     rmw = L.Config("rmw", 1024, 8192, 16)
-    assert L.is_valid(rmw, wl) and rmw.gemm() == {"bm": 128, "bn": 256, "bk": 64, "stages": 3, "num_warps": 8,
+    assert L.is_valid(rmw, wl) and rmw.gemm() == {"bm": 128, "bn": 128, "bk": 64, "stages": 4, "num_warps": 8,
                                                  "preload": False}
     assert L.is_valid(dataclasses.replace(rmw, pre=1), wl) and not L.is_valid(dataclasses.replace(h, pre=1), wl)
     assert not L.is_valid(rmw, _wl(8192, 2560, 151936, FP16, grads=3))

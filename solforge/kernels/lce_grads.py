@@ -45,20 +45,23 @@ GROUP_M = 8
 
 
 @triton.jit
-def _k_step(acc, a_ptr, b_ptr, offs_m, offs_n, k0, K, stride_ak, stride_am, stride_bk, stride_bn,
+def _k_step(acc, a_ptr, b_ptr, offs_m, offs_n, k0, M, N, K, stride_ak, stride_am, stride_bk, stride_bn,
             BK: tl.constexpr, EVEN_K: tl.constexpr, INTERP: tl.constexpr):
     offs_k = k0 + tl.arange(0, BK)
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak  # A^T tile (BM, BK)
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn  # B tile (BK, BN)
     if EVEN_K:
-        a = tl.load(a_ptrs)
-        b = tl.load(b_ptrs)
+        a = tl.load(a_ptrs, mask=offs_m[:, None] < M, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_n[None, :] < N, other=0.0)
     else:
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < K, other=0.0)
-        b = tl.load(b_ptrs, mask=offs_k[:, None] < K, other=0.0)
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_n[None, :] < N) & (offs_k[:, None] < K), other=0.0)
     if INTERP:  # the interpreter has no bf16 arithmetic: exact fp32 products of the bf16 values
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc)  # bf16 x bf16 -> fp32 (wgmma on Hopper)
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:  # bf16 x bf16 -> fp32 (wgmma on Hopper). One return: an early one makes the helper a
+        # call the software pipeliner cannot see into (sm_90 build: no async copies)
+        acc = tl.dot(a, b, acc)
+    return acc
 
 
 @triton.jit
@@ -84,9 +87,11 @@ def _acc_tn_kernel(a_ptr, b_ptr, hi_ptr, lo_ptr, M, N, K, stride_ak, stride_am, 
     pid_n = (pid % per_group) // size
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
-    # wrapped indices at the edges: loads stay in bounds without masks; the store masks them out
-    offs_m = rm % M
-    offs_n = rn % N
+    # masked at the edges rather than wrapped (rm % M): a modulo hides the unit stride along M and N
+    # from the compiler, whose loads then go one element at a time, unpipelined (sm_90 build: no
+    # async copies, 48 KB of shared memory for 3 stages of 128 x 256 x 64)
+    offs_m = rm
+    offs_n = rn
     c_off = rm[:, None].to(tl.int64) * stride_c + rn[None, :]
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     if PRELOAD and (MODE == 1 or MODE == 2):  # the running sum as the dot's initial accumulator
@@ -96,12 +101,12 @@ def _acc_tn_kernel(a_ptr, b_ptr, hi_ptr, lo_ptr, M, N, K, stride_ak, stride_am, 
     if INTERP:  # Triton 3.6's interpreter and numpy >= 2.4 (triton#9171): a while loop, see rmsnorm.py
         k0 = 0
         while k0 < K:
-            acc = _k_step(acc, a_ptr, b_ptr, offs_m, offs_n, k0, K, stride_ak, stride_am, stride_bk, stride_bn,
+            acc = _k_step(acc, a_ptr, b_ptr, offs_m, offs_n, k0, M, N, K, stride_ak, stride_am, stride_bk, stride_bn,
                           BK, EVEN_K, INTERP)
             k0 += BK
     else:
         for k0 in tl.range(0, K, BK):
-            acc = _k_step(acc, a_ptr, b_ptr, offs_m, offs_n, k0, K, stride_ak, stride_am, stride_bk, stride_bn,
+            acc = _k_step(acc, a_ptr, b_ptr, offs_m, offs_n, k0, M, N, K, stride_ak, stride_am, stride_bk, stride_bn,
                           BK, EVEN_K, INTERP)
     if not PRELOAD and (MODE == 1 or MODE == 2):  # the running sum, added to the chunk's product
         acc += _load_sum(hi_ptr, lo_ptr, c_off, mask)
@@ -119,13 +124,13 @@ _INTERPRETED = type(_acc_tn_kernel).__name__ == "InterpretedFunction"
 
 
 def acc_tn(a: torch.Tensor, b: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor, mode: int, *, bm: int = 128,
-           bn: int = 256, bk: int = 64, stages: int = 3, num_warps: int = 8, preload: bool = False) -> None:
+           bn: int = 128, bk: int = 64, stages: int = 4, num_warps: int = 8, preload: bool = False) -> None:
     """hi/lo (M, N) int16 halves of an fp32 running sum S; S += a^T @ b for a (K, M), b (K, N) bf16
     with a unit stride along M and N. `mode` says whether S exists yet and whether this is the
     last product (then hi, seen as bf16, holds round(S) and lo is not written). `preload`: S is read
     before the main loop as the dot's initial accumulator rather than added in the epilogue (no
-    second BM x BN tile live next to the accumulator: 128 more registers a thread at 128 x 256 with 8
-    warps, which the epilogue's read may spill; the tuner measures both)."""
+    second BM x BN tile live next to the accumulator; at 128 x 256 with 8 warps the sm_90 build
+    spills 408 bytes a thread reading it in the epilogue, 192 preloaded; the tuner measures both)."""
     K, M = a.shape
     N = b.shape[1]
     if a.dtype != torch.bfloat16 or b.dtype != torch.bfloat16 or b.shape[0] != K:
