@@ -164,21 +164,35 @@ def smem_bytes(bm: int, bn: int, bk: int, stages: int) -> int:
 # fp32 products are formed in slices of dweight's rows: the temporary stays at most this big
 _F32_SLICE_BYTES = F32_SLICE_BYTES
 _MM_OUT_DTYPE = [True]  # torch.mm(..., out_dtype=float32) works here (checked on first use)
+_MM_OUT_DTYPE_INTO = [True]  # and with out= (mm.dtype_out)
 
 
-def _mm_f32(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def _mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b of half inputs as the GEMM's fp32 accumulator holds it, before any rounding: cuBLAS
-    with an fp32 output (torch >= 2.8, CUDA), written into `out` when given; elsewhere (the
-    interpreter's CPU tensors) in fp32."""
+    with an fp32 output (torch >= 2.8, CUDA); elsewhere (the interpreter's CPU tensors) in fp32."""
     if a.is_cuda and _MM_OUT_DTYPE[0]:
         try:
-            return torch.mm(a, b, out_dtype=torch.float32, out=out) if out is not None else \
-                torch.mm(a, b, out_dtype=torch.float32)
+            return torch.mm(a, b, out_dtype=torch.float32)
         except (RuntimeError, TypeError, NotImplementedError):
             _MM_OUT_DTYPE[0] = False
-    if out is None:
-        return torch.mm(a.float(), b.float())
-    return torch.mm(a.float(), b.float(), out=out)
+    return torch.mm(a.float(), b.float())
+
+
+def _mm_f32_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """out = a @ b in fp32 (as _mm_f32), written by the GEMM itself where torch can (no temporary,
+    no copy: the first chunk's 1.56 GB at Qwen3-4B); else products in slices, copied in."""
+    if a.is_cuda and _MM_OUT_DTYPE_INTO[0]:
+        try:
+            torch.mm(a, b, out_dtype=torch.float32, out=out)
+            return
+        except (RuntimeError, TypeError, NotImplementedError):
+            _MM_OUT_DTYPE_INTO[0] = False
+    if not a.is_cuda:
+        torch.mm(a.float(), b.float(), out=out)
+        return
+    step = max(1, _F32_SLICE_BYTES // (4 * out.shape[1]))
+    for v in range(0, out.shape[0], step):
+        out[v : v + step].copy_(_mm_f32(a[v : v + step], b))
 
 
 def _add_product_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -220,8 +234,10 @@ class DWeight:
                 self.out.addmm_(x.t(), hc)
         elif self.mode == "fp32":
             if i == 0:
-                _mm_f32(x.t(), hc, out=self.acc)
+                assert self.acc is not None
+                _mm_f32_into(self.acc, x.t(), hc)
             else:
+                assert self.acc is not None
                 _add_product_f32(self.acc, x.t(), hc)
         else:
             mode = MODE_FIRST if i == 0 else MODE_LAST if i == self.last else MODE_MID

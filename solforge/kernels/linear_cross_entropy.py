@@ -530,9 +530,9 @@ def heuristic(workload: Workload) -> Config:
     """Untuned default: the config the cost model (lce_model.py) expects fastest among those
     within `memory_budget` (the unchunked graph's peak; with no such config, the smallest peak),
     preferring the smaller peak among those within 2% of the fastest, never "native". At Qwen3-4B's head (bf16,
-    dhidden and dweight) that is one chunk for 4096 and 8192 rows: 15.4 / 30.5 ms against 19 ms
-    for rmw in 4 chunks of 1024 at 4096 rows (1.89 GB instead of 2.04) and 33 ms in 2 chunks of
-    4096 at 8192 rows (2.84 GB instead of 3.31). Without gradients, chunks of 512 rows (the
+    dhidden and dweight) that is one chunk for 4096 and 8192 rows: 15.5 / 30.9 ms against 19.2 ms
+    for rmw in 4 chunks of 1024 at 4096 rows (1.89 GB instead of 2.04) and in 2 chunks of
+    4096 at 8192 rows (32.6 ms, 2.84 GB instead of 3.31). Without gradients, chunks of 512 rows (the
     GEMM's time does not depend on the chunking, the buffer does). Not yet measured on the H100:
     bench/family_linear_ce.py does."""
     block, warps = _kernel_shape(_dims(workload)[2])
