@@ -25,14 +25,25 @@ which dynamo guards on). A frozen lm_head skips the dweight GEMM; a tied embeddi
 dweight like any other, and autograd adds it to the embedding's own gradient. Should autograd ask
 for a gradient the forward did not compute, the backward computes it again from saved inputs.
 
-dweight sums over every chunk. The variant says how: "fp32" adds each chunk's product, as the
-GEMM's fp32 accumulator holds it (torch.mm(out_dtype=float32)), into an fp32 buffer, in slices of
-at most 256 MB: as exact as the model's single GEMM, for an fp32 buffer of V x H (1.6 GB at
-Qwen3-4B) and one elementwise pass over it per chunk. "native" lets cuBLAS add into the dweight in
-the input dtype (beta = 1; Liger's way): no extra memory or pass, but the running sum is rounded
-once per chunk, and a column whose chunks cancel keeps the error of the largest one. torch has no
-GEMM that adds bf16 products into an fp32 matrix in place (addmm's out_dtype needs `self` in the
-input dtype), hence the choice; the verifier decides what is accurate enough.
+dweight sums over every chunk; each GEMM accumulates in fp32 and the result must be rounded to the
+weight's dtype once (lce_grads.DWeight). One chunk (rows >= N: the compile-like point, one buffer
+of N x V) is three GEMMs, dweight written by cuBLAS in the weight's dtype: exactly eager's
+arithmetic, no accumulator. Over several chunks the first writes dweight's storage directly (no
+zero-fill) and the variant says how the rest add: "fp32" forms each product in fp32
+(torch.mm(out_dtype=float32), in 256 MB slices) and adds it into an fp32 buffer, cast once at the
+end (per chunk after the first: an extra 4.7 GB of traffic at Qwen3-4B, ~1.5 ms); "rmw" (bf16) is a
+Triton GEMM that adds its fp32 accumulator into the running sum in its epilogue, the sum kept as
+dweight's bf16 bits plus a plane of its low 16 bits, rounded in place by the last chunk (no
+separate pass, no cast, no third V x H tensor); "native" lets cuBLAS add into the dweight in the
+input dtype (beta = 1; Liger's way): no extra memory or pass, but the running sum is rounded once
+per chunk, and a column whose chunks cancel keeps the error of the largest one (it failed
+verification at Qwen3-4B's head; the heuristic never picks it). The verifier decides what is
+accurate enough. lce_model.py estimates each config's time and peak memory; the heuristic takes
+the fastest within the unchunked graph's peak.
+
+The backward multiplies the saved gradients by the incoming one in place, reading it on the device
+and skipping the pass when it is 1 (lce_grads.scale_in_place); traced (torch.compile), it multiplies
+out of place.
 
 fp16 note: the gradients are scaled by 1/#valid before the incoming gradient is known, so a
 GradScaler's large loss scale cannot keep small fp16 dlogits from underflowing as it does in eager.
@@ -49,7 +60,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from solforge.kernels import config_text
+from solforge.kernels import config_text, lce_grads, lce_model
 from solforge.kernels.cross_entropy import _grad_chunk, _ld
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
@@ -207,31 +218,6 @@ def _plan(N: int, H: int, V: int, dtype: torch.dtype, grads: int, config: Config
     return c, Meta(kw)
 
 
-# fp32 products are formed in slices of dweight's rows: the temporary stays at most this big
-_F32_SLICE_BYTES = 256 << 20
-_MM_OUT_DTYPE = [True]  # torch.mm(..., out_dtype=float32) works here (checked on first use)
-
-
-def _mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b of half inputs as the GEMM's fp32 accumulator holds it, before any rounding: cuBLAS
-    with an fp32 output (torch >= 2.8, CUDA); elsewhere (the interpreter's CPU tensors) in fp32."""
-    if a.is_cuda and _MM_OUT_DTYPE[0]:
-        try:
-            return torch.mm(a, b, out_dtype=torch.float32)
-        except (RuntimeError, TypeError, NotImplementedError):
-            _MM_OUT_DTYPE[0] = False
-    return torch.mm(a.float(), b.float())
-
-
-def _add_product_f32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """acc += a @ b in fp32 without rounding the product to the inputs' dtype: one chunk's product
-    rounded to bf16 carries an error of its own size, and chunks that cancel leave that error in a
-    small sum (measured: 0.015 on an element of 0.078, N = 37, against 0.0005 for one rounding)."""
-    step = max(1, _F32_SLICE_BYTES // (4 * acc.shape[1]))
-    for v in range(0, acc.shape[0], step):
-        acc[v : v + step].add_(_mm_f32(a[v : v + step], b))
-
-
 def forward(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, *,
             ignore_index: int = -100, reduction: str = "mean", out_dtype: torch.dtype | None = None,
             grads: int = 0, config: Config | None = None
@@ -246,21 +232,18 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     dh = torch.empty(hidden.shape, dtype=dt, device=dev) if grads & GRAD_HIDDEN else hidden.new_empty(0)
     f32 = torch.float32
     c, kw = _plan(N, H, V, dt, grads, config)
-    # dweight's accumulator: fp32 (variant "fp32", or fp32 inputs: addmm_ adds in fp32 then), or the
-    # weight's own dtype with cuBLAS adding into it ("native")
-    wacc = f32 if c.variant == "fp32" else dt
+    rows = max(1, min(c.rows, N))
     # (a fresh empty tensor per gradient not computed: an op's outputs must not alias each other)
-    dw = torch.zeros(weight.shape, dtype=wacc, device=dev) if grads & GRAD_WEIGHT else hidden.new_empty(0)
+    dw = lce_grads.DWeight(c.variant, weight, -(-N // rows), c.gemm()) if grads & GRAD_WEIGHT and N else None
     db = torch.zeros(V, dtype=f32, device=dev) if grads & GRAD_BIAS else hidden.new_empty(0)
     loss_rows = torch.empty(N, dtype=f32, device=dev)
     n_valid = (t != ignore_index).sum()
     # 1 / 0 = inf when every target is ignored; the kernel zeroes ignored rows with a where
     scale = (1.0 / n_valid.to(f32) if reduction == "mean" else torch.ones((), dtype=f32, device=dev)).reshape(1)
     if N and V:
-        rows = min(c.rows, N)
         buf = torch.empty(rows, V, dtype=dt, device=dev)
         wt = weight.t()
-        for s in range(0, N, rows):
+        for i, s in enumerate(range(0, N, rows)):
             e = min(s + rows, N)
             hc, x = h2[s:e], buf[: e - s]
             if bias is None:
@@ -270,20 +253,22 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
             _launch(_lce_rows_kernel, (e - s,), (x, t[s:e], loss_rows[s:e], scale, V, x.stride(0), ignore_index), kw)
             if grads & GRAD_HIDDEN:
                 torch.mm(x, weight, out=dh.view(N, H)[s:e])
-            if grads & GRAD_WEIGHT:
-                if dw.dtype == dt:  # cuBLAS: dw = dw + x.T @ hc (fp32 inside, rounded to dw's dtype)
-                    dw.addmm_(x.t(), hc)
-                else:
-                    _add_product_f32(dw, x.t(), hc)
+            if dw is not None:
+                dw.add(i, x, hc)
             if grads & GRAD_BIAS:
                 db.add_(x.sum(0, dtype=f32))
-        del buf  # before dweight's cast below: the two need not be held together
+        del buf  # before dweight's cast ("fp32"): the two need not be held together
     elif grads & GRAD_HIDDEN:
         dh.zero_()
+    if dw is not None:
+        dwt = dw.result()
+    elif grads & GRAD_WEIGHT:  # no rows: a zero gradient
+        dwt = torch.zeros(weight.shape, dtype=dt, device=dev)
+    else:
+        dwt = hidden.new_empty(0)
     total = loss_rows.sum()
     loss = total / n_valid if reduction == "mean" else total  # 0 / 0 = NaN when all are ignored, as torch
-    return (loss.to(out_dtype or dt), dh, dw.to(dt) if grads & GRAD_WEIGHT else dw,
-            db.to(bias.dtype) if bias is not None and grads & GRAD_BIAS else db)
+    return (loss.to(out_dtype or dt), dh, dwt, db.to(bias.dtype) if bias is not None and grads & GRAD_BIAS else db)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
@@ -349,24 +334,25 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) 
     ctx.mark_non_differentiable(dh, dw, db)
     need = ctx.needs_input_grad
     want = (need[0] and GRAD_HIDDEN) | (need[1] and GRAD_WEIGHT) | (bias is not None and need[2] and GRAD_BIAS)
-    ctx.want, ctx.missing = want, want & ~grads
+    ctx.want, ctx.missing, ctx.used = want, want & ~grads, False
     ctx.args = (ignore_index, reduction, out_dtype, config)
-    if ctx.missing:  # the rewrite expected fewer gradients: keep what recomputing them needs
-        ctx.save_for_backward(dh, dw, db, hidden, weight, bias, labels)
-    else:
-        ctx.save_for_backward(dh, dw, db)
+    # the inputs too (references, no copies): for gradients the rewrite did not expect, and for a
+    # second backward (retain_graph) after the first scaled the saved gradients in place
+    ctx.save_for_backward(dh, dw, db, hidden, weight, bias, labels)
 
 
 def _backward(ctx: Any, dloss: torch.Tensor, *_unused: Any) -> tuple[Any, ...]:
-    saved = ctx.saved_tensors
-    dh, dw, db = saved[:3]
-    if ctx.missing:
-        hidden, weight, bias, labels = saved[3:]
+    dh, dw, db, hidden, weight, bias, labels = ctx.saved_tensors
+    if ctx.missing or ctx.used:  # gradients not computed, or already scaled by an earlier backward
         _l, dh, dw, db = linear_cross_entropy_op(hidden, weight, bias, labels, *ctx.args[:3], ctx.want, ctx.args[3])
-    # a 0-dim fp32 factor keeps each gradient's dtype (no promotion against a 0-dim tensor)
     g = dloss.detach()
-    return (dh * g if ctx.want & GRAD_HIDDEN else None, dw * g if ctx.want & GRAD_WEIGHT else None,
-            db * g if ctx.want & GRAD_BIAS else None, None, None, None, None, None, None)
+    want = [(bit, t) for bit, t in ((GRAD_HIDDEN, dh), (GRAD_WEIGHT, dw), (GRAD_BIAS, db)) if ctx.want & bit]
+    if lce_grads.scale_in_place([t for _b, t in want], g):
+        ctx.used = True
+        got = dict(want)
+    else:  # a 0-dim fp32 factor keeps each gradient's dtype (no promotion against a 0-dim tensor)
+        got = {bit: t * g for bit, t in want}
+    return (got.get(GRAD_HIDDEN), got.get(GRAD_WEIGHT), got.get(GRAD_BIAS), None, None, None, None, None, None)
 
 
 torch.library.register_autograd("solforge::linear_cross_entropy", _backward, setup_context=_setup)
@@ -375,28 +361,56 @@ torch.library.register_autograd("solforge::linear_cross_entropy", _backward, set
 # ----------------------------------------------------------------------------------------------
 # Config triad
 
-VARIANTS = ("fp32", "native")
+VARIANTS = ("fp32", "native", "rmw")
 _WARPS = (1, 2, 4, 8, 16, 32)
 _MAX_PER_THREAD = 32  # as cross_entropy.py: fp32 values of a vocabulary chunk a thread holds
-# The family's memory promise: a chunk's logits never exceed this (the heuristic aims at a third).
-MAX_CHUNK_BYTES = 1 << 30
-_HEURISTIC_CHUNK_BYTES = 384 << 20
-_ABBREV = {"rows": "r", "block": "b", "num_warps": "w"}
+# The family's memory promise: a chunk's logits never exceed this. 2.5 GiB holds all 8192 rows of
+# Qwen3-4B's head (8192 x 151936 bf16 = 2.49 GB) in one chunk: the compile-like point (three
+# GEMMs, dweight rounded once), whose peak torch.compile's own (3.31 GB there) already holds.
+MAX_CHUNK_BYTES = 2560 << 20
+# Fewer, larger chunks: below 512 rows the dhidden GEMM (rows x H outputs) fills under half the
+# H100's 132 SMs and each chunk repeats dweight's pass over V x H (lce_model.py).
+_MIN_ROWS = 512
+# rmw's GEMM tiles (BM, BN, BK, stages, warps) for Hopper. Built for sm_90 here (Triton 3.6's
+# ptxas, no GPU; tests/test_lce_grads.py checks it): 128 x 128 x 64 in 4 stages with 8 warps
+# (128 KB of shared memory, wgmma, async copies) takes 110-178 registers a thread and spills
+# nothing in any epilogue mode; 128 x 256 and 256 x 128 x 64 in 3 stages (144 KB) hit 255 registers
+# and spill 8-400 bytes a thread in the read-modify-write epilogue (least with the running sum
+# preloaded, `pre`); 128 x 128 with 4 warps spills too. The tuner measures them all.
+_TILES = ((128, 128, 64, 4, 8), (128, 256, 64, 3, 8), (256, 128, 64, 3, 8))
+_SMEM_BYTES = 227 * 1024  # the H100's shared memory per block
+_ABBREV = {"rows": "r", "block": "b", "num_warps": "w", "bm": "m", "bn": "n", "bk": "k", "stages": "s", "gw": "g",
+           "pre": "p"}
 
 
 @dataclass(frozen=True)
 class Config(config_text.Text):
     """`rows` rows of logits per chunk; the row kernel reads `block` classes at a time (a power of
-    two) with `num_warps` warps; `variant`: how dweight accumulates (module docstring)."""
+    two) with `num_warps` warps; `variant`: how dweight accumulates (module docstring). "rmw" also
+    names its GEMM's tiles (`bm` x `bn` x `bk`, `stages`, `gw` warps) and whether the running sum
+    is preloaded (`pre`, lce_grads.acc_tn); the others leave them at their defaults."""
 
     variant: str = "fp32"
     rows: int = 1024
     block: int = 4096
     num_warps: int = 8
+    bm: int = 128
+    bn: int = 128
+    bk: int = 64
+    stages: int = 4
+    gw: int = 8
+    pre: int = 0
 
     _family, _variants, _abbrev = FAMILY, VARIANTS, _ABBREV
     _always = ("rows", "block", "num_warps")  # text form, e.g. "fp32:r=1024:b=4096:w=8"
 
+    def gemm(self) -> dict[str, int]:
+        """lce_grads.acc_tn's tile arguments."""
+        return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "stages": self.stages, "num_warps": self.gw,
+                "preload": bool(self.pre)}
+
+
+_GEMM_DEFAULTS = (Config.bm, Config.bn, Config.bk, Config.stages, Config.gw, Config.pre)
 
 
 def _dims(workload: Workload) -> tuple[int, int, int]:
@@ -408,16 +422,34 @@ def _itemsize(workload: Workload) -> int:
     return parse_dtype(workload.dtypes[0]).itemsize
 
 
+def _pow2(x: int, lo: int, hi: int) -> bool:
+    return lo <= x <= hi and not x & (x - 1)
+
+
 def is_valid(config: Config, workload: Workload) -> bool:
     """Correct and within the memory promise: a chunk's logits at most MAX_CHUNK_BYTES (or one row),
-    a vocabulary block no wider than the row needs and within the registers."""
+    a vocabulary block no wider than the row needs and within the registers; "rmw" only for bf16
+    with a weight gradient (its split accumulator is fp32's bits), with tiles that fit shared
+    memory; the other variants with the GEMM fields at their defaults (one config, one kernel)."""
     c = config
-    _N, _H, V = _dims(workload)
+    N, _H, V = _dims(workload)
     if c.variant not in VARIANTS or c.num_warps not in _WARPS or c.rows < 1:
         return False
     if c.block <= 0 or c.block & (c.block - 1) or c.block > triton.next_power_of_2(V):
         return False
-    if c.rows > 1 and c.rows * V * _itemsize(workload) > MAX_CHUNK_BYTES:
+    rows = min(c.rows, max(N, 1))
+    if rows > 1 and rows * V * _itemsize(workload) > MAX_CHUNK_BYTES:
+        return False
+    tiles = (c.bm, c.bn, c.bk, c.stages, c.gw, c.pre)
+    if c.variant == "rmw":
+        if workload.dtypes[0] != "bf16" or not int(workload.param("grads", 0)) & GRAD_WEIGHT:
+            return False
+        if not (_pow2(c.bm, 16, 256) and _pow2(c.bn, 16, 256) and _pow2(c.bk, 16, 128) and 1 <= c.stages <= 5
+                and c.gw in (4, 8) and c.pre in (0, 1)):
+            return False
+        if lce_grads.smem_bytes(c.bm, c.bn, c.bk, c.stages) > _SMEM_BYTES:
+            return False
+    elif tiles != _GEMM_DEFAULTS:
         return False
     return c.block // (32 * c.num_warps) <= _MAX_PER_THREAD
 
@@ -428,36 +460,93 @@ def _kernel_shape(V: int) -> tuple[int, int]:
     return block, max(1, min(32, block // (32 * 16)))
 
 
+def _rows_options(workload: Workload) -> list[int]:
+    """Powers of two from _MIN_ROWS below N, then N itself (one chunk), within the memory cap."""
+    N, _H, V = _dims(workload)
+    row_bytes = max(1, V * _itemsize(workload))
+    cap = max(1, MAX_CHUNK_BYTES // row_bytes)
+    if N <= cap:
+        opts = [r for r in (_MIN_ROWS << i for i in range(32)) if r < N]
+        return [*opts, max(N, 1)]
+    top = 1 << (cap.bit_length() - 1)
+    return [r for r in (_MIN_ROWS << i for i in range(32)) if r <= top] or [top]
+
+
+def _variants(workload: Workload, rows: int) -> tuple[str, ...]:
+    N, _H, _V = _dims(workload)
+    if rows >= N or not int(workload.param("grads", 0)) & GRAD_WEIGHT or _itemsize(workload) == 4:
+        return ("fp32",)  # one chunk (one GEMM), no dweight, or fp32 inputs: the variants coincide
+    return ("fp32", "native", "rmw") if workload.dtypes[0] == "bf16" else ("fp32", "native")
+
+
+def _model_args(c: Config, workload: Workload) -> dict[str, Any]:
+    N, H, V = _dims(workload)
+    return {"N": N, "H": H, "V": V, "itemsize": _itemsize(workload), "grads": int(workload.param("grads", 0)),
+            "has_bias": bool(workload.param("bias", False)), "variant": c.variant, "rows": c.rows}
+
+
+def estimated_peak_bytes(config: Config, workload: Workload) -> int:
+    """Device memory the call holds at its peak above its inputs (lce_model.peak_bytes)."""
+    return lce_model.peak_bytes(**_model_args(config, workload))
+
+
+def estimated_ms(config: Config, workload: Workload) -> float:
+    """The H100 time the cost model expects (lce_model.time_ms): for ranking, not a measurement."""
+    return lce_model.time_ms(**_model_args(config, workload))
+
+
+def memory_budget(workload: Workload) -> int:
+    """What the unchunked graph (eager's or torch.compile's) holds at once: the (N, V) logits in
+    the input dtype and the gradients (lce_model.unchunked_bytes); the heuristic stays within it."""
+    N, H, V = _dims(workload)
+    return lce_model.unchunked_bytes(N, H, V, _itemsize(workload), int(workload.param("grads", 0)),
+                                     bool(workload.param("bias", False)))
+
+
 def space(workload: Workload) -> list[Config]:
-    """Rows per chunk (powers of two from 256 to the memory cap, and all rows at once when that
-    fits) x accumulation ("native" only for half inputs with a weight gradient) x two row-kernel
-    shapes: about 20 configs at Qwen3's vocabulary. The GEMMs dominate; rows is the knob that moves
-    them (fewer, larger GEMMs against a larger buffer)."""
+    """Rows per chunk (powers of two from 512 below N, and all N rows at once when the buffer fits
+    MAX_CHUNK_BYTES) x accumulation (one variant for one chunk; "native" for half inputs and "rmw"
+    for bf16 with a weight gradient) x, for rmw, three GEMM tilings with and without preloading:
+    34 configs at Qwen3-4B's head for 8192 rows. The GEMMs dominate; rows and the variant move
+    them; the row kernel's second shape is tried on one chunk only."""
     N, _H, V = _dims(workload)
     grads = int(workload.param("grads", 0))
-    half = _itemsize(workload) < 4
-    variants = ("fp32", "native") if half and grads & GRAD_WEIGHT else ("fp32",)
-    rows_opts = []
-    r = 256
-    while r < N:
-        rows_opts.append(r)
-        r *= 2
-    rows_opts.append(N)
-    shapes = {_kernel_shape(V), (min(4096, triton.next_power_of_2(V)), 8)}
-    out = [Config(v, r, b, w) for r in rows_opts for v in variants for b, w in sorted(shapes)]
+    shapes = sorted({_kernel_shape(V), (min(4096, triton.next_power_of_2(V)), 8)})
+    b0, w0 = _kernel_shape(V)
+    out = []
+    for r in _rows_options(workload):
+        for v in _variants(workload, r):
+            if v == "rmw":
+                out += [Config(v, r, b0, w0, bm, bn, bk, st, gw, pre) for bm, bn, bk, st, gw in _TILES
+                        for pre in (0, 1)]
+            else:
+                out += [Config(v, r, b, w) for b, w in (shapes if r >= N or v == "fp32" and not grads & GRAD_WEIGHT
+                                                     else [(b0, w0)])]
     out = [c for c in out if is_valid(c, workload)]
     return list(dict.fromkeys(out)) or [heuristic(workload)]
 
 
 def heuristic(workload: Workload) -> Config:
-    """Untuned default: chunks of ~384 MB of logits at most (1024 rows at V = 151936 in bf16), a
-    power of two of rows (whole GEMM tiles), fp32 accumulation. Not yet measured on the H100:
+    """Untuned default: the config the cost model (lce_model.py) expects fastest among those
+    within `memory_budget` (the unchunked graph's peak; with no such config, the smallest peak),
+    preferring the smaller peak among those within 2% of the fastest, never "native". At Qwen3-4B's head (bf16,
+    dhidden and dweight) that is one chunk for 4096 and 8192 rows: 15.5 / 30.9 ms against 19.2 ms
+    for rmw in 4 chunks of 1024 at 4096 rows (1.89 GB instead of 2.04) and in 2 chunks of
+    4096 at 8192 rows (32.6 ms, 2.84 GB instead of 3.31). Without gradients, chunks of 512 rows (the
+    GEMM's time does not depend on the chunking, the buffer does). Not yet measured on the H100:
     bench/family_linear_ce.py does."""
-    N, _H, V = _dims(workload)
-    fit = max(1, _HEURISTIC_CHUNK_BYTES // max(1, V * _itemsize(workload)))
-    rows = min(N, 1 << (fit.bit_length() - 1)) if N else 1
-    block, warps = _kernel_shape(V)
-    return Config("fp32", max(1, rows), block, warps)
+    block, warps = _kernel_shape(_dims(workload)[2])
+    # not "native": its per-chunk rounding fails verification at Qwen3-4B's head (H100, 2026-11-22)
+    cands = [Config(v, r, block, warps) for r in _rows_options(workload) for v in _variants(workload, r)
+             if v != "native"]
+    cands = [c for c in cands if is_valid(c, workload)] or [Config("fp32", 1, block, warps)]
+    budget = memory_budget(workload)
+    fits = [c for c in cands if estimated_peak_bytes(c, workload) <= budget]
+    if not fits:
+        return min(cands, key=lambda c: estimated_peak_bytes(c, workload))
+    best = min(estimated_ms(c, workload) for c in fits)
+    near = [c for c in fits if estimated_ms(c, workload) <= 1.02 * best]
+    return min(near, key=lambda c: (estimated_peak_bytes(c, workload), estimated_ms(c, workload)))
 
 
 def _workload(N: int, H: int, V: int, dtype: torch.dtype, has_bias: bool, tdtype: torch.dtype, ignore_index: int,
