@@ -61,7 +61,11 @@ def main() -> int:
     p.add_argument("--gc", choices=["none", "capture", "process"], default="capture",
                    help="none: no GC handling; capture: capture()'s own (default); process: also gc.freeze() "
                         "after the model is built, as the CLI does")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1: on a shared box, spinning OpenMP threads made the "
+                        "real forward inside the capture take 9 s instead of 0.4)")
     a = p.parse_args()
+    torch.set_num_threads(a.threads)
 
     import solforge.capture as cap
     import solforge.plan as plan

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx._lazy_graph_module import _make_graph_module
 
 FORMAT = 1
 # the code whose behaviour an entry depends on: the lowering and this file
@@ -116,8 +117,11 @@ def _target_key(node: fx.Node) -> str:
         return str(t)
     if node.op != "call_function":
         raise Uncacheable(f"{node.op} node {node.name}")
+    if isinstance(t, torch._ops.HigherOrderOperator):  # its body is user code (a subgraph)
+        raise Uncacheable(f"higher-order op {t.name()}")
     if isinstance(t, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
-        if t.namespace not in _ATEN_NAMESPACES:  # a user's op may decompose through Python code
+        ns = t.namespace if isinstance(t, torch._ops.OpOverload) else t._qualified_op_name.partition("::")[0]
+        if ns not in _ATEN_NAMESPACES:  # a user's op may decompose through Python code
             raise Uncacheable(f"op {t} outside {_ATEN_NAMESPACES}")
         return f"op:{t}"
     module = getattr(t, "__module__", None) or ""
@@ -351,7 +355,9 @@ def decode_graph(data: dict[str, Any], fake_mode: FakeTensorMode) -> fx.GraphMod
             node.meta["stack_trace"] = traces[rec["trace"]]
         env[node.name] = node
     graph.lint()
-    return fx.GraphModule(torch.nn.Module(), graph)
+    # the class make_fx gives (a lazy GraphModule: its code is generated on first use, and the
+    # passes after capture change the graph and generate it again anyway)
+    return _make_graph_module(torch.nn.Module(), graph)
 
 
 @dataclass
