@@ -139,8 +139,9 @@ def few_full_collections() -> Iterator[None]:
 
     Tracing allocates hundreds of thousands of objects, and every so often CPython scans the whole
     heap for cycles: on Qwen3-4B (360k objects before the capture, 570k after) that was 1-3 full
-    scans of 0.2-0.35 s each on the CPU dev box, and under cProfile on the H100 hosts seven 1.2 s
-    scans landed in torch.fx's schema-to-signature conversion. Everything alive before the capture
+    scans of 0.2-0.35 s each on the CPU dev box; the seven unexplained 1.2 s calls of torch.fx's
+    schema-to-signature conversion under cProfile on the H100 hosts (0.1-0.3 ms when probed alone)
+    fit full scans that landed there (not verified on those hosts). Everything alive before the capture
     (torch, the model) is frozen out of the scans, and the old generation's threshold is raised so
     no full scan runs during it; young garbage is still collected, and both settings are restored
     afterwards. A caller that froze objects itself keeps its own gc.freeze untouched."""

@@ -17,7 +17,7 @@ downstream reads it. A missing, stale, unreadable or corrupted entry is a miss: 
 the graph and writes the entry again.
 
 On a Qwen3-4B dynamo graph (3194 nodes -> 2051 ATen nodes) make_fx took 1.6-2.0 s of a 6-7 s
-capture on the 2-core CPU dev box (torch 2.13); loading the entry takes ~0.1 s.
+capture on the 2-core CPU dev box (torch 2.13); reading the entry back (1.4 MB) took 0.2-0.35 s.
 """
 
 from __future__ import annotations
