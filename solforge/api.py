@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import platform
 import sys
 import time
@@ -208,13 +209,19 @@ def optimize(
     train = mode == "train"
     rep.stage("capture", "torch.compile backend -> ATen graphs")
     model.train(train)
+    lowering_cache = _lowering_cache(db)
     try:
         # train: captured with autograd on, as training runs it; the fused ops carry their backward
-        captured = _capture.capture(model, example_inputs, grad=train)
+        captured = _capture.capture(model, example_inputs, grad=train, cache=lowering_cache)
     except Exception as e:
         raise UserError(f"the model failed to run on its example inputs: {type(e).__name__}: "
                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
     notes += captured.errors
+    if lowering_cache is not None:
+        if lowering_cache.hits:
+            notes.append(f"capture: {lowering_cache.hits} ATen graph(s) read from the lowering cache "
+                         f"({lowering_cache.directory}) instead of traced again")
+        notes += [f"lowering cache: {p}" for p in dict.fromkeys(lowering_cache.problems)]
     restored = sum(g.attention_restored for g in captured.graphs)
     if restored:
         notes.append(f"attention: {restored} SDPA call(s) traced with a materialized causal mask run as "
@@ -397,6 +404,17 @@ def _open_db(db: str | Path | bool) -> KernelDB | None:
     from solforge.db import KernelDB
 
     return KernelDB(None if db is True else db)
+
+
+def _lowering_cache(db: str | Path | bool) -> _capture.LoweringCache | None:
+    """The ATen lowering cache beside the kernel database (`lowered/` in its directory): a run that
+    keeps no database keeps no lowerings either. SOLFORGE_LOWERING_CACHE=0 turns it off alone."""
+    if db is False or os.environ.get("SOLFORGE_LOWERING_CACHE", "1") == "0":
+        return None
+    from solforge.db import default_path
+
+    path = default_path() if db is True else Path(db).expanduser()
+    return _capture.LoweringCache(path.parent / "lowered")
 
 
 def _known(kdb: KernelDB, workload: Any, resume: bool) -> bool:

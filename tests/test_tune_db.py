@@ -140,6 +140,9 @@ def test_optimize_warm_run_comes_from_the_database(tmp_path):
     assert {(r.workload, r.config_text) for r in warm.regions} == {(r.workload, r.config_text) for r in cold.regions}
     assert warm.e2e is not None and warm.e2e.passed
     assert "profile" not in warm.extra["stage_seconds"] and any("profile skipped" in n for n in warm.notes)
+    # the capture's ATen graph came from the lowering cache beside the database, and nothing broke
+    assert any("1 ATen graph(s) read from the lowering cache" in n and str(tmp_path) in n for n in warm.notes)
+    assert not any("lowering cache" in n for n in cold.notes)
     # the regions' original times too: stored by the cold run, not timed again
     assert [r.baseline_us for r in warm.regions] == [r.baseline_us for r in cold.regions]
     assert any(f"original time of {len(warm.regions)} region(s) came from the kernel database" in n

@@ -8,8 +8,11 @@ and every node carries `meta["val"]` (a fake tensor: shape, dtype, device).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import gc
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,7 +22,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.traceback import preserve_node_meta
 
+from solforge.capture.cache import LoweringCache
 from solforge.capture.canonical import restore_causal_attention
+
+__all__ = ["CapturedGraph", "LoweringCache", "Rewrite", "SolforgeBackend", "capture", "compile_with",
+           "few_full_collections", "lower_to_aten", "module_path", "op_name"]
 
 Rewrite = Callable[[fx.GraphModule, int], fx.GraphModule]
 
@@ -43,18 +50,26 @@ def op_name(target: Any) -> str:
     return name
 
 
-def lower_to_aten(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
+def lower_to_aten(gm: fx.GraphModule, example_inputs: Sequence[Any],
+                  cache: LoweringCache | None = None) -> fx.GraphModule:
     """Trace a dynamo graph down to ATen ops (below autograd, no decompositions of core ops).
 
     Executed eagerly, the result is still differentiable: each ATen op goes through autograd.
+    With a `cache`, a graph lowered before (by any process, same key: see cache.py) is read back
+    instead of traced again; any cache problem falls back to tracing.
     """
     fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
-    fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
-    # preserve_node_meta carries nn_module_stack / stack_trace from dynamo's nodes to ATen nodes,
-    # so a region can be named by its module path (model.layers.3.self_attn.q_norm).
-    with fake_mode, preserve_node_meta():
-        # run through an Interpreter: it sets the current node's meta for each op it traces
-        aten = make_fx(lambda *a: fx.Interpreter(gm).run(*a), tracing_mode="real")(*fake_inputs)
+    key = cache.key(gm, example_inputs) if cache is not None else None
+    aten = cache.load(key, fake_mode) if cache is not None and key is not None else None
+    if aten is None:
+        fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+        # preserve_node_meta carries nn_module_stack / stack_trace from dynamo's nodes to ATen nodes,
+        # so a region can be named by its module path (model.layers.3.self_attn.q_norm).
+        with fake_mode, preserve_node_meta():
+            # run through an Interpreter: it sets the current node's meta for each op it traces
+            aten = make_fx(lambda *a: fx.Interpreter(gm).run(*a), tracing_mode="real")(*fake_inputs)
+        if cache is not None and key is not None:
+            cache.save(key, aten)
     # Which inputs carry a gradient and whether autograd was on: make_fx's values lose both, and a
     # family that computes its gradients inside its forward (linear_cross_entropy) must know them.
     # Dynamo guards on grad mode and on each input's requires_grad, so they hold for every call of
@@ -89,6 +104,7 @@ class SolforgeBackend:
     """
 
     rewrite: Rewrite | None = None
+    cache: LoweringCache | None = None  # ATen lowerings kept across processes (cache.py)
     graphs: list[CapturedGraph] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     compiled: Callable[..., Any] | None = None  # the model compiled with this backend (capture())
@@ -96,7 +112,7 @@ class SolforgeBackend:
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         index = len(self.graphs)
         try:
-            aten = lower_to_aten(gm, example_inputs)
+            aten = lower_to_aten(gm, example_inputs, self.cache)
         except Exception as e:  # a graph we cannot lower still runs, as dynamo gave it
             self.errors.append(f"graph {index}: lowering failed: {type(e).__name__}: {e}")
             return gm.forward
@@ -117,10 +133,40 @@ def compile_with(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[.
     return torch.compile(model, backend=backend, dynamic=False)
 
 
-def capture(model: torch.nn.Module, inputs: Sequence[Any], *, grad: bool = False) -> SolforgeBackend:
-    """Run the model once through dynamo and return the backend holding the ATen graphs."""
-    backend = SolforgeBackend()
+@contextlib.contextmanager
+def few_full_collections() -> Iterator[None]:
+    """Keep Python's full garbage collections out of a capture.
+
+    Tracing allocates hundreds of thousands of objects, and every so often CPython scans the whole
+    heap for cycles: on Qwen3-4B (360k objects before the capture, 570k after) that was 1-3 full
+    scans of 0.2-0.35 s each on the CPU dev box; the seven unexplained 1.2 s calls of torch.fx's
+    schema-to-signature conversion under cProfile on the H100 hosts (0.1-0.3 ms when probed alone)
+    fit full scans that landed there (not verified on those hosts). Everything alive before the capture
+    (torch, the model) is frozen out of the scans, and the old generation's threshold is raised so
+    no full scan runs during it; young garbage is still collected, and both settings are restored
+    afterwards. A caller that froze objects itself keeps its own gc.freeze untouched."""
+    threshold = gc.get_threshold()
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
+    gc.set_threshold(threshold[0], threshold[1], max(threshold[2], 1000))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        if freeze:
+            gc.unfreeze()
+
+
+def capture(model: torch.nn.Module, inputs: Sequence[Any], *, grad: bool = False,
+            cache: LoweringCache | str | Path | None = None) -> SolforgeBackend:
+    """Run the model once through dynamo and return the backend holding the ATen graphs.
+
+    `cache`: a LoweringCache or its directory, to reuse ATen lowerings across processes."""
+    if cache is not None and not isinstance(cache, LoweringCache):
+        cache = LoweringCache(Path(cache))
+    backend = SolforgeBackend(cache=cache)
     compiled = backend.compiled = compile_with(model, backend)
-    with torch.set_grad_enabled(grad):
+    with torch.set_grad_enabled(grad), few_full_collections():
         compiled(*inputs)
     return backend
