@@ -12,11 +12,8 @@ dweight), N = 4096 rows:
   what the unchunked graph holds (torch.compile measured 15.0 ms, 2.05 GB)
   "fp32", C chunks: each chunk after the first adds a product (fp32 write of 1.56 GB inside its
   GEMM) and a pass reading it and the buffer and writing the buffer (4.7 GB, 1.55 ms), plus a
-  final cast (2.3 GB, 0.77 ms); peak holds the fp32 buffer (1.56 GB) and the bf16 result at the cast
-  "rmw", C chunks: the same GEMM flops at an assumed 85% of cuBLAS (Triton, unmeasured), each GEMM
-  bounded below by its epilogue's traffic (4, 8, 6 bytes an element for the first, middle and last
-  chunk); peak holds dweight and its low half (1.56 GB) and one chunk: at 4096 rows in 4 chunks of
-  1024, 19 ms and 1.89 GB
+  final cast (2.3 GB, 0.77 ms); peak holds the fp32 buffer (1.56 GB), one chunk and one product
+  slice in the loop, the buffer and the result at the cast
   "native": cuBLAS adds into dweight (beta = 1): no extra pass, one rounding per chunk
 
 A GEMM's time is max(flops / rate, bytes / bandwidth) (its epilogue overlapped with other tiles'
@@ -29,15 +26,19 @@ from __future__ import annotations
 import math
 
 GRAD_HIDDEN, GRAD_WEIGHT, GRAD_BIAS = 1, 2, 4  # as linear_cross_entropy's
-F32_SLICE_BYTES = 256 << 20  # "fp32": later chunks' products are formed in slices this big
+F32_SLICE_BYTES = 256 << 20  # "fp32": later chunks' products are formed in slices at most this big
 TFLOPS_HALF = 680.0  # cuBLAS bf16/fp16 at these shapes (745 measured at 8192^3)
 TFLOPS_FP32 = 50.0  # fp32 GEMM without TF32 (ranking only)
 COPY_TBPS = 3.02  # device-to-device copy ceiling, BASELINES.md
-TRITON_GEMM_EFF = 0.85  # rmw's Triton GEMM against cuBLAS: an assumption until the tuner measures it
 SMS = 132
 # torch.compile's measured peaks exceed logits + gradients by a few MB (2.05 GB against 2.043 at
 # 4096 rows, 3.31 against 3.309 at 8192): the budget allows the same
 COMPILE_SLACK_BYTES = 8 << 20
+
+
+def f32_slice_rows(H: int) -> int:
+    """Rows of dweight per fp32 product slice (lce_grads._product_f32): at most F32_SLICE_BYTES."""
+    return max(1, F32_SLICE_BYTES // (4 * H))
 
 
 def _gemm_ms(flops: float, nbytes: float, rate_tflops: float) -> float:
@@ -68,7 +69,7 @@ def time_ms(*, N: int, H: int, V: int, itemsize: int, grads: int, has_bias: bool
     t = 0.0
     for i, r in enumerate(chunks):
         fl = 2.0 * r * H * V
-        first, last = i == 0, i == len(chunks) - 1
+        first = i == 0
         t += _gemm_ms(fl, r * H * s + vh * s + r * V * s, rate)  # logits
         t += r * V * s * (3 if grads else 1) / bw  # row kernel: read, (read, write the gradient)
         if grads & GRAD_HIDDEN:
@@ -77,11 +78,8 @@ def time_ms(*, N: int, H: int, V: int, itemsize: int, grads: int, has_bias: bool
             ab = r * V * s + r * H * s
             if mode == "mm":
                 t += _gemm_ms(fl, ab + vh * s * (1 if first else 2), rate)
-            elif mode == "fp32":
+            else:  # "fp32"
                 t += _gemm_ms(fl, ab + vh * 4, rate) + (0.0 if first else 3 * vh * 4 / bw)
-            else:
-                epi = 4 if first else 6 if last else 8
-                t += _gemm_ms(fl, ab + vh * epi, rate * TRITON_GEMM_EFF)
         if grads & GRAD_BIAS:
             t += r * V * s / bw
     if grads & GRAD_WEIGHT and mode == "fp32":
@@ -91,9 +89,16 @@ def time_ms(*, N: int, H: int, V: int, itemsize: int, grads: int, has_bias: bool
 
 def peak_bytes(*, N: int, H: int, V: int, itemsize: int, grads: int, has_bias: bool, variant: str,
                rows: int) -> int:
-    """Forward: dhidden, dbias, the loss rows and the larger of (chunk buffer + dweight's storage
-    during the loop) and (dweight's storage at the end, the buffer freed). Backward: the saved
-    gradients and, when autograd is traced (out-of-place scaling), their scaled copies."""
+    """What forward() holds at its peak above its inputs: dhidden, dbias (fp32, and its cast), the
+    loss rows and the larger of (chunk buffer + dweight's storage during the loop) and (dweight's
+    storage at the end, the buffer freed). "fp32" over several chunks holds in the loop its fp32
+    buffer and one product slice (the first chunk's product written into the buffer by the GEMM, or
+    formed in slices too: the same peak), at the end the buffer and its cast.
+
+    The backward adds nothing run eagerly (it scales the saved gradients in place); traced
+    (torch.compile) it scales them out of place, a second copy of the gradients next to the saved
+    ones, as any graph's backward holds its gradients: not counted here (the forward's peak is what
+    the chunking changes)."""
     s = itemsize
     chunks = _chunks(N, rows)
     mode = _dw_mode(variant, len(chunks), s)
@@ -105,13 +110,9 @@ def peak_bytes(*, N: int, H: int, V: int, itemsize: int, grads: int, has_bias: b
     if grads & GRAD_WEIGHT and N:
         if mode == "mm":
             loop = end = vh * s
-        elif mode == "fp32":
-            loop, end = vh * 4 + (min(F32_SLICE_BYTES, vh * 4) if len(chunks) > 1 else 0), vh * (4 + s)
-        else:
-            loop, end = 2 * vh * 2, vh * 2
-    fwd = dh + db + N * 4 + max(buf + loop, end)
-    bwd = 2 * (dh + (vh * s if grads & GRAD_WEIGHT else 0) + (V * s if db else 0))
-    return max(fwd, bwd)
+        else:  # "fp32"
+            loop, end = vh * 4 + min(f32_slice_rows(H), V) * H * 4, vh * (4 + s)
+    return dh + db + N * 4 + max(buf + loop, end)
 
 
 def unchunked_bytes(N: int, H: int, V: int, itemsize: int, grads: int, has_bias: bool) -> int:

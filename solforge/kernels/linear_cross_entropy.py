@@ -31,15 +31,17 @@ of N x V) is three GEMMs, dweight written by cuBLAS in the weight's dtype: exact
 arithmetic, no accumulator. Over several chunks the first writes dweight's storage directly (no
 zero-fill) and the variant says how the rest add: "fp32" forms each product in fp32
 (torch.mm(out_dtype=float32), in 256 MB slices) and adds it into an fp32 buffer, cast once at the
-end (per chunk after the first: an extra 4.7 GB of traffic at Qwen3-4B, ~1.5 ms); "rmw" (bf16) is a
-Triton GEMM that adds its fp32 accumulator into the running sum in its epilogue, the sum kept as
-dweight's bf16 bits plus a plane of its low 16 bits, rounded in place by the last chunk (no
-separate pass, no cast, no third V x H tensor); "native" lets cuBLAS add into the dweight in the
-input dtype (beta = 1; Liger's way): no extra memory or pass, but the running sum is rounded once
-per chunk, and a column whose chunks cancel keeps the error of the largest one (it failed
-verification at Qwen3-4B's head; the heuristic never picks it). The verifier decides what is
-accurate enough. lce_model.py estimates each config's time and peak memory; the heuristic takes
-the fastest within the unchunked graph's peak.
+end (per chunk after the first: an extra 4.7 GB of traffic at Qwen3-4B, ~1.5 ms); "native" lets
+cuBLAS add into the dweight in the input dtype (beta = 1; Liger's way): no extra memory or pass,
+but the running sum is rounded once per chunk, and a column whose chunks cancel keeps the error of
+the largest one (it failed verification at Qwen3-4B's head; the heuristic never picks it). The
+verifier decides what is accurate enough. lce_model.py estimates each config's time and peak
+memory; the heuristic takes the fastest within the unchunked graph's peak.
+
+A third variant, "rmw" (a Triton GEMM adding each chunk's fp32 product into a running sum kept as
+dweight's bf16 bits plus a plane of their low halves), was measured on the H100 and removed: at
+4096 rows it took 16.2-16.7 ms against 14.6 ms for one chunk, and its sums were less exact than
+the fp32 sum rounded once (elements beyond 2^-7 relative).
 
 The backward multiplies the saved gradients by the incoming one in place, reading it on the device
 and skipping the pass when it is 1 (lce_grads.scale_in_place); traced (torch.compile), it multiplies
@@ -234,7 +236,7 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     c, kw = _plan(N, H, V, dt, grads, config)
     rows = max(1, min(c.rows, N))
     # (a fresh empty tensor per gradient not computed: an op's outputs must not alias each other)
-    dw = lce_grads.DWeight(c.variant, weight, -(-N // rows), c.gemm()) if grads & GRAD_WEIGHT and N else None
+    dw = lce_grads.DWeight(c.variant, weight, -(-N // rows)) if grads & GRAD_WEIGHT and N else None
     db = torch.zeros(V, dtype=f32, device=dev) if grads & GRAD_BIAS else hidden.new_empty(0)
     loss_rows = torch.empty(N, dtype=f32, device=dev)
     n_valid = (t != ignore_index).sum()
@@ -257,7 +259,9 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
                 dw.add(i, x, hc)
             if grads & GRAD_BIAS:
                 db.add_(x.sum(0, dtype=f32))
-        del buf  # before dweight's cast ("fp32"): the two need not be held together
+        # before dweight's cast ("fp32"): the two need not be held together. x too: a view keeps
+        # the buffer's storage alive (measured on the H100: 0.51 GB above the model at the cast)
+        del buf, x
     elif grads & GRAD_HIDDEN:
         dh.zero_()
     if dw is not None:
@@ -361,7 +365,7 @@ torch.library.register_autograd("solforge::linear_cross_entropy", _backward, set
 # ----------------------------------------------------------------------------------------------
 # Config triad
 
-VARIANTS = ("fp32", "native", "rmw")
+VARIANTS = ("fp32", "native")
 _WARPS = (1, 2, 4, 8, 16, 32)
 _MAX_PER_THREAD = 32  # as cross_entropy.py: fp32 values of a vocabulary chunk a thread holds
 # The family's memory promise: a chunk's logits never exceed this. 2.5 GiB holds all 8192 rows of
@@ -371,46 +375,21 @@ MAX_CHUNK_BYTES = 2560 << 20
 # Fewer, larger chunks: below 512 rows the dhidden GEMM (rows x H outputs) fills under half the
 # H100's 132 SMs and each chunk repeats dweight's pass over V x H (lce_model.py).
 _MIN_ROWS = 512
-# rmw's GEMM tiles (BM, BN, BK, stages, warps) for Hopper. Built for sm_90 here (Triton 3.6's
-# ptxas, no GPU; tests/test_lce_grads.py checks it): 128 x 128 x 64 in 4 stages with 8 warps
-# (128 KB of shared memory, wgmma, async copies) takes 110-178 registers a thread and spills
-# nothing in any epilogue mode; 128 x 256 and 256 x 128 x 64 in 3 stages (144 KB) hit 255 registers
-# and spill 8-400 bytes a thread in the read-modify-write epilogue (least with the running sum
-# preloaded, `pre`); 128 x 128 with 4 warps spills too. The tuner measures them all.
-_TILES = ((128, 128, 64, 4, 8), (128, 256, 64, 3, 8), (256, 128, 64, 3, 8))
-_SMEM_BYTES = 227 * 1024  # the H100's shared memory per block
-_ABBREV = {"rows": "r", "block": "b", "num_warps": "w", "bm": "m", "bn": "n", "bk": "k", "stages": "s", "gw": "g",
-           "pre": "p"}
+_ABBREV = {"rows": "r", "block": "b", "num_warps": "w"}
 
 
 @dataclass(frozen=True)
 class Config(config_text.Text):
     """`rows` rows of logits per chunk; the row kernel reads `block` classes at a time (a power of
-    two) with `num_warps` warps; `variant`: how dweight accumulates (module docstring). "rmw" also
-    names its GEMM's tiles (`bm` x `bn` x `bk`, `stages`, `gw` warps) and whether the running sum
-    is preloaded (`pre`, lce_grads.acc_tn); the others leave them at their defaults."""
+    two) with `num_warps` warps; `variant`: how dweight accumulates (module docstring)."""
 
     variant: str = "fp32"
     rows: int = 1024
     block: int = 4096
     num_warps: int = 8
-    bm: int = 128
-    bn: int = 128
-    bk: int = 64
-    stages: int = 4
-    gw: int = 8
-    pre: int = 0
 
     _family, _variants, _abbrev = FAMILY, VARIANTS, _ABBREV
     _always = ("rows", "block", "num_warps")  # text form, e.g. "fp32:r=1024:b=4096:w=8"
-
-    def gemm(self) -> dict[str, int]:
-        """lce_grads.acc_tn's tile arguments."""
-        return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "stages": self.stages, "num_warps": self.gw,
-                "preload": bool(self.pre)}
-
-
-_GEMM_DEFAULTS = (Config.bm, Config.bn, Config.bk, Config.stages, Config.gw, Config.pre)
 
 
 def _dims(workload: Workload) -> tuple[int, int, int]:
@@ -422,15 +401,9 @@ def _itemsize(workload: Workload) -> int:
     return parse_dtype(workload.dtypes[0]).itemsize
 
 
-def _pow2(x: int, lo: int, hi: int) -> bool:
-    return lo <= x <= hi and not x & (x - 1)
-
-
 def is_valid(config: Config, workload: Workload) -> bool:
     """Correct and within the memory promise: a chunk's logits at most MAX_CHUNK_BYTES (or one row),
-    a vocabulary block no wider than the row needs and within the registers; "rmw" only for bf16
-    with a weight gradient (its split accumulator is fp32's bits), with tiles that fit shared
-    memory; the other variants with the GEMM fields at their defaults (one config, one kernel)."""
+    a vocabulary block no wider than the row needs and within the registers."""
     c = config
     N, _H, V = _dims(workload)
     if c.variant not in VARIANTS or c.num_warps not in _WARPS or c.rows < 1:
@@ -439,17 +412,6 @@ def is_valid(config: Config, workload: Workload) -> bool:
         return False
     rows = min(c.rows, max(N, 1))
     if rows > 1 and rows * V * _itemsize(workload) > MAX_CHUNK_BYTES:
-        return False
-    tiles = (c.bm, c.bn, c.bk, c.stages, c.gw, c.pre)
-    if c.variant == "rmw":
-        if workload.dtypes[0] != "bf16" or not int(workload.param("grads", 0)) & GRAD_WEIGHT:
-            return False
-        if not (_pow2(c.bm, 16, 256) and _pow2(c.bn, 16, 256) and _pow2(c.bk, 16, 128) and 1 <= c.stages <= 5
-                and c.gw in (4, 8) and c.pre in (0, 1)):
-            return False
-        if lce_grads.smem_bytes(c.bm, c.bn, c.bk, c.stages) > _SMEM_BYTES:
-            return False
-    elif tiles != _GEMM_DEFAULTS:
         return False
     return c.block // (32 * c.num_warps) <= _MAX_PER_THREAD
 
@@ -476,7 +438,7 @@ def _variants(workload: Workload, rows: int) -> tuple[str, ...]:
     N, _H, _V = _dims(workload)
     if rows >= N or not int(workload.param("grads", 0)) & GRAD_WEIGHT or _itemsize(workload) == 4:
         return ("fp32",)  # one chunk (one GEMM), no dweight, or fp32 inputs: the variants coincide
-    return ("fp32", "native", "rmw") if workload.dtypes[0] == "bf16" else ("fp32", "native")
+    return VARIANTS
 
 
 def _model_args(c: Config, workload: Workload) -> dict[str, Any]:
@@ -505,10 +467,9 @@ def memory_budget(workload: Workload) -> int:
 
 def space(workload: Workload) -> list[Config]:
     """Rows per chunk (powers of two from 512 below N, and all N rows at once when the buffer fits
-    MAX_CHUNK_BYTES) x accumulation (one variant for one chunk; "native" for half inputs and "rmw"
-    for bf16 with a weight gradient) x, for rmw, three GEMM tilings with and without preloading:
-    34 configs at Qwen3-4B's head for 8192 rows. The GEMMs dominate; rows and the variant move
-    them; the row kernel's second shape is tried on one chunk only."""
+    MAX_CHUNK_BYTES) x accumulation (one variant for one chunk; "native" too for half inputs with
+    a weight gradient): 10 configs at Qwen3-4B's head for 8192 rows. The GEMMs dominate; rows and
+    the variant move them; the row kernel's second shape is tried on one chunk only."""
     N, _H, V = _dims(workload)
     grads = int(workload.param("grads", 0))
     shapes = sorted({_kernel_shape(V), (min(4096, triton.next_power_of_2(V)), 8)})
@@ -516,12 +477,8 @@ def space(workload: Workload) -> list[Config]:
     out = []
     for r in _rows_options(workload):
         for v in _variants(workload, r):
-            if v == "rmw":
-                out += [Config(v, r, b0, w0, bm, bn, bk, st, gw, pre) for bm, bn, bk, st, gw in _TILES
-                        for pre in (0, 1)]
-            else:
-                out += [Config(v, r, b, w) for b, w in (shapes if r >= N or v == "fp32" and not grads & GRAD_WEIGHT
-                                                     else [(b0, w0)])]
+            out += [Config(v, r, b, w) for b, w in (shapes if r >= N or v == "fp32" and not grads & GRAD_WEIGHT
+                                                 else [(b0, w0)])]
     out = [c for c in out if is_valid(c, workload)]
     return list(dict.fromkeys(out)) or [heuristic(workload)]
 
@@ -529,12 +486,12 @@ def space(workload: Workload) -> list[Config]:
 def heuristic(workload: Workload) -> Config:
     """Untuned default: the config the cost model (lce_model.py) expects fastest among those
     within `memory_budget` (the unchunked graph's peak; with no such config, the smallest peak),
-    preferring the smaller peak among those within 2% of the fastest, never "native". At Qwen3-4B's head (bf16,
-    dhidden and dweight) that is one chunk for 4096 and 8192 rows: 15.5 / 30.9 ms against 19.2 ms
-    for rmw in 4 chunks of 1024 at 4096 rows (1.89 GB instead of 2.04) and in 2 chunks of
-    4096 at 8192 rows (32.6 ms, 2.84 GB instead of 3.31). Without gradients, chunks of 512 rows (the
-    GEMM's time does not depend on the chunking, the buffer does). Not yet measured on the H100:
-    bench/family_linear_ce.py does."""
+    preferring the smaller peak among those within 2% of the fastest, never "native". At Qwen3-4B's
+    head (bf16, dhidden and dweight) that is one chunk for 4096 and 8192 rows (model: 15.5 / 30.9
+    ms; measured on the H100 at 4096 rows: 14.6 ms, 2.045 GB, torch.compile 15.0 ms, 2.045 GB) and
+    "fp32" in 2 chunks of 8192 for 16384 rows (64.1 ms, 4.40 GB against 5.85 unchunked). Without
+    gradients, chunks of 512 rows (the GEMM's time does not depend on the chunking, the buffer
+    does)."""
     block, warps = _kernel_shape(_dims(workload)[2])
     # not "native": its per-chunk rounding fails verification at Qwen3-4B's head (H100, 2026-11-22)
     cands = [Config(v, r, block, warps) for r in _rows_options(workload) for v in _variants(workload, r)
