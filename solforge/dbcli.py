@@ -33,6 +33,7 @@ examples:
   solforge db import team.jsonl                     # importing the same file twice adds nothing
   solforge db prune --stale --dry-run               # what a template or torch/triton change made stale
   solforge db prune --older-than 30
+  solforge db prune --lowered --older-than 30       # the ATen lowering cache beside the database
 """
 
 
@@ -71,6 +72,9 @@ def add_db_parser(sub: Any) -> argparse.ArgumentParser:
                     help="entries last measured more than DAYS days ago")
     pr.add_argument("--family", default=None, metavar="F", help="entries of this kernel family")
     pr.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
+    pr.add_argument("--lowered", action="store_true",
+                    help="prune the ATen lowering cache (lowered/ beside the database) instead: every "
+                    "entry, or with --older-than those not used for DAYS days (a removed one is traced again)")
     p.set_defaults(db_parser=p)
     return p
 
@@ -82,6 +86,9 @@ def run_db(args: argparse.Namespace) -> int:
         return 2
     action = args.db_command
     path = Path(args.db).expanduser() if args.db else default_path()
+    if action == "prune" and args.lowered:
+        _prune_lowered(path, args)
+        return 0
     if action == "list" and not path.exists():  # nothing tuned yet is no error
         print(f"no kernel database at {path} yet (solforge optimize creates it)")
         return 0
@@ -200,6 +207,23 @@ def _import(db: KernelDB, file: str) -> None:
         added, winners, skipped = db.import_lines(lines, source=file)
     print(f"imported {added} measurements and {winners} winners into {db.path} "
           f"({skipped} lines already known)")
+
+
+def _prune_lowered(db_path: Path, args: argparse.Namespace) -> None:
+    from solforge.capture import LoweringCache
+
+    if args.stale or args.family:
+        raise UserError("--lowered prunes by age only (--older-than DAYS) or everything; "
+                        "--stale and --family apply to kernel entries")
+    if args.older_than is not None and args.older_than < 0:
+        raise UserError("--older-than must be at least 0 days")
+    cache = LoweringCache(db_path.parent / "lowered")
+    removed = cache.prune(older_than_days=args.older_than, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    if not removed:
+        print(f"nothing to prune in {cache.directory}")
+        return
+    print(f"{verb} {len(removed)} lowered graphs ({sum(n for _, n in removed) / 1e6:.1f} MB) from {cache.directory}")
 
 
 def _prune(db: KernelDB, args: argparse.Namespace) -> None:

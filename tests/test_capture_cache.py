@@ -229,3 +229,41 @@ def test_capture_holds_full_collections_off_and_restores_the_gc():
         assert 0.99 * before < gc.get_freeze_count() <= before
     finally:
         gc.unfreeze()
+
+
+def test_prune_by_last_use_and_from_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`solforge db prune --lowered`: entries not used for DAYS days go (a read counts as a use),
+    leftover temp files too; --dry-run removes nothing; kernel-entry criteria are refused."""
+    import os
+    import time
+
+    from solforge.cli import main
+
+    m = nn.Linear(6, 5).to(DEVICE)
+    x = torch.randn(3, 6, device=DEVICE)
+    cache = lc.LoweringCache(tmp_path / "lowered")
+    capture.capture(m, (x,), cache=cache)
+    (entry,) = list(cache.directory.glob("*.json"))
+    leftover = cache.directory / ".tmp-killed.json"
+    leftover.write_text("{")
+    old = time.time() - 10 * 86400
+    for p in (entry, leftover):
+        os.utime(p, (old, old))
+    # a hit makes the entry recent again: a 5-day prune keeps it, takes the leftover
+    hit = lc.LoweringCache(tmp_path / "lowered")
+    torch._dynamo.reset()
+    capture.capture(m, (x,), cache=hit)
+    assert hit.hits == 1
+    assert [p.name for p, _ in hit.prune(older_than_days=5, dry_run=True)] == [leftover.name]
+    assert leftover.exists()
+    assert [p.name for p, _ in hit.prune(older_than_days=5)] == [leftover.name]
+    assert entry.exists() and not leftover.exists()
+    db = str(tmp_path / "kernels.db")  # lowered/ lives beside it; the database need not exist
+    assert main(["db", "prune", "--lowered", "--older-than", "1", "--db", db]) == 0
+    assert "nothing to prune" in capsys.readouterr().out and entry.exists()
+    assert main(["db", "prune", "--lowered", "--dry-run", "--db", db]) == 0
+    assert "would remove 1 lowered graphs" in capsys.readouterr().out and entry.exists()
+    assert main(["db", "prune", "--lowered", "--db", db]) == 0
+    assert "removed 1 lowered graphs" in capsys.readouterr().out and not entry.exists()
+    assert main(["db", "prune", "--lowered", "--family", "rope", "--db", db]) == 2
+    assert "--lowered prunes by age only" in capsys.readouterr().err

@@ -30,6 +30,7 @@ import operator
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -406,7 +407,34 @@ class LoweringCache:
             self.problems.append(f"ignored a broken entry {path.name}: {type(e).__name__}: {e}")
             return None
         self.hits += 1
+        with contextlib.suppress(OSError):  # last use, for `solforge db prune --lowered --older-than`
+            os.utime(path)
         return gm
+
+    def prune(self, *, older_than_days: float | None = None, dry_run: bool = False,
+              now: float | None = None) -> list[tuple[Path, int]]:
+        """Remove the entries not read or written for more than `older_than_days` days (every
+        entry without it), leftover temporary files of killed writers included. A removed entry
+        only costs its graph's lowering again. -> (path, bytes) of each file removed (or that
+        would be, with dry_run)."""
+        if older_than_days is not None and older_than_days < 0:
+            raise ValueError("older_than_days must be at least 0")
+        if not self.directory.is_dir():
+            return []
+        cutoff = None if older_than_days is None else (time.time() if now is None else now) - older_than_days * 86400
+        doomed = []
+        for path in sorted(self.directory.glob("*.json")):  # pathlib's * matches the .tmp- files too
+            try:
+                st = path.stat()
+            except OSError:  # removed by another process meanwhile
+                continue
+            if cutoff is None or st.st_mtime < cutoff:
+                doomed.append((path, st.st_size))
+        if not dry_run:
+            for path, _ in doomed:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        return doomed
 
     def save(self, key: str, aten: fx.GraphModule) -> None:
         try:
