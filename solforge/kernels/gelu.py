@@ -22,7 +22,6 @@ Variants (both tile (rows, N) into [ROWS, BLOCK_N] blocks, one 1-D grid, column 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +32,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import swiglu as _swiglu
-from solforge.kernels.launch import Meta
+from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.swiglu import _act_fwd, _act_fwd_bwd, _block_for, _warps_for
 from solforge.numerics import dtype_name, input_generator, parse_dtype
@@ -139,14 +138,6 @@ _INTERPRETED = type(_gelu_fwd_kernel).__name__ == "InterpretedFunction"
 # Launcher
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    # Interpreter: a small fake SM count so the persistent loop really strides in CPU tests.
-    return 4
-
-
 def _bad(msg: str) -> ValueError:
     return ValueError(f"solforge gelu: {msg}")
 
@@ -190,7 +181,7 @@ def _launch_args(n_rows: int, N: int, c: Config, device: torch.device) -> _Plan:
     row_tiles = triton.cdiv(n_rows, c.rows)
     n_rprogs, n_iter = row_tiles, 1
     if c.variant == "persist":
-        n_rprogs = max(1, min(row_tiles, triton.cdiv(_sm_count(device) * c.progs, n_col_tiles)))
+        n_rprogs = max(1, min(row_tiles, triton.cdiv(sm_count(device) * c.progs, n_col_tiles)))
         n_iter = triton.cdiv(row_tiles, n_rprogs)
     kw = dict(ROWS=c.rows, BLOCK_N=c.block_n, EVEN_N=N % c.block_n == 0,
               EVICT="evict_first" if c.evict else "", LOOP=c.variant == "persist", INTERP=_INTERPRETED,

@@ -34,6 +34,7 @@ SOLFORGE_DIRECT_LAUNCH=0 in the environment (read at import) or `set_enabled(Fal
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -64,6 +65,15 @@ _Tensor = torch.Tensor
 
 class _Uncacheable(Exception):
     """An argument whose specialization the key cannot vouch for: Triton's path, always."""
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of `device`, for persistent and grid-stride launches. Under the
+    interpreter (CPU tensors) a small fake count, so those loops really stride in CPU tests."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
 
 
 def enabled() -> bool:

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solforge.kernels.launch import Meta
+from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import _ld, _load_weight, _st
 
@@ -314,12 +314,6 @@ def bwd_heuristic(n_rows: int, H: int, device: torch.device | str, ds: bool = Fa
 # Launcher
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    # Interpreter: a small fake SM count so the grid-stride loop really strides in CPU tests.
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 def _rows_view(t: torch.Tensor, H: int) -> torch.Tensor:
     """(rows, H) with a unit column stride; reshape copies only when one row stride cannot do."""
     t2 = t if t.dim() == 2 else t.reshape(-1, H)
@@ -338,7 +332,7 @@ def _plan(n_rows: int, H: int, device: torch.device, has_ds: bool, want_dw: bool
         raise ValueError(f"solforge layernorm: backward config {c.encode()} is not valid for {n_rows} x {H}")
     bh, bt = c.split(H)
     n_tiles = triton.cdiv(n_rows, c.rows)
-    grid = min(n_tiles, c.progs * _sm_count(device))
+    grid = min(n_tiles, c.progs * sm_count(device))
     return grid, triton.cdiv(n_tiles, grid), Meta(
         ROWS=c.rows, BLOCK_H=bh, BLOCK_T=bt, EVEN_H=H == bh + bt, HAS_WEIGHT=want_dw, WANT_DW=want_dw,
         WANT_DB=bias_grad, HAS_DS=has_ds, INTERP=_INTERPRETED, num_warps=c.num_warps)

@@ -18,7 +18,6 @@ power-of-two tail (2560 = 2048 + 512) so no lanes are wasted on masked columns.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +26,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
-from solforge.kernels.launch import Meta
+from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
@@ -265,14 +264,6 @@ _INTERPRETED = type(_rmsnorm_tile_kernel).__name__ == "InterpretedFunction"
 # Launcher
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    # Interpreter: a small fake SM count so the persistent loop really strides in CPU tests.
-    return 4
-
-
 # A plan is everything about a launch that depends only on (shape, dtypes, config): the kernel,
 # its grid, the runtime args after eps, and its constexpr/launch kwargs. Cached so a decode step
 # pays for a dict lookup, not for Workload/heuristic/Config work.
@@ -291,7 +282,7 @@ def _make_plan(n_rows: int, H: int, config: Config, device: torch.device, has_we
     kw.update(ROWS=c.rows, BLOCK_T=c.block_t, EVICT="evict_first" if c.evict else "")
     n_tiles = triton.cdiv(n_rows, c.rows)
     if c.variant == "persist":
-        grid = min(n_tiles, _sm_count(device) * c.progs)
+        grid = min(n_tiles, sm_count(device) * c.progs)
         kw.update(STAGES=c.stages, INTERP=_INTERPRETED)
         return _rmsnorm_persistent_kernel, grid, (triton.cdiv(n_tiles, grid), grid), Meta(kw)
     return _rmsnorm_tile_kernel, n_tiles, (), Meta(kw)

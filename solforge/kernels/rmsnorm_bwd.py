@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solforge.kernels.launch import Meta
+from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
@@ -131,11 +131,6 @@ def _decode(text: str) -> BwdConfig:
         raise ValueError(f"bad rmsnorm backward config {text!r} (e.g. 'bwd:r=4:p=4:w=8')") from e
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 def heuristic(n_rows: int, H: int, device: torch.device) -> BwdConfig:
     """Tiles of ~8K elements, 4 warps. From bench/bwd_sweep.py on the H100 (bf16 with the residual
     gradient, 2026-11-22): 16384 x 2560 best r=2 p=2 w=4 at 156 us (2.15 TB/s; r=1 p=4 w=8: 194),
@@ -153,7 +148,7 @@ def _plan(n_rows: int, H: int, device: torch.device, has_weight: bool, rbw: bool
     lookup rather than the heuristic and the Config and kwargs building."""
     c = config or heuristic(n_rows, H, device)
     n_tiles = triton.cdiv(n_rows, c.rows)
-    grid = min(n_tiles, c.progs * _sm_count(device))
+    grid = min(n_tiles, c.progs * sm_count(device))
     meta = Meta(ROWS=c.rows, BLOCK_H=triton.next_power_of_2(H), HAS_WEIGHT=has_weight, ROUND=rbw, HAS_DS=has_ds,
                 INTERP=_INTERPRETED, num_warps=c.num_warps)
     return grid, triton.cdiv(n_tiles, grid), meta

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
-from solforge.kernels.launch import Meta
+from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
@@ -427,13 +427,6 @@ def _checked_config(sig: tuple[Any, ...], eps: float, norm: bool, round_before_w
     return cfg, (Meta(meta, INTERP=_INTERPRETED) if backward else meta)
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter: a few fake SMs so the grid-stride loop runs several trips
-
-
 def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
              sin: torch.Tensor, q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None,
              eps: float = 1e-6, *, norm: bool = False, round_before_weight: bool = False, heads_first: bool = True,
@@ -459,7 +452,7 @@ def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: tor
     # With a weight gradient: a grid-stride loop, `progs` programs per SM in all (config), each
     # writing one partial dweight row.
     per_sm = cfg.progs or _DEFAULT_PROGS
-    progs = max(1, min(n_tb, per_sm * _sm_count(q.device) // (n_qb + n_kb))) if has_w else n_tb
+    progs = max(1, min(n_tb, per_sm * sm_count(q.device) // (n_qb + n_kb))) if has_w else n_tb
     dw = torch.empty(((n_qb + n_kb) * progs, D), dtype=torch.float32, device=q.device) if has_w else q4
     qw = q4 if q_weight is None else _rows(q_weight)
     kw = k4 if k_weight is None else _rows(k_weight)

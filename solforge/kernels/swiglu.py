@@ -18,7 +18,6 @@ Variants (both tile (rows, N) into [ROWS, BLOCK_N] blocks, one 1-D grid over the
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text
-from solforge.kernels.launch import Meta
+from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
@@ -176,14 +175,6 @@ _INTERPRETED = type(_swiglu_fwd_kernel).__name__ == "InterpretedFunction"
 # Launcher
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    # Interpreter: a small fake SM count so the persistent loop really strides in CPU tests.
-    return 4
-
-
 def _bad(msg: str) -> ValueError:
     return ValueError(f"solforge swiglu: {msg}")
 
@@ -238,7 +229,7 @@ def _launch_args(n_rows: int, N: int, config: Config, device: torch.device) -> t
     n_tiles = triton.cdiv(n_rows, c.rows) * n_col_tiles
     grid, n_iter = n_tiles, 1
     if c.variant == "persist":
-        grid = min(n_tiles, _sm_count(device) * c.progs)
+        grid = min(n_tiles, sm_count(device) * c.progs)
         n_iter = triton.cdiv(n_tiles, grid)
     kw = dict(ROWS=c.rows, BLOCK_N=c.block_n, EVEN_N=N % c.block_n == 0,
               EVICT="evict_first" if c.evict else "", PERSIST=c.variant == "persist", INTERP=_INTERPRETED,
