@@ -393,13 +393,17 @@ def main() -> int:
     p.add_argument("--no-warm", action="store_true", help="compile in the timing loop instead of in parallel first")
     p.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)))
     p.add_argument("--smoke", action="store_true", help="no GPU: tiny shapes on Triton's interpreter")
+    p.add_argument("--only", default="", help="comma-separated case kinds to sweep (e.g. layernorm_bwd,"
+                   "add_layernorm_bwd); the steps phase is skipped then")
     a = p.parse_args()
+    global LN_SHAPES, SM_SHAPES, CASES
     if a.smoke:
-        global LN_SHAPES, SM_SHAPES, CASES
         DEV[0] = "cpu"
         a.no_warm = True
         LN_SHAPES, SM_SHAPES = [(40, 160), (16, 160)], [(24, 96), (8, 128)]
         CASES = _cases()
+    if a.only:
+        CASES = [c for c in CASES if c[0] in a.only.split(",")]
     t0 = time.perf_counter()
     DEADLINE[0] = t0 + a.budget_s
     res: dict[str, Any] = {**provenance(), "budget_s": a.budget_s, "cases": [], "steps": []}
@@ -415,8 +419,9 @@ def main() -> int:
         print(json.dumps({k: v for k, v in c.items() if k not in ("us",)}), flush=True)
         write_json(res, a.out, indent=1)
     # the main shapes first; the others only while time is left
-    for family, rows, H in [("layernorm", *LN_SHAPES[0]), ("add_layernorm", *LN_SHAPES[0]), ("softmax", *SM_SHAPES[0]),
-                            ("layernorm", *LN_SHAPES[1]), ("add_layernorm", *LN_SHAPES[1])]:
+    for family, rows, H in [] if a.only else [
+            ("layernorm", *LN_SHAPES[0]), ("add_layernorm", *LN_SHAPES[0]), ("softmax", *SM_SHAPES[0]),
+            ("layernorm", *LN_SHAPES[1]), ("add_layernorm", *LN_SHAPES[1])]:
         if left() <= 0:
             res["steps"].append({"family": family, "shape": [rows, H], "skipped": "time budget spent"})
             continue

@@ -87,13 +87,16 @@ def test_bad_inputs() -> None:
 
 @pytest.mark.parametrize("dtype", [BF16, FP32])
 @pytest.mark.parametrize("shape,weight,ds,rbw", [((5, 48), True, False, True), ((3, 7, 130), True, True, False),
-                                                 ((9, 64), False, True, False)])
+                                                 ((9, 64), False, True, False), ((4, 200), True, True, True)])
 def test_backward_kernel(dtype: torch.dtype, shape: tuple[int, ...], weight: bool, ds: bool, rbw: bool) -> None:
     g = torch.Generator().manual_seed(len(shape))
     x, dy = (torch.randn(*shape, generator=g).to(dtype).to(DEVICE) for _ in range(2))
     w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(dtype).to(DEVICE) if weight else None
     dsx = torch.randn(*shape, generator=g).to(dtype).to(DEVICE) if ds else None
-    for cfg in (None, BwdConfig(2, 1, 1), BwdConfig(1, 1, 2)):  # heuristic; loops of several tiles (4 fake SMs)
+    # heuristic; loops of several tiles (4 fake SMs); the main block + tail split (130 = 128 + 2,
+    # 200 = 128 + a masked 128), the next tile loaded ahead, evict_first loads
+    for cfg in (None, BwdConfig(2, 1, 1), BwdConfig(1, 1, 2), BwdConfig(2, 1, 1, split=1, stages=2),
+                BwdConfig(1, 1, 2, split=1, evict=1), BwdConfig(4, 1, 1, stages=2)):
         dx, dw = rmsnorm_bwd(dy, x, w, EPS, round_before_weight=rbw, ds=dsx, config=cfg)
         rdx, rdw = rmsnorm_bwd_ref(dy, x, w, EPS, round_before_weight=rbw, ds=dsx)
         c = compare(dx, rdx.to(dtype))
@@ -216,3 +219,14 @@ def test_qwen3_tiny_regions() -> None:
     assert sum(g.count for g in adds) == 4
     modules = {r.module for g in adds for r in g.regions}
     assert {"model.layers.0.post_attention_layernorm", "model.layers.1.input_layernorm", "model.norm"} <= modules
+
+
+def test_backward_config_strings() -> None:
+    # the first configs' strings (before the split, stages and evict knobs) decode to the same kernel
+    assert BwdConfig.decode("bwd:r=2:p=2:w=4") == BwdConfig(2, 2, 4)
+    c = BwdConfig(1, 4, 8, split=1, stages=2, evict=1)
+    assert c.encode() == "bwd:r=1:p=4:w=8:t=1:s=2:e=1" and BwdConfig.decode(c.encode()) == c
+    assert BwdConfig(split=1).blocks(2560) == (2048, 512) and BwdConfig(split=1).blocks(3000) == (2048, 1024)
+    assert BwdConfig(split=1).blocks(128) == (128, 0) and BwdConfig().blocks(2560) == (4096, 0)
+    with pytest.raises(ValueError, match="backward config"):
+        BwdConfig.decode("bwd:r=1:q=2")

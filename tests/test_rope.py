@@ -163,6 +163,34 @@ def test_backward_loops_over_many_token_blocks() -> None:
     _grads(_wl(2, 61, 4, 4, 16, FP32))
 
 
+@pytest.mark.parametrize("weight", [True, False])
+def test_backward_configs_with_the_next_block_loaded_ahead(weight: bool) -> None:
+    """Configs of bwd_space, one stage and two (the next token block loaded before this one is
+    computed), with loops of many token blocks, against autograd through rope_ref."""
+    wl = _wl(2, 37, 4, 2, 16, BF16, norm=True, weight=weight, rbw=weight)
+    args, kw = R.make_inputs(wl, seed=5)
+    q, k, cos, sin, qw, kw_, eps = args
+    refs = [t.clone().requires_grad_() if t is not None else None for t in (q, k, qw, kw_)]
+    ref = R.rope_ref(refs[0], refs[1], cos, sin, refs[2], refs[3], eps, **kw)
+    g = torch.Generator().manual_seed(6)
+    gq, gk = (torch.randn(o.shape, generator=g).to(o.dtype).to(DEVICE) for o in ref)
+    torch.autograd.backward(ref, (gq, gk))
+    space = R.bwd_space(wl)
+    picked = [c for c in space if c.stages == 2][:3] + [c for c in space if c.stages == 1][:1]
+    assert len(picked) == 4 and R.bwd_heuristic(wl) in [*space, R.bwd_heuristic(wl)]
+    for c in [*picked, R.Config("tile", 2, 2, 1, progs=4 if weight else 0, stages=2)]:
+        got = R.rope_bwd(gq, gk, q, k, cos, sin, qw, kw_, eps, norm=True, round_before_weight=kw["round_before_weight"],
+                         heads_first=kw["heads_first"], config=c)
+        for name, a, r in zip(("dq", "dk", "dq_weight", "dk_weight"), got, refs, strict=True):
+            if r is None:
+                assert a is None
+                continue
+            tol = tolerance(BF16) if name in ("dq", "dk") else Tolerance(1e-2 * float(r.grad.abs().max()), 2e-2)
+            cmp = compare(a, r.grad, tol)
+            assert cmp.ok, f"{c.encode()} {name}: {cmp.reason}"
+    assert R.Config.decode("tile:t=2:h=2:w=1:p=4:s=2").stages == 2
+
+
 def test_backward_refuses_cos_grads() -> None:
     wl = _wl(1, 3, 2, 2, 8, FP32, norm=False)
     (q, k, cos, sin, *_), _ = R.make_inputs(wl, seed=0)

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
-from solforge.kernels.rmsnorm import _ld, _load_weight, _st
+from solforge.kernels.rmsnorm import _ld, _load_weight, _st, _tile_load
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -70,23 +70,32 @@ def _bwd_piece(dy, x, mean, rstd, w, c1, c2, ds_ptrs, dx_ptrs, m, cols, H, COL_M
 
 
 @triton.jit
-def _bwd_tile(tile, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n_rows, H, s_dy, s_x, s_ds, s_dx, eps,
+def _bwd_load(dy_ptr, x_ptr, tile, n_rows, H, s_dy, s_x, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+              BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr, EVICT: tl.constexpr):
+    """x and dy of one tile in their own dtypes, main block and tail (0.0 without a tail)."""
+    x, xt = _tile_load(x_ptr, tile * ROWS, n_rows, H, s_x, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
+    dy, dyt = _tile_load(dy_ptr, tile * ROWS, n_rows, H, s_dy, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
+    return x, xt, dy, dyt
+
+
+@triton.jit
+def _bwd_tile(tile, x, xt, dy, dyt, ds_ptr, dx_ptr, w, wt, n_rows, H, s_ds, s_dx, eps,
               ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr,
               HAS_WEIGHT: tl.constexpr, HAS_DS: tl.constexpr):
-    """dx for one tile of ROWS rows; returns its contributions to dw and db for the main block and
-    the tail (0.0 without a tail). Rows past the end load zeros: n = 0 and dy = 0 there, so they add
-    nothing and store nothing."""
+    """dx for one tile of ROWS rows from its loaded x and dy; returns its contributions to dw and db
+    for the main block and the tail (0.0 without a tail). Rows past the end load zeros: n = 0 and
+    dy = 0 there, so they add nothing and store nothing."""
     rows = tile * ROWS + tl.arange(0, ROWS)
     m = (rows < n_rows)[:, None]
     r64 = rows.to(tl.int64)[:, None]
     cols = tl.arange(0, BLOCK_H)[None, :]
-    x = _ld(x_ptr + r64 * s_x + cols, m, cols, H, BLOCK_T == 0 and not EVEN_H, "").to(tl.float32)
-    dy = _ld(dy_ptr + r64 * s_dy + cols, m, cols, H, BLOCK_T == 0 and not EVEN_H, "").to(tl.float32)
+    x = x.to(tl.float32)
+    dy = dy.to(tl.float32)
     tot = tl.sum(x, axis=1)
     if BLOCK_T > 0:
         tcols = BLOCK_H + tl.arange(0, BLOCK_T)[None, :]
-        xt = _ld(x_ptr + r64 * s_x + tcols, m, tcols, H, not EVEN_H, "").to(tl.float32)
-        dyt = _ld(dy_ptr + r64 * s_dy + tcols, m, tcols, H, not EVEN_H, "").to(tl.float32)
+        xt = xt.to(tl.float32)
+        dyt = dyt.to(tl.float32)
         tot += tl.sum(xt, axis=1)
     mean = (tot / H)[:, None]
     d = x - mean
@@ -120,51 +129,68 @@ def _bwd_tile(tile, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n_rows, H, s_dy, s_x, 
     return pw, pb, pwt, pbt
 
 
+@triton.jit
+def _bwd_step(i, pid, n_progs, cur, acc, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n_rows, H, s_dy, s_x, s_ds, s_dx,
+              eps, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr,
+              HAS_WEIGHT: tl.constexpr, WANT_DW: tl.constexpr, WANT_DB: tl.constexpr, HAS_DS: tl.constexpr,
+              STAGES: tl.constexpr, EVICT: tl.constexpr):
+    """Tile i of this program. STAGES == 2: `cur` holds this tile's x and dy, already loaded, and
+    the next tile's loads are issued before this one's reductions (two tiles in flight)."""
+    tile = pid + i * n_progs
+    x, xt, dy, dyt = cur
+    if STAGES > 1:
+        cur = _bwd_load(dy_ptr, x_ptr, tile + n_progs, n_rows, H, s_dy, s_x, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
+    else:
+        x, xt, dy, dyt = _bwd_load(dy_ptr, x_ptr, tile, n_rows, H, s_dy, s_x, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
+    pw, pb, pwt, pbt = _bwd_tile(tile, x, xt, dy, dyt, ds_ptr, dx_ptr, w, wt, n_rows, H, s_ds, s_dx, eps, ROWS,
+                                 BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, HAS_DS)
+    dw, db, dwt, dbt = acc
+    if WANT_DW:
+        dw += pw
+    if WANT_DB:
+        db += pb
+    if BLOCK_T > 0:
+        if WANT_DW:
+            dwt += pwt
+        if WANT_DB:
+            dbt += pbt
+    return cur, (dw, db, dwt, dbt)
+
+
 # n_iter and db_off vary with the row count; Triton would specialize them (== 1, multiple of 16) and
 # recompile for sequence lengths that change only those.
 @triton.jit(do_not_specialize=["n_iter", "db_off"])
 def _layernorm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, part_ptr, n_rows, H, s_dy, s_x, s_ds, s_dx, eps,
                           n_iter, db_off, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
-                          EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, WANT_DW: tl.constexpr,
-                          WANT_DB: tl.constexpr, HAS_DS: tl.constexpr, INTERP: tl.constexpr):
+                          TW: tl.constexpr, EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, WANT_DW: tl.constexpr,
+                          WANT_DB: tl.constexpr, HAS_DS: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr,
+                          INTERP: tl.constexpr):
     """A grid-stride loop over row tiles; dw and db accumulate in registers, one partial row each per
-    program, stored at part_ptr + pid * H (dw) and part_ptr + db_off + pid * H (db)."""
+    program, stored at part_ptr + pid * H (dw) and part_ptr + db_off + pid * H (db).
+    TW: the tail accumulators' width (BLOCK_T, or 1 as a placeholder without a tail)."""
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
     w, wt = _load_weight(w_ptr, H, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT)
-    dw = tl.zeros([1, BLOCK_H], dtype=tl.float32)
-    db = tl.zeros([1, BLOCK_H], dtype=tl.float32)
-    dwt = 0.0
-    dbt = 0.0
-    if BLOCK_T > 0:
-        dwt = tl.zeros([1, BLOCK_T], dtype=tl.float32)
-        dbt = tl.zeros([1, BLOCK_T], dtype=tl.float32)
+    acc = (tl.zeros([1, BLOCK_H], dtype=tl.float32), tl.zeros([1, BLOCK_H], dtype=tl.float32),
+           tl.zeros([1, TW], dtype=tl.float32), tl.zeros([1, TW], dtype=tl.float32))
+    cur = (0.0, 0.0, 0.0, 0.0)
+    if STAGES > 1:
+        cur = _bwd_load(dy_ptr, x_ptr, pid, n_rows, H, s_dy, s_x, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
     if INTERP:
         # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
         # (triton-lang/triton#9171, see kernels/rmsnorm.py); a while loop works there.
         i = 0
         while i < n_iter:
-            pw, pb, pwt, pbt = _bwd_tile(pid + i * n_progs, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n_rows, H, s_dy,
-                                         s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, HAS_DS)
-            dw += pw
-            db += pb
-            if BLOCK_T > 0:
-                dwt += pwt
-                dbt += pbt
+            cur, acc = _bwd_step(i, pid, n_progs, cur, acc, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n_rows, H, s_dy,
+                                 s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, WANT_DW, WANT_DB,
+                                 HAS_DS, STAGES, EVICT)
             i += 1
     else:
         for i in range(0, n_iter):
-            pw, pb, pwt, pbt = _bwd_tile(pid + i * n_progs, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n_rows, H, s_dy,
-                                         s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, HAS_DS)
-            if WANT_DW:
-                dw += pw
-            if WANT_DB:
-                db += pb
-            if BLOCK_T > 0:
-                if WANT_DW:
-                    dwt += pwt
-                if WANT_DB:
-                    dbt += pbt
+            cur, acc = _bwd_step(i, pid, n_progs, cur, acc, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n_rows, H, s_dy,
+                                 s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, WANT_DW, WANT_DB,
+                                 HAS_DS, STAGES, EVICT)
+    dw, db, dwt, dbt = acc
     on = tl.full([1, 1], 1, tl.int1)
     cols = tl.arange(0, BLOCK_H)[None, :]
     row = part_ptr + pid * H
@@ -217,25 +243,34 @@ def blocks_ok(block_h: int, block_t: int, H: int) -> bool:
 _BWD_WARPS = (1, 2, 4, 8, 16, 32)
 # fp32 values of one row tile (x or dy) a thread holds: rmsnorm_bwd's best H100 config held 64.
 _BWD_MAX_PER_THREAD = 64
-_BWD_ABBREV = {"r": "rows", "p": "progs", "w": "num_warps", "bh": "block_h", "bt": "block_t"}
+_BWD_ABBREV = {"r": "rows", "p": "progs", "w": "num_warps", "bh": "block_h", "bt": "block_t", "s": "stages",
+               "e": "evict"}
 
 
 @dataclass(frozen=True)
 class BwdConfig:
     """rows per tile, programs per SM, warps (rmsnorm_bwd's fields, same order), and the block split:
-    block_h = 0 means one power-of-two block covering the row (the only choice before the split)."""
+    block_h = 0 means one power-of-two block covering the row (the only choice before the split).
+    `stages` 2: the next tile's x and dy are loaded before this tile is reduced (as rmsnorm_bwd's,
+    which gained 17% at 16384 x 2560 on the H100); `evict`: x and dy loaded evict_first."""
 
     rows: int = 1
     progs: int = 4
     num_warps: int = 4
     block_h: int = 0
     block_t: int = 0
+    stages: int = 1
+    evict: int = 0
 
     def encode(self) -> str:
-        """e.g. "bwd:r=2:p=2:w=4:bh=2048:bt=512" (bh/bt only when set)."""
+        """e.g. "bwd:r=2:p=2:w=4:bh=2048:bt=512:s=2" (bh/bt, s and e only when set)."""
         s = f"bwd:r={self.rows}:p={self.progs}:w={self.num_warps}"
         if self.block_h:
             s += f":bh={self.block_h}:bt={self.block_t}"
+        if self.stages != 1:
+            s += f":s={self.stages}"
+        if self.evict:
+            s += f":e={self.evict}"
         return s
 
     @staticmethod
@@ -262,14 +297,16 @@ def _decode(text: str) -> BwdConfig:
 def bwd_is_valid(c: BwdConfig, n_rows: int, H: int) -> bool:
     """Covers the row, powers of two, and within the register budget."""
     bh, bt = c.split(H)
-    if not (_pow2(c.rows) and c.progs >= 1 and c.num_warps in _BWD_WARPS and blocks_ok(bh, bt, H)):
+    if not (_pow2(c.rows) and c.progs >= 1 and c.num_warps in _BWD_WARPS and blocks_ok(bh, bt, H)
+            and c.stages in (1, 2) and c.evict in (0, 1)):
         return False
     return c.rows * (bh + bt) // (32 * c.num_warps) <= _BWD_MAX_PER_THREAD
 
 
 def bwd_space(n_rows: int, H: int) -> list[BwdConfig]:
     """Block split x rows per tile (up to 16K elements) x warps (4 to 64 values of x a thread) x
-    programs per SM (1, 2, 4, 8): ~60 configs at H = 2560, fewer where rows are few."""
+    programs per SM (1, 2, 4, 8) x (one stage; two; two with evict_first loads): ~180 configs at
+    H = 2560, fewer where rows are few."""
     out = []
     for bh, bt in blocks(H):
         width = bh + bt
@@ -279,32 +316,32 @@ def bwd_space(n_rows: int, H: int) -> list[BwdConfig]:
                 per = r * width // (32 * w)
                 if per < 4 or per > _BWD_MAX_PER_THREAD:
                     continue
-                out += [BwdConfig(r, p, w, bh, bt) for p in (1, 2, 4, 8)]
+                out += [BwdConfig(r, p, w, bh, bt, st, e) for p in (1, 2, 4, 8) for st, e in ((1, 0), (2, 0), (2, 1))]
             r *= 2
     return [c for c in out if bwd_is_valid(c, n_rows, H)]
 
 
 def bwd_heuristic(n_rows: int, H: int, device: torch.device | str, ds: bool = False) -> BwdConfig:
-    """Measured on the H100 (bench/ln_sweep.py, bench/results/2026-11-22-h100-ln-sweep.json, bf16,
-    H = 2560, 16384 and 4096 rows), for rows of 1024+:
-    - without a residual gradient: the block split, one row per tile, 4 programs per SM and ~40
-      values a thread (2 warps at 2560): 134.7 / 52.4 us, against 345.9 / 102.3 for rmsnorm_bwd's
-      tiling (r=2 p=2 w=4) that this heuristic used before;
-    - with one (`ds`, add_layernorm): one power-of-two block, 4 rows a tile, 1 program per SM and
-      64 values a thread (8 warps at 2560): 168.6 / 55.5 us; the split tiling above was 177.7 at
-      16384 rows and not among the best five at 4096.
-    Shorter rows keep rmsnorm_bwd's tiling (tiles of ~8K elements, 8 programs per SM): not swept."""
+    """Measured on the H100 (bench/ln_sweep.py, bf16, H = 2560, 16384 and 4096 rows; the copy
+    ceiling 2.96 TB/s in the same run), for rows of 1024+, the best config at both row counts:
+    - without a residual gradient: one power-of-two block, one row a tile, 2 programs per SM,
+      8 warps, the next tile loaded ahead, evict_first: 113.8 / 39.7 us (2.21 TB/s at 16384), against
+      126.5 / 49.4 for the earlier heuristic (the block split, 4 programs per SM, 2 warps, one stage)
+      (bench/results/2026-11-22-h100-ln-bwd-sweep-s6.json);
+    - with one (`ds`, add_layernorm): two rows a tile, 1 program per SM, 16 warps, loaded ahead,
+      evict_first: 158.6 / 51.3 us, against 166.5 / 60.8 (the earlier 1-stage choice).
+    Shorter rows keep rmsnorm_bwd's earlier tiling (tiles of ~8K elements, 8 programs per SM), now
+    with the next tile loaded ahead: not swept."""
     pow2 = triton.next_power_of_2(H)
     if pow2 >= 1024 and ds:
-        rows = max(1, 16384 // pow2)
-        c = BwdConfig(rows, 1, max(1, min(32, rows * pow2 // (32 * 64))), pow2, 0)
+        rows = max(1, 8192 // pow2)
+        c = BwdConfig(rows, 1, max(1, min(16, rows * pow2 // 512)), pow2, 0, 2, 1)
     elif pow2 >= 1024:
-        bh, bt = blocks(H)[0]
-        c = BwdConfig(1, 4, max(1, min(32, triton.next_power_of_2(-(-(bh + bt) // (32 * 48))))), bh, bt)
+        c = BwdConfig(1, 2, max(1, min(16, pow2 // 512)), pow2, 0, 2, 1)
     else:
         bh, bt = blocks(H)[0]
         rows = max(1, min(32, 8192 // pow2))
-        c = BwdConfig(rows, 8, 4 if rows * (bh + bt) <= 8192 else 8, bh, bt)
+        c = BwdConfig(rows, 8, 4 if rows * (bh + bt) <= 8192 else 8, bh, bt, 2, 0)
     while not bwd_is_valid(c, n_rows, H) and c.num_warps < 32:
         c = dataclasses.replace(c, num_warps=c.num_warps * 2)
     return c
@@ -326,16 +363,17 @@ def _plan(n_rows: int, H: int, device: torch.device, has_ds: bool, want_dw: bool
     """(grid, loop trip count, constexprs) of one shape and config, checked: cached, so a call pays
     a lookup rather than the heuristic, the validity check and the kwargs building."""
     c = config or bwd_heuristic(n_rows, H, device, ds=has_ds)
-    if not isinstance(c, BwdConfig):  # rmsnorm_bwd's BwdConfig (rows, progs, num_warps)
-        c = BwdConfig(c.rows, c.progs, c.num_warps)
+    if not isinstance(c, BwdConfig):  # rmsnorm_bwd's BwdConfig (rows, progs, num_warps, ..., stages, evict)
+        c = BwdConfig(c.rows, c.progs, c.num_warps, stages=c.stages, evict=c.evict)
     if not bwd_is_valid(c, n_rows, H):
         raise ValueError(f"solforge layernorm: backward config {c.encode()} is not valid for {n_rows} x {H}")
     bh, bt = c.split(H)
     n_tiles = triton.cdiv(n_rows, c.rows)
     grid = min(n_tiles, c.progs * sm_count(device))
     return grid, triton.cdiv(n_tiles, grid), Meta(
-        ROWS=c.rows, BLOCK_H=bh, BLOCK_T=bt, EVEN_H=H == bh + bt, HAS_WEIGHT=want_dw, WANT_DW=want_dw,
-        WANT_DB=bias_grad, HAS_DS=has_ds, INTERP=_INTERPRETED, num_warps=c.num_warps)
+        ROWS=c.rows, BLOCK_H=bh, BLOCK_T=bt, TW=max(bt, 1), EVEN_H=H == bh + bt, HAS_WEIGHT=want_dw,
+        WANT_DW=want_dw, WANT_DB=bias_grad, HAS_DS=has_ds, STAGES=c.stages, EVICT="evict_first" if c.evict else "",
+        INTERP=_INTERPRETED, num_warps=c.num_warps)
 
 
 def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,

@@ -608,7 +608,9 @@ def _rmsnorm_fake(x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_
 rmsnorm_op = torch.ops.solforge.rmsnorm
 
 
-from solforge.kernels.rmsnorm_bwd import rmsnorm_bwd_op  # noqa: E402  (its op, registered below ours)
+# the module, not its op: rmsnorm_bwd imports this file's tile helpers, so whichever of the two is
+# imported first, the other is only partly initialized while this line runs
+from solforge.kernels import rmsnorm_bwd as _bwd  # noqa: E402
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
@@ -619,7 +621,7 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
 
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
     x, weight = ctx.saved_tensors
-    dx, dw = rmsnorm_bwd_op(dy, x, weight, ctx.eps, ctx.rbw, None, "")
+    dx, dw = _bwd.rmsnorm_bwd_op(dy, x, weight, ctx.eps, ctx.rbw, None, "")
     return dx, (dw.to(weight.dtype) if weight is not None else None), None, None, None, None
 
 

@@ -10,7 +10,9 @@ extra tensor kept alive between forward and backward.
 One launch writes dx and a per-program partial of dw (fp32); the partials are summed by torch.
 The grid is a few programs per SM, each walking row tiles in a loop, so few partial rows exist.
 Measured on the H100 (16384 x 2560 bf16, with the residual gradient): one tile per program cost
-200 us against 635 us for 16 unrolled tiles per program (bench/bwd_sweep.py, 2026-11-22).
+200 us against 635 us for 16 unrolled tiles per program (bench/bwd_sweep.py, 2026-11-22). Loading
+the next tile before reducing this one (`stages` 2) took the best config from 156 to 133 us: a
+program waits on HBM once per tile otherwise, and a few programs per SM cannot hide that.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import triton.language as tl
 
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
+from solforge.kernels.rmsnorm import _load_weight, _st, _tile_load
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -47,70 +50,152 @@ def rmsnorm_bwd_ref(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | No
 
 
 @triton.jit
-def _bwd_tile(tile, dy_ptr, x_ptr, w, ds_ptr, dx_ptr, n_rows, H, s_dy, s_x, s_ds, s_dx, eps, cols, cm,
-              ROWS: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, HAS_DS: tl.constexpr):
-    """dx for one [ROWS, BLOCK_H] tile; returns the tile's contribution to dw ([1, BLOCK_H], fp32)."""
-    rows = tile * ROWS + tl.arange(0, ROWS)
-    m = (rows < n_rows)[:, None] & cm
-    r64 = rows.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + r64 * s_x + cols, mask=m, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + r64 * s_dy + cols, mask=m, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / H + eps)[:, None]
-    n = x * rstd
-    if HAS_WEIGHT:
-        if ROUND:
-            dw = tl.sum(dy * n.to(x_ptr.dtype.element_ty).to(tl.float32), axis=0)[None, :]
-        else:
-            dw = tl.sum(dy * n, axis=0)[None, :]
-        dn = dy * w
-    else:
-        dw = tl.zeros_like(cols).to(tl.float32)
-        dn = dy
-    dx = rstd * (dn - n * (tl.sum(dn * n, axis=1) / H)[:, None])
+def _bwd_load(dy_ptr, x_ptr, ds_ptr, row0, n_rows, H, s_dy, s_x, s_ds, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+              BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr, HAS_DS: tl.constexpr, EVICT: tl.constexpr):
+    """Rows [row0, row0 + ROWS) of x, dy (and ds) in their own dtypes, main block and tail."""
+    x, xt = _tile_load(x_ptr, row0, n_rows, H, s_x, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
+    dy, dyt = _tile_load(dy_ptr, row0, n_rows, H, s_dy, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
+    ds = 0.0
+    dst = 0.0
     if HAS_DS:
-        dx += tl.load(ds_ptr + r64 * s_ds + cols, mask=m, other=0.0).to(tl.float32)
-    tl.store(dx_ptr + r64 * s_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=m)
-    return dw
+        ds, dst = _tile_load(ds_ptr, row0, n_rows, H, s_ds, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
+    return x, xt, dy, dyt, ds, dst
+
+
+@triton.jit
+def _bwd_compute(x, xt, dy, dyt, ds, dst, w, wt, dx_ptr, row0, n_rows, H, s_dx, eps, ROWS: tl.constexpr,
+                 BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                 ROUND: tl.constexpr, HAS_DS: tl.constexpr):
+    """dx of one tile from `_bwd_load`, stored; returns the tile's dw contributions (main, tail),
+    each [1, block] fp32 (0.0 where there is no weight or no tail)."""
+    rows = row0 + tl.arange(0, ROWS)
+    m = (rows < n_rows)[:, None]
+    ptrs = dx_ptr + rows.to(tl.int64)[:, None] * s_dx
+    cols = tl.arange(0, BLOCK_H)[None, :]
+    xf = x.to(tl.float32)
+    dyf = dy.to(tl.float32)
+    ss = tl.sum(xf * xf, axis=1)
+    if BLOCK_T > 0:
+        xtf = xt.to(tl.float32)
+        dytf = dyt.to(tl.float32)
+        ss += tl.sum(xtf * xtf, axis=1)
+    rstd = tl.rsqrt(ss / H + eps)[:, None]
+    n = xf * rstd
+    dn = dyf * w if HAS_WEIGHT else dyf
+    dot = tl.sum(dn * n, axis=1)
+    if BLOCK_T > 0:
+        nt = xtf * rstd
+        dnt = dytf * wt if HAS_WEIGHT else dytf
+        dot += tl.sum(dnt * nt, axis=1)
+    c = (dot / H)[:, None]
+    dx = rstd * (dn - n * c)
+    if HAS_DS:
+        dx += ds.to(tl.float32)
+    _st(ptrs + cols, dx, m, cols, H, BLOCK_T == 0 and not EVEN_H)
+    dw = 0.0
+    dwt = 0.0
+    if HAS_WEIGHT:
+        # Hugging Face rounds n to x's dtype before the weight multiply: the weight sees that value
+        dw = tl.sum(dyf * (n.to(x.dtype).to(tl.float32) if ROUND else n), axis=0)[None, :]
+    if BLOCK_T > 0:
+        tcols = BLOCK_H + tl.arange(0, BLOCK_T)[None, :]
+        dxt = rstd * (dnt - nt * c)
+        if HAS_DS:
+            dxt += dst.to(tl.float32)
+        _st(ptrs + tcols, dxt, m, tcols, H, not EVEN_H)
+        if HAS_WEIGHT:
+            dwt = tl.sum(dytf * (nt.to(x.dtype).to(tl.float32) if ROUND else nt), axis=0)[None, :]
+    return dw, dwt
+
+
+@triton.jit
+def _bwd_step(i, pid, n_progs, cur, dw, dwt, w, wt, dy_ptr, x_ptr, ds_ptr, dx_ptr, n_rows, H, s_dy, s_x, s_ds,
+              s_dx, eps, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr,
+              HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, HAS_DS: tl.constexpr, STAGES: tl.constexpr,
+              EVICT: tl.constexpr):
+    """Tile i of this program. STAGES == 2: `cur` holds this tile, already loaded, and the next
+    tile's loads are issued before this one's reductions, so a program keeps two tiles in flight."""
+    row0 = (pid + i * n_progs) * ROWS
+    x, xt, dy, dyt, ds, dst = cur
+    if STAGES > 1:
+        cur = _bwd_load(dy_ptr, x_ptr, ds_ptr, row0 + n_progs * ROWS, n_rows, H, s_dy, s_x, s_ds, ROWS, BLOCK_H,
+                        BLOCK_T, EVEN_H, HAS_DS, EVICT)
+    else:
+        x, xt, dy, dyt, ds, dst = _bwd_load(dy_ptr, x_ptr, ds_ptr, row0, n_rows, H, s_dy, s_x, s_ds, ROWS, BLOCK_H,
+                                            BLOCK_T, EVEN_H, HAS_DS, EVICT)
+    a, at = _bwd_compute(x, xt, dy, dyt, ds, dst, w, wt, dx_ptr, row0, n_rows, H, s_dx, eps, ROWS, BLOCK_H,
+                         BLOCK_T, EVEN_H, HAS_WEIGHT, ROUND, HAS_DS)
+    if HAS_WEIGHT:
+        dw += a
+        if BLOCK_T > 0:
+            dwt += at
+    return cur, dw, dwt
 
 
 @triton.jit
 def _rmsnorm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, dw_ptr, n_rows, H, s_dy, s_x, s_ds, s_dx, eps,
-                        n_iter, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                        ROUND: tl.constexpr, HAS_DS: tl.constexpr, INTERP: tl.constexpr):
-    """A grid-stride loop over row tiles; dw accumulates in registers, one partial row per program."""
+                        n_iter, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
+                        TW: tl.constexpr, EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr,
+                        HAS_DS: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr, INTERP: tl.constexpr):
+    """A grid-stride loop over row tiles; dw accumulates in registers, one partial row per program.
+    TW: the tail accumulator's width (BLOCK_T, or 1 as a placeholder without a tail)."""
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
-    cols = tl.arange(0, BLOCK_H)[None, :]
-    cm = cols < H
-    w = 1.0
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=cm, other=0.0).to(tl.float32)
+    w, wt = _load_weight(w_ptr, H, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT)
     dw = tl.zeros([1, BLOCK_H], dtype=tl.float32)
+    dwt = tl.zeros([1, TW], dtype=tl.float32)
+    cur = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    if STAGES > 1:
+        cur = _bwd_load(dy_ptr, x_ptr, ds_ptr, pid * ROWS, n_rows, H, s_dy, s_x, s_ds, ROWS, BLOCK_H, BLOCK_T,
+                        EVEN_H, HAS_DS, EVICT)
     if INTERP:  # Triton 3.6's interpreter and runtime-bound for loops: see kernels/rmsnorm.py (#9171)
         i = 0
         while i < n_iter:
-            dw += _bwd_tile(pid + i * n_progs, dy_ptr, x_ptr, w, ds_ptr, dx_ptr, n_rows, H, s_dy, s_x, s_ds, s_dx,
-                            eps, cols, cm, ROWS, HAS_WEIGHT, ROUND, HAS_DS)
+            cur, dw, dwt = _bwd_step(i, pid, n_progs, cur, dw, dwt, w, wt, dy_ptr, x_ptr, ds_ptr, dx_ptr, n_rows, H,
+                                     s_dy, s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, ROUND,
+                                     HAS_DS, STAGES, EVICT)
             i += 1
     else:
         for i in range(0, n_iter):
-            dw += _bwd_tile(pid + i * n_progs, dy_ptr, x_ptr, w, ds_ptr, dx_ptr, n_rows, H, s_dy, s_x, s_ds, s_dx,
-                            eps, cols, cm, ROWS, HAS_WEIGHT, ROUND, HAS_DS)
+            cur, dw, dwt = _bwd_step(i, pid, n_progs, cur, dw, dwt, w, wt, dy_ptr, x_ptr, ds_ptr, dx_ptr, n_rows, H,
+                                     s_dy, s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, ROUND,
+                                     HAS_DS, STAGES, EVICT)
     if HAS_WEIGHT:
-        tl.store(dw_ptr + pid * H + cols, dw, mask=cm)
+        on = tl.full([1, 1], 1, tl.int1)
+        cols = tl.arange(0, BLOCK_H)[None, :]
+        _st(dw_ptr + pid * H + cols, dw, on, cols, H, BLOCK_T == 0 and not EVEN_H)
+        if BLOCK_T > 0:
+            tcols = BLOCK_H + tl.arange(0, BLOCK_T)[None, :]
+            _st(dw_ptr + pid * H + tcols, dwt, on, tcols, H, not EVEN_H)
 
 
 _INTERPRETED = type(_rmsnorm_bwd_kernel).__name__ == "InterpretedFunction"
 
+_ABBREV = {"r": "rows", "p": "progs", "w": "num_warps", "t": "split", "s": "stages", "e": "evict"}
+
 
 @dataclass(frozen=True)
 class BwdConfig:
-    rows: int = 1  # rows per tile
-    progs: int = 4  # programs per SM (the grid-stride loop's grid)
+    """rows per tile, programs per SM, warps; `split`: a row that is no power of two is held as a
+    power-of-two main block and a tail (2560 = 2048 + 512) rather than one 4096-lane block, 37% of
+    it masked; `stages` 2: the next tile's loads are issued before this one is reduced; `evict`:
+    x, dy and ds are loaded evict_first. The last three are written only when set, so the strings
+    of the first configs ("bwd:r=2:p=2:w=4") still decode to the same kernel."""
+
+    rows: int = 1
+    progs: int = 4
     num_warps: int = 4
+    split: int = 0
+    stages: int = 1
+    evict: int = 0
 
     def encode(self) -> str:
-        return f"bwd:r={self.rows}:p={self.progs}:w={self.num_warps}"
+        s = f"bwd:r={self.rows}:p={self.progs}:w={self.num_warps}"
+        for k in ("t", "s", "e"):
+            v = getattr(self, _ABBREV[k])
+            if v != (1 if k == "s" else 0):
+                s += f":{k}={v}"
+        return s
 
     @staticmethod
     def decode(text: str) -> BwdConfig:
@@ -119,26 +204,39 @@ class BwdConfig:
     def items(self) -> tuple[tuple[str, Any], ...]:
         return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
 
+    def blocks(self, H: int) -> tuple[int, int]:
+        """(main block, tail block) for rows of H."""
+        pow2 = triton.next_power_of_2(H)
+        if not self.split or pow2 == H or H < 64:
+            return pow2, 0
+        main = pow2 // 2
+        return main, triton.next_power_of_2(H - main)
+
 
 @functools.lru_cache(maxsize=256)
 def _decode(text: str) -> BwdConfig:
     head, *parts = text.split(":")
-    names = {"r": "rows", "p": "progs", "w": "num_warps"}
     try:
         assert head == "bwd"
-        return BwdConfig(**{names[k]: int(v) for k, v in (p.split("=") for p in parts)})
+        return BwdConfig(**{_ABBREV[k]: int(v) for k, v in (p.split("=") for p in parts)})
     except (AssertionError, KeyError, ValueError) as e:
         raise ValueError(f"bad rmsnorm backward config {text!r} (e.g. 'bwd:r=4:p=4:w=8')") from e
 
 
 def heuristic(n_rows: int, H: int, device: torch.device) -> BwdConfig:
-    """Tiles of ~8K elements, 4 warps. From bench/bwd_sweep.py on the H100 (bf16 with the residual
-    gradient, 2026-11-22): 16384 x 2560 best r=2 p=2 w=4 at 156 us (2.15 TB/s; r=1 p=4 w=8: 194),
-    4096 x 2560 the same at 55 us, 524288 x 128 best r=32 p=8 w=4 at 227 us (2.36 TB/s)."""
+    """The next tile loaded ahead (stages 2), ~16 values of each tensor a thread. From
+    bench/bwd_sweep.py on the H100 (bf16, 2026-11-22, bench/results/...-rmsnorm-bwd-sweep-s6.json):
+    - rows of 1024+: 8K-value tiles on 16 warps, one program per SM, evict_first loads. At 2560:
+      16384 rows with the residual gradient 133.7 us (best 133.2; the one-stage r=2 p=2 w=4 used
+      before: 160.2), without it 111.1 (best 109.6; before 134.4), 4096 rows 42.9 (best; before 56.9);
+    - short rows: 1K-value tiles on 2 warps, 8 programs per SM: 524288 x 128 196.8 us (best;
+      before 228.5).
+    The block split (2560 = 2048 + 512) was within 1-2% either way, so it stays off here."""
     block = triton.next_power_of_2(H)
-    rows = max(1, min(32, 8192 // block))
-    warps = 4 if rows * block <= 8192 else 8
-    return BwdConfig(rows, 2 if block >= 1024 else 8, warps)
+    if block >= 1024:
+        rows = max(1, 8192 // block)
+        return BwdConfig(rows, 1, max(4, min(16, rows * block // 512)), 0, 2, 1)
+    return BwdConfig(max(1, min(32, 1024 // block)), 8, 2, 0, 2, 0)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -149,7 +247,9 @@ def _plan(n_rows: int, H: int, device: torch.device, has_weight: bool, rbw: bool
     c = config or heuristic(n_rows, H, device)
     n_tiles = triton.cdiv(n_rows, c.rows)
     grid = min(n_tiles, c.progs * sm_count(device))
-    meta = Meta(ROWS=c.rows, BLOCK_H=triton.next_power_of_2(H), HAS_WEIGHT=has_weight, ROUND=rbw, HAS_DS=has_ds,
+    bh, bt = c.blocks(H)
+    meta = Meta(ROWS=c.rows, BLOCK_H=bh, BLOCK_T=bt, TW=max(bt, 1), EVEN_H=(bh + bt == H), HAS_WEIGHT=has_weight,
+                ROUND=rbw, HAS_DS=has_ds, STAGES=c.stages, EVICT="evict_first" if c.evict else "",
                 INTERP=_INTERPRETED, num_warps=c.num_warps)
     return grid, triton.cdiv(n_tiles, grid), meta
 

@@ -202,29 +202,54 @@ def _rope_fwd_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, qo_ptr, ko_
 
 
 @triton.jit
-def _bwd_tile(g_ptr, x_ptr, w_ptr, dx_ptr, sgb, sgs, sgh, sxb, sxs, sxh, sdb, sds, sdh, H, head0, b, s, tmask,
-              d, dmask, c1, c2, s1, s2, eps, D2: tl.constexpr, BLOCK: tl.constexpr, HEADS: tl.constexpr,
-              NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr):
-    """dx of a tile, and the tile's share of dweight as two [TOKENS, HEADS, BLOCK] tiles of
-    products (zeros without a weight), left unreduced: the caller adds them up elementwise over its
-    loop and reduces once at the end (a reduction over tokens and heads per tile made the H100 run
-    at 1.5 TB/s).
-    Rope: out1 = n1 c1 - n2 s1, out2 = n2 c2 + n1 s2, hence dn1 = g1 c1 + g2 s2, dn2 = g2 c2 - g1 s1.
-    Norm: y = x r with r = rsqrt(mean(x^2) + eps); dy = dn w; dx = r (dy - y mean(dy y)); the
-    weight gets sum(dn * y) with y rounded as the forward used it (HF: weight * y.to(bf16))."""
+def _bwd_load(tb, g_ptr, x_ptr, cos_ptr, sin_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs, sxh, scb, scs, ssb,
+              sss, D2: tl.constexpr, BLOCK: tl.constexpr, TOKENS: tl.constexpr, HEADS: tl.constexpr,
+              NORM: tl.constexpr):
+    """Everything token block `tb` reads: cos/sin halves (fp32), and the grad and x halves in their
+    own dtype (x only with the norm). A block past the end (grid-stride tail) is all masked."""
+    b, s, tmask, d, dmask, c1, c2, s1, s2 = _token_block(tb, n_tok, S, cos_ptr, sin_ptr, scb, scs, ssb, sss, D2,
+                                                         BLOCK, TOKENS)
     heads = head0 + tl.arange(0, HEADS)
     m = tmask[:, None, None] & (heads < H)[None, :, None] & dmask
     gp = g_ptr + _offsets(b, s, heads, sgb, sgs, sgh) + d
-    g1 = tl.load(gp, mask=m, other=0.0).to(tl.float32)
-    g2 = tl.load(gp + D2, mask=m, other=0.0).to(tl.float32)
+    g1 = tl.load(gp, mask=m, other=0.0)
+    g2 = tl.load(gp + D2, mask=m, other=0.0)
+    x1 = 0.0
+    x2 = 0.0
+    if NORM:
+        xp = x_ptr + _offsets(b, s, heads, sxb, sxs, sxh) + d
+        x1 = tl.load(xp, mask=m, other=0.0)
+        x2 = tl.load(xp + D2, mask=m, other=0.0)
+    return c1, c2, s1, s2, g1, g2, x1, x2
+
+
+@triton.jit
+def _bwd_tile(tb, loaded, x_ptr, w_ptr, dx_ptr, n_tok, S, H, head0, sdb, sds, sdh, eps, D2: tl.constexpr,
+              BLOCK: tl.constexpr, TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr,
+              HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr):
+    """dx of token block `tb` from what `_bwd_load` read, and the tile's share of dweight as two
+    [TOKENS, HEADS, BLOCK] tiles of products (zeros without a weight), left unreduced: the caller
+    adds them up elementwise over its loop and reduces once at the end (a reduction over tokens and
+    heads per tile made the H100 run at 1.5 TB/s).
+    Rope: out1 = n1 c1 - n2 s1, out2 = n2 c2 + n1 s2, hence dn1 = g1 c1 + g2 s2, dn2 = g2 c2 - g1 s1.
+    Norm: y = x r with r = rsqrt(mean(x^2) + eps); dy = dn w; dx = r (dy - y mean(dy y)); the
+    weight gets sum(dn * y) with y rounded as the forward used it (HF: weight * y.to(bf16))."""
+    c1, c2, s1, s2, g1, g2, x1, x2 = loaded
+    tok = tb * TOKENS + tl.arange(0, TOKENS)
+    b = tok // S
+    s = tok - b * S
+    d = tl.arange(0, BLOCK)[None, None, :]
+    heads = head0 + tl.arange(0, HEADS)
+    m = (tok < n_tok)[:, None, None] & (heads < H)[None, :, None] & _dmask(d, D2, BLOCK)
+    g1 = g1.to(tl.float32)
+    g2 = g2.to(tl.float32)
     dn1 = g1 * c1 + g2 * s2
     dn2 = g2 * c2 - g1 * s1
     dw1 = tl.zeros(g1.shape, tl.float32)
     dw2 = tl.zeros(g1.shape, tl.float32)
     if NORM:
-        xp = x_ptr + _offsets(b, s, heads, sxb, sxs, sxh) + d
-        x1 = tl.load(xp, mask=m, other=0.0).to(tl.float32)
-        x2 = tl.load(xp + D2, mask=m, other=0.0).to(tl.float32)
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
         r = _rstd(x1, x2, eps, D2)
         y1 = x1 * r
         y2 = x2 * r
@@ -235,6 +260,7 @@ def _bwd_tile(g_ptr, x_ptr, w_ptr, dx_ptr, sgb, sgs, sgh, sxb, sxs, sxh, sdb, sd
             else:
                 dw1 = dn1 * y1
                 dw2 = dn2 * y2
+            dmask = _dmask(d, D2, BLOCK)
             dn1 = dn1 * tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
             dn2 = dn2 * tl.load(w_ptr + D2 + d, mask=dmask, other=0.0).to(tl.float32)
         dot = (tl.sum(dn1 * y1, axis=2) + tl.sum(dn2 * y2, axis=2))[:, :, None] / (2 * D2)
@@ -247,23 +273,54 @@ def _bwd_tile(g_ptr, x_ptr, w_ptr, dx_ptr, sgb, sgs, sgh, sxb, sxs, sxh, sdb, sd
 
 
 @triton.jit
-def _bwd_step(tb, hb, acc1, acc2, gq_ptr, gk_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, dq_ptr, dk_ptr,
-              n_tok, S, Hq, Hk, n_qb, sgqb, sgqs, sgqh, sgkb, sgks, sgkh, sqb, sqs, sqh, skb, sks, skh,
-              scb, scs, ssb, sss, sdqb, sdqs, sdqh, sdkb, sdks, sdkh, eps, D2: tl.constexpr, BLOCK: tl.constexpr,
-              TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-              ROUND: tl.constexpr):
-    # a token block past the end (grid-stride tail) is all masked
-    b, s, tmask, d, dmask, c1, c2, s1, s2 = _token_block(tb, n_tok, S, cos_ptr, sin_ptr, scb, scs, ssb, sss, D2,
-                                                         BLOCK, TOKENS)
-    if hb < n_qb:
-        dw1, dw2 = _bwd_tile(gq_ptr, q_ptr, qw_ptr, dq_ptr, sgqb, sgqs, sgqh, sqb, sqs, sqh, sdqb, sdqs, sdqh, Hq,
-                             hb * HEADS, b, s, tmask, d, dmask, c1, c2, s1, s2, eps, D2, BLOCK, HEADS, NORM,
-                             HAS_WEIGHT, ROUND)
+def _bwd_step(i, pid, n_progs, cur, acc1, acc2, g_ptr, x_ptr, cos_ptr, sin_ptr, w_ptr, dx_ptr, n_tok, S, H, head0,
+              sgb, sgs, sgh, sxb, sxs, sxh, scb, scs, ssb, sss, sdb, sds, sdh, eps, D2: tl.constexpr,
+              BLOCK: tl.constexpr, TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr,
+              HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, STAGES: tl.constexpr):
+    """Token block pid + i * n_progs. STAGES == 2: `cur` holds it, already loaded, and the next
+    block's loads are issued before this one is computed, so a program keeps two in flight."""
+    tb = pid + i * n_progs
+    loaded = cur
+    if STAGES > 1:
+        cur = _bwd_load(tb + n_progs, g_ptr, x_ptr, cos_ptr, sin_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs,
+                        sxh, scb, scs, ssb, sss, D2, BLOCK, TOKENS, HEADS, NORM)
     else:
-        dw1, dw2 = _bwd_tile(gk_ptr, k_ptr, kw_ptr, dk_ptr, sgkb, sgks, sgkh, skb, sks, skh, sdkb, sdks, sdkh, Hk,
-                             (hb - n_qb) * HEADS, b, s, tmask, d, dmask, c1, c2, s1, s2, eps, D2, BLOCK, HEADS,
-                             NORM, HAS_WEIGHT, ROUND)
-    return acc1 + dw1, acc2 + dw2
+        loaded = _bwd_load(tb, g_ptr, x_ptr, cos_ptr, sin_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs, sxh,
+                           scb, scs, ssb, sss, D2, BLOCK, TOKENS, HEADS, NORM)
+    dw1, dw2 = _bwd_tile(tb, loaded, x_ptr, w_ptr, dx_ptr, n_tok, S, H, head0, sdb, sds, sdh, eps, D2, BLOCK, TOKENS,
+                         HEADS, NORM, HAS_WEIGHT, ROUND)
+    return cur, acc1 + dw1, acc2 + dw2
+
+
+@triton.jit
+def _bwd_loop(pid, n_progs, n_iter, g_ptr, x_ptr, cos_ptr, sin_ptr, w_ptr, dx_ptr, n_tok, S, H, head0, sgb, sgs,
+              sgh, sxb, sxs, sxh, scb, scs, ssb, sss, sdb, sds, sdh, eps, D2: tl.constexpr, BLOCK: tl.constexpr,
+              TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+              ROUND: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr):
+    """One program's grid-stride loop over token blocks, for one head block of q or of k (the
+    caller picks the tensors once, so the loop loads from one set of pointers); returns the
+    elementwise dweight sums."""
+    acc1 = tl.zeros([TOKENS, HEADS, BLOCK], tl.float32)
+    acc2 = tl.zeros([TOKENS, HEADS, BLOCK], tl.float32)
+    cur = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    if STAGES > 1:
+        cur = _bwd_load(pid, g_ptr, x_ptr, cos_ptr, sin_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs, sxh, scb,
+                        scs, ssb, sss, D2, BLOCK, TOKENS, HEADS, NORM)
+    if INTERP:
+        # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
+        # (triton-lang/triton#9171, as in kernels/rmsnorm.py); a while loop works there.
+        i = 0
+        while i < n_iter:
+            cur, acc1, acc2 = _bwd_step(i, pid, n_progs, cur, acc1, acc2, g_ptr, x_ptr, cos_ptr, sin_ptr, w_ptr,
+                                        dx_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs, sxh, scb, scs, ssb, sss,
+                                        sdb, sds, sdh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND, STAGES)
+            i += 1
+    else:
+        for i in range(0, n_iter):
+            cur, acc1, acc2 = _bwd_step(i, pid, n_progs, cur, acc1, acc2, g_ptr, x_ptr, cos_ptr, sin_ptr, w_ptr,
+                                        dx_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs, sxh, scb, scs, ssb, sss,
+                                        sdb, sds, sdh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND, STAGES)
+    return acc1, acc2
 
 
 @triton.jit
@@ -271,36 +328,25 @@ def _rope_bwd_kernel(gq_ptr, gk_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr, qw_ptr, kw_
                      n_tok, S, Hq, Hk, n_qb, n_iter, n_progs, sgqb, sgqs, sgqh, sgkb, sgks, sgkh, sqb, sqs, sqh,
                      skb, sks, skh, scb, scs, ssb, sss, sdqb, sdqs, sdqh, sdkb, sdks, sdkh, eps, D2: tl.constexpr,
                      BLOCK: tl.constexpr, TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr,
-                     HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, INTERP: tl.constexpr):
+                     HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr):
     """Grid (n_progs, head blocks of q then k): a grid-stride loop over token blocks, so each
     program sums its share of dweight in registers and writes one partial row (the launcher adds
     the n_progs rows: a few hundred KB, not one row per token)."""
     pid = tl.program_id(0)
     hb = tl.program_id(1)
-    acc1 = tl.zeros([TOKENS, HEADS, BLOCK], tl.float32)
-    acc2 = tl.zeros([TOKENS, HEADS, BLOCK], tl.float32)
-    if INTERP:
-        # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
-        # (triton-lang/triton#9171, as in kernels/rmsnorm.py); a while loop works there.
-        i = 0
-        while i < n_iter:
-            acc1, acc2 = _bwd_step(pid + i * n_progs, hb, acc1, acc2, gq_ptr, gk_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr,
-                                   qw_ptr, kw_ptr, dq_ptr, dk_ptr, n_tok, S, Hq, Hk, n_qb, sgqb, sgqs, sgqh, sgkb,
-                                   sgks, sgkh, sqb, sqs, sqh, skb, sks, skh, scb, scs, ssb, sss, sdqb, sdqs, sdqh,
-                                   sdkb, sdks, sdkh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND)
-            i += 1
+    if hb < n_qb:
+        acc1, acc2 = _bwd_loop(pid, n_progs, n_iter, gq_ptr, q_ptr, cos_ptr, sin_ptr, qw_ptr, dq_ptr, n_tok, S, Hq,
+                               hb * HEADS, sgqb, sgqs, sgqh, sqb, sqs, sqh, scb, scs, ssb, sss, sdqb, sdqs, sdqh, eps,
+                               D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND, STAGES, INTERP)
     else:
-        for i in range(0, n_iter):
-            acc1, acc2 = _bwd_step(pid + i * n_progs, hb, acc1, acc2, gq_ptr, gk_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr,
-                                   qw_ptr, kw_ptr, dq_ptr, dk_ptr, n_tok, S, Hq, Hk, n_qb, sgqb, sgqs, sgqh, sgkb,
-                                   sgks, sgkh, sqb, sqs, sqh, skb, sks, skh, scb, scs, ssb, sss, sdqb, sdqs, sdqh,
-                                   sdkb, sdks, sdkh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND)
+        acc1, acc2 = _bwd_loop(pid, n_progs, n_iter, gk_ptr, k_ptr, cos_ptr, sin_ptr, kw_ptr, dk_ptr, n_tok, S, Hk,
+                               (hb - n_qb) * HEADS, sgkb, sgks, sgkh, skb, sks, skh, scb, scs, ssb, sss, sdkb, sdks,
+                               sdkh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND, STAGES, INTERP)
     if NORM and HAS_WEIGHT:
         d = tl.arange(0, BLOCK)
         row = dw_ptr + (hb * n_progs + pid) * (2 * D2)
         tl.store(row + d, tl.sum(tl.sum(acc1, axis=0), axis=0), mask=d < D2)
         tl.store(row + D2 + d, tl.sum(tl.sum(acc2, axis=0), axis=0), mask=d < D2)
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -424,7 +470,7 @@ def _checked_config(sig: tuple[Any, ...], eps: float, norm: bool, round_before_w
         raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
     meta = Meta(NORM=norm, HAS_WEIGHT=len(sig) == 6, ROUND=norm and round_before_weight,
                 **_common(cfg, sig[0][0][3]))
-    return cfg, (Meta(meta, INTERP=_INTERPRETED) if backward else meta)
+    return cfg, (Meta(meta, INTERP=_INTERPRETED, STAGES=cfg.stages) if backward else meta)
 
 
 def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
@@ -476,7 +522,7 @@ _POW2 = (1, 2, 4, 8, 16, 32, 64)
 # fp32 values of x per thread: the two halves of every row of the tile (the backward holds about
 # twice as many: grad and x). Past 64 the compiler spills (same budget as kernels/rmsnorm.py).
 _MAX_PER_THREAD = 64
-_ABBREV = {"tokens": "t", "heads": "h", "num_warps": "w", "progs": "p"}
+_ABBREV = {"tokens": "t", "heads": "h", "num_warps": "w", "progs": "p", "stages": "s"}
 # the backward's programs per SM (all head blocks together) when it sums a weight gradient
 _PROGS = (1, 2, 4, 8, 16, 32)
 _DEFAULT_PROGS = 4
@@ -493,6 +539,8 @@ class Config(config_text.Text):
     # backward with a weight gradient only: programs per SM in the grid-stride loop, each summing
     # one partial dweight row (0: the default, 4); the forward ignores it
     progs: int = 0
+    # backward only: 2 loads the next token block before computing this one (the forward ignores it)
+    stages: int = 1
 
     _family, _variants, _abbrev = FAMILY, VARIANTS, _ABBREV
     _always = ("tokens", "heads", "num_warps")  # text form, e.g. "tile:t=4:h=8:w=4" (+ ":p=16")
@@ -516,7 +564,7 @@ def is_valid(config: Config, workload: Workload) -> bool:
     n_tok, Hq, Hk, D = _dims(workload)
     if c.variant not in VARIANTS or c.num_warps not in _WARPS or c.tokens not in _POW2 or c.heads not in _POW2:
         return False
-    if c.progs and c.progs not in _PROGS:
+    if (c.progs and c.progs not in _PROGS) or c.stages not in (1, 2):
         return False
     if c.heads > triton.next_power_of_2(max(Hq, Hk)) or c.tokens > triton.next_power_of_2(max(n_tok, 1)):
         return False
@@ -561,10 +609,11 @@ def heuristic(workload: Workload) -> Config:
 
 def bwd_space(workload: Workload) -> list[Config]:
     """The backward's configs: the forward's tiles x programs per SM (the latter matters only with
-    norm weights, whose gradient the grid-stride loop sums; without them one program per tile)."""
+    norm weights, whose gradient the grid-stride loop sums; without them one program per tile) x
+    stages (1, or 2: the next token block loaded ahead)."""
     has_w = len(workload.shapes) > 4
     progs = (4, 8, 16, 32) if has_w else (0,)
-    out = [dataclasses.replace(c, progs=p) for c in space(workload) for p in progs]
+    out = [dataclasses.replace(c, progs=p, stages=st) for c in space(workload) for p in progs for st in (1, 2)]
     return [c for c in out if is_valid(c, workload)]
 
 
