@@ -315,20 +315,8 @@ def optimize(
     if stored_baselines:
         notes.append(f"the original time of {stored_baselines} region(s) came from the kernel database "
                      "(measured by an earlier run on this device; --retune measures everything again)")
-    # a kernel that is not faster than the region as the model ran it stays out (on the GPU,
-    # where times mean something): never trade the original for a slower kernel. Not for a
-    # backward: the fused forward op always runs its own backward kernel, so its best config is
-    # used whatever eager's backward of the region would have cost.
-    backward = {g.workload for g in groups if g.forward is not None}
-    slower = not_faster([r for r in results if r.workload not in backward], meaningful=device == "cuda")
-    for r in results:
-        if r.workload in slower:
-            notes.append(f"kept the original {r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is "
-                         f"not faster than the region as the model ran it ({r.baseline.p50_us:,.1f} µs)")
-    slow_bwd = not_faster([r for r in results if r.workload in backward], meaningful=device == "cuda")
-    notes += [f"{r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is slower than eager's backward of "
-              f"the region ({r.baseline.p50_us:,.1f} µs); used anyway: the fused forward op runs its own backward"
-              for r in results if r.workload in slow_bwd and r.best is not None]
+    slower, kept_notes = kept_out(groups, results, meaningful=device == "cuda")
+    notes += kept_notes
     winners = {r.workload: _encode(r) for r in results if r.best is not None and r.workload not in slower}
     optimized: Callable[..., Any] = model
     e2e: E2EReport | None = None
@@ -426,6 +414,30 @@ def not_faster(results: Sequence[TuneResult], *, meaningful: bool) -> set[Any]:
     where times mean something: on the interpreter every kernel is "slower")."""
     return {r.workload for r in results
             if meaningful and r.best is not None and r.speedup is not None and r.speedup < 1.0}
+
+
+def kept_out(groups: Sequence[_plan.WorkloadGroup], results: Sequence[TuneResult], *,
+             meaningful: bool) -> tuple[set[Any], list[str]]:
+    """The forward workloads whose kernel stays out, and notes. A kernel that is not faster than
+    the region as the model ran it stays out (on the GPU, where times mean something): never trade
+    the original for a slower kernel. Not a backward's: the fused forward op always runs its own
+    backward kernel, so the best backward config is used whatever eager's backward would cost
+    (noted when slower)."""
+    backward = {g.workload for g in groups if g.forward is not None}
+    slower = not_faster([r for r in results if r.workload not in backward], meaningful=meaningful)
+    slow_bwd = not_faster([r for r in results if r.workload in backward], meaningful=meaningful)
+    notes = []
+    for r in results:
+        if r.best is None or r.workload not in slower | slow_bwd:
+            continue
+        if r.workload in slower:
+            notes.append(f"kept the original {r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is "
+                         f"not faster than the region as the model ran it ({r.baseline.p50_us:,.1f} µs)")
+        else:
+            notes.append(f"{r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is slower than eager's "
+                         f"backward of the region ({r.baseline.p50_us:,.1f} µs); used anyway: the fused forward "
+                         "op runs its own backward")
+    return slower, notes
 
 
 def _open_db(db: str | Path | bool) -> KernelDB | None:
