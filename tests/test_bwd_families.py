@@ -360,3 +360,15 @@ def test_a_slow_backward_kernel_is_used_anyway_and_noted() -> None:
     assert kept_out(groups, results, meaningful=False) == (set(), [])
     reports = [_region_report(g, r, True) for g, r in zip(groups, results, strict=True)]
     assert [r.integrated for r in reports] == [False, True] and reports[1].family == "swiglu_bwd"
+
+
+def test_backward_family_template_hash_covers_the_forward_kernel_file() -> None:
+    """The kernel lives in the forward's file: editing it must re-tune the backward family too."""
+    from pathlib import Path
+
+    from solforge import db
+
+    for fam in ("rope", "swiglu", "gelu"):
+        mod = family_module(f"{fam}_bwd")
+        assert f"solforge.kernels.{fam}" in db._kernel_imports(Path(mod.__file__).read_text())  # type: ignore[arg-type]
+        assert db.template_hash(mod) != db.template_hash(family_module(fam))

@@ -1,9 +1,24 @@
 """rope_bwd: the backward of the rope family (kernels/rope.py `rope_bwd`) as a tunable family.
 
-A backward family is an ordinary family module (the tuner's and verifier's interface, see
-solforge/tune/__init__.py and solforge/tune/verify.py) whose workload is the forward family's
-`backward_workload(forward workload)`; in training the forward op's config string is "FWD|BWD"
-and its autograd backward runs the `<family>_bwd` op with the BWD part (solforge/integrate.py).
+The pattern (swiglu_bwd.py and gelu_bwd.py follow it; wire another family the same way):
+
+  kernels/<family>_bwd.py, an ordinary family module (the interface of solforge/tune/__init__.py
+  and tune/verify.py): FAMILY = "<family>_bwd"; Config (the forward's class will do: the op
+  decodes the BWD string with it); space(wl), is_valid(c, wl), heuristic(wl) (exactly what the
+  backward op runs with config ""); make_inputs(wl, *, seed, rows=None, device=None) -> (args,
+  kwargs) with random incoming gradients laid out as the model hands them over; the launcher
+  `<family>_bwd(*args, config=, out=, **kwargs)` returning a tuple of tensors and writing into
+  `out` when given; `<family>_bwd_ref` (fp32/fp64, e.g. autograd through the forward's reference)
+  returning the same tuple, no None items. Optional: output_tolerance(wl) (one per output; a
+  reduction such as a weight gradient needs a wider atol), verify_rows(wl) (which size the odd
+  shape replaces), baseline_leaves(wl) (which of the region's tensor inputs eager's backward is
+  timed for; default every floating-point one). Import the forward module, so the database's
+  template hash covers its kernel source.
+  kernels/<family>.py: backward_workload(wl) -> Workload | None (family "<family>_bwd" and
+  everything the backward kernel depends on); the op impl decodes config.partition("|")[0];
+  setup_context keeps config.partition("|")[2]; the backward passes it to the <family>_bwd op.
+  Nothing else: plan.backward_groups, api.optimize (train mode) and integrate.Integrator(train=
+  True) find families by `backward_workload`.
 
 The kernel, its config, space and heuristic live in kernels/rope.py (its template hash covers
 that file: importing it makes it part of this family's source). Here: the fp32 reference (autograd
