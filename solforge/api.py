@@ -124,7 +124,8 @@ def _model_dtype(model: torch.nn.Module, inputs: Sequence[Any]) -> torch.dtype:
 
 
 def _baseline(group: _plan.WorkloadGroup, device: str) -> RunResult:
-    """Time the region exactly as the model ran it (the extracted ATen subgraph)."""
+    """Time the region exactly as the model ran it (the extracted ATen subgraph); for a backward
+    group, eager autograd's backward of that subgraph."""
     assert group.example is not None
     sub, metas = _plan.extract(group.example[1])
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -132,6 +133,8 @@ def _baseline(group: _plan.WorkloadGroup, device: str) -> RunResult:
     args = [torch.randn(tuple(m.shape), generator=gen, dtype=torch.float32).to(device=device, dtype=m.dtype)
             if m.dtype.is_floating_point else
             torch.randint(0, 2, tuple(m.shape), generator=gen).to(device=device, dtype=m.dtype) for m in metas]
+    if group.forward is not None:
+        return _backward_baseline(group, sub, args, gen, device)
     # a family whose kernel also computes its region's gradients (linear_cross_entropy) names the
     # inputs they are for: its region is then timed with their backward, as the kernel is
     fam = family_module(group.workload.family)
@@ -141,6 +144,23 @@ def _baseline(group: _plan.WorkloadGroup, device: str) -> RunResult:
         return time_kernel(lambda: torch.autograd.grad(sub(*args), leaves), device)
     with torch.no_grad():
         return time_kernel(lambda: sub(*args), device)
+
+
+def _backward_baseline(group: _plan.WorkloadGroup, sub: torch.fx.GraphModule, args: list[torch.Tensor],
+                       gen: torch.Generator, device: str) -> RunResult:
+    """Eager's backward of the region: the subgraph run forward once with the inputs the backward
+    kernel differentiates as requires_grad leaves (the bwd family's `baseline_leaves(workload)`,
+    default every floating-point input), then `torch.autograd.grad` of its outputs timed alone,
+    with random incoming gradients in the outputs' own layout (what the next op hands over)."""
+    fam = family_module(group.workload.family)
+    idx = tuple(fam.baseline_leaves(group.workload)) if hasattr(fam, "baseline_leaves") else \
+        tuple(i for i, a in enumerate(args) if a.dtype.is_floating_point)
+    leaves = [args[i].requires_grad_(True) for i in idx if i < len(args)]
+    with torch.enable_grad():
+        out = sub(*args)
+    outs = tuple(o for o in (out if isinstance(out, tuple) else (out,)) if o.requires_grad)
+    grads = tuple(torch.empty_like(o).copy_(torch.randn(tuple(o.shape), generator=gen)) for o in outs)
+    return time_kernel(lambda: torch.autograd.grad(outs, leaves, grads, retain_graph=True), device)
 
 
 def optimize(
@@ -232,6 +252,8 @@ def optimize(
     if not groups:
         known = ", ".join(_plan._matchers())
         notes.append(f"nothing to optimize: no region of a known kernel family ({known}) was found")
+    if train:  # the fused ops' backward kernels are tuned too, as workloads of family <family>_bwd
+        groups += _plan.backward_groups(groups)
 
     kdb = _open_db(db)
     run_id = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S") + f"-{uuid.uuid4().hex[:6]}"
@@ -241,9 +263,10 @@ def optimize(
         rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
         prof = _profile_stage(model, example_inputs, device=device, name=name or type(model).__name__,
                               families=fams, trace=Path(out_dir) / TRACE_BASELINE if out_dir is not None else None)
-        # tune where the end-to-end time is: the largest Amdahl saving first (the budget may run out)
+        # tune where the end-to-end time is: the largest Amdahl saving first (the budget may run out);
+        # the profile is of the forward, so a backward group ranks with its forward, right after it
         saving = _ranking(prof)
-        groups.sort(key=lambda g: -saving(g.workload.key))
+        groups.sort(key=lambda g: -saving((g.forward or g.workload).key))
     elif profile == "auto" and groups:
         notes.append("profile skipped: every kernel came from the kernel database (--profile on to profile anyway)")
 
@@ -292,13 +315,8 @@ def optimize(
     if stored_baselines:
         notes.append(f"the original time of {stored_baselines} region(s) came from the kernel database "
                      "(measured by an earlier run on this device; --retune measures everything again)")
-    # a kernel that is not faster than the region as the model ran it stays out (on the GPU,
-    # where times mean something): never trade the original for a slower kernel
-    slower = not_faster(results, meaningful=device == "cuda")
-    for r in results:
-        if r.workload in slower:
-            notes.append(f"kept the original {r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is "
-                         f"not faster than the region as the model ran it ({r.baseline.p50_us:,.1f} µs)")
+    slower, kept_notes = kept_out(groups, results, meaningful=device == "cuda")
+    notes += kept_notes
     winners = {r.workload: _encode(r) for r in results if r.best is not None and r.workload not in slower}
     optimized: Callable[..., Any] = model
     e2e: E2EReport | None = None
@@ -306,20 +324,20 @@ def optimize(
     if winners:
         rep.stage("integrate", f"{len(winners)} kernel(s)")
         # the capture's own compiled model, rewritten in place: no second trace
-        optimized, stats = integrate_captured(captured, winners, families=fams)
+        optimized, stats = integrate_captured(captured, winners, families=fams, train=train)
         rep.stage("validate", "original vs optimized on fresh inputs")
         fresh = tuple(make_inputs(1)) if make_inputs is not None else _fresh(example_inputs)
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if train else None
         e2e = validate(model, optimized, fresh, dtype=dtype, device=device,
                        is_language_model=bool(is_language_model), params=params)
-        planned = sum(g.count for g in groups if g.workload in winners)
+        planned = sum(g.count for g in groups if g.workload in winners and g.forward is None)
         if stats.total < planned:
             notes.append(f"integration replaced {stats.total} of {planned} planned regions")
         if prof is not None:
             rep.stage("profile", "the optimized model, the same way")
             prof_after = _profile_stage(
                 model, example_inputs, device=device, name=name or type(model).__name__, families=fams,
-                rewrite=Integrator(dict(winners), fams),
+                rewrite=Integrator(dict(winners), fams, train=train),
                 trace=Path(out_dir) / TRACE_OPTIMIZED if out_dir is not None else None)
 
     rep.stop()
@@ -398,6 +416,30 @@ def not_faster(results: Sequence[TuneResult], *, meaningful: bool) -> set[Any]:
             if meaningful and r.best is not None and r.speedup is not None and r.speedup < 1.0}
 
 
+def kept_out(groups: Sequence[_plan.WorkloadGroup], results: Sequence[TuneResult], *,
+             meaningful: bool) -> tuple[set[Any], list[str]]:
+    """The forward workloads whose kernel stays out, and notes. A kernel that is not faster than
+    the region as the model ran it stays out (on the GPU, where times mean something): never trade
+    the original for a slower kernel. Not a backward's: the fused forward op always runs its own
+    backward kernel, so the best backward config is used whatever eager's backward would cost
+    (noted when slower)."""
+    backward = {g.workload for g in groups if g.forward is not None}
+    slower = not_faster([r for r in results if r.workload not in backward], meaningful=meaningful)
+    slow_bwd = not_faster([r for r in results if r.workload in backward], meaningful=meaningful)
+    notes = []
+    for r in results:
+        if r.best is None or r.workload not in slower | slow_bwd:
+            continue
+        if r.workload in slower:
+            notes.append(f"kept the original {r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is "
+                         f"not faster than the region as the model ran it ({r.baseline.p50_us:,.1f} µs)")
+        else:
+            notes.append(f"{r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is slower than eager's "
+                         f"backward of the region ({r.baseline.p50_us:,.1f} µs); used anyway: the fused forward "
+                         "op runs its own backward")
+    return slower, notes
+
+
 def _open_db(db: str | Path | bool) -> KernelDB | None:
     if db is False:
         return None
@@ -461,7 +503,8 @@ def _region_report(group: _plan.WorkloadGroup, res: TuneResult, meaningful: bool
         errs = [r.error for r in res.records if r.error]
         note = "no candidate passed: " + (errs[0] if errs else "none measured")
     return RegionReport(
-        integrated=best is not None and not not_faster([res], meaningful=meaningful),
+        # a backward kernel is always integrated (with its forward op), faster than eager's or not
+        integrated=best is not None and (group.forward is not None or not not_faster([res], meaningful=meaningful)),
         family=group.workload.family, workload=group.workload.key, count=group.count,
         baseline_us=res.baseline.p50_us if res.baseline.ok else None,
         best_us=best.time_us if best else None, speedup=res.speedup,

@@ -4,6 +4,13 @@ The optimized model is the original module compiled with a backend that lowers e
 to ATen, finds the same regions the planner found, and replaces each by one call of the family's
 `torch.library` op with the tuned config. The model's code is not touched; it is called exactly
 like the original and returns the same structure.
+
+Training (`train=True`): a family whose kernel module has `backward_workload` (rope, swiglu, gelu)
+gets the config string "FWD|BWD": FWD for its forward kernel, BWD for the `<family>_bwd` op its
+autograd backward calls, each an encoded Config ("" = that kernel's heuristic). The op decodes
+the part before "|" and its `setup_context` keeps the part after it for the backward. BWD is the
+winner of the backward workload (`backward_workload(match.workload)`, tuned like any other), or ""
+where it was not tuned. Inference strings have no "|".
 """
 
 from __future__ import annotations
@@ -39,11 +46,12 @@ class Integrator:
     """The rewrite function given to SolforgeBackend. `winners` maps a workload to its tuned
     config string. A region whose workload was never tuned (a new input shape after
     optimization) gets the family's heuristic config if `untuned="heuristic"`, or is left as
-    it was if `untuned="skip"`."""
+    it was if `untuned="skip"`. `train`: compose "FWD|BWD" strings (see the module's docstring)."""
 
     winners: Mapping[Workload, str]
     families: tuple[str, ...] | None = None
     untuned: str = "heuristic"
+    train: bool = False
     stats: IntegrationStats = field(default_factory=IntegrationStats)
 
     def __call__(self, gm: fx.GraphModule, index: int) -> fx.GraphModule:
@@ -59,27 +67,36 @@ class Integrator:
                 bucket = self.stats.untuned
             bucket[m.workload.key] = bucket.get(m.workload.key, 0) + 1
             chosen.append(m)
-            configs.append(config)
+            configs.append(self._with_backward(m.workload, config) if self.train else config)
         rewrite(gm, chosen, configs)
         return gm
 
+    def _with_backward(self, workload: Workload, config: str) -> str:
+        """"FWD|BWD" for a family that tunes its backward; `config` unchanged for any other."""
+        fam = family_module(workload.family)
+        bwl = fam.backward_workload(workload) if hasattr(fam, "backward_workload") else None
+        if bwl is None:
+            return config
+        return f"{config}|{self.winners.get(bwl, '')}"
 
-def integrate(model: torch.nn.Module, winners: Mapping[Workload, str], *,
-              families: tuple[str, ...] | None = None) -> tuple[Callable[..., Any], IntegrationStats]:
+
+def integrate(model: torch.nn.Module, winners: Mapping[Workload, str], *, families: tuple[str, ...] | None = None,
+              train: bool = False) -> tuple[Callable[..., Any], IntegrationStats]:
     """The optimized model (called like `model`) and the live stats of what it replaced."""
-    integrator = Integrator(dict(winners), families)
+    integrator = Integrator(dict(winners), families, train=train)
     optimized = compile_with(model, SolforgeBackend(rewrite=integrator))
     return optimized, integrator.stats
 
 
 def integrate_captured(captured: SolforgeBackend, winners: Mapping[Workload, str], *,
-                       families: tuple[str, ...] | None = None) -> tuple[Callable[..., Any], IntegrationStats]:
+                       families: tuple[str, ...] | None = None,
+                       train: bool = False) -> tuple[Callable[..., Any], IntegrationStats]:
     """The optimized model from the capture's own compiled model, without tracing it again: its
     ATen graphs are rewritten in place (dynamo calls the same GraphModules), and the backend is
     armed so any graph dynamo compiles later (a new shape, the other grad mode) is rewritten too.
     A second trace of Qwen3-4B costs ~15 s, half of a warm run."""
     assert captured.compiled is not None, "integrate_captured needs capture()'s backend"
-    integrator = Integrator(dict(winners), families)
+    integrator = Integrator(dict(winners), families, train=train)
     for g in captured.graphs:
         integrator(g.aten, g.index)
     captured.rewrite = integrator

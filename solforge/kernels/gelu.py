@@ -302,23 +302,32 @@ def _gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, db_ptr, n_rows, N, sdy, sx, n
 
 
 def gelu_bwd(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none", *,
-             bias_grad: bool | None = None, config: Config | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+             bias_grad: bool | None = None, config: Config | None = None,
+             out: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(dx, db) of y = gelu(x + bias) for the incoming gradient dy, in one launch (plus torch's sum
     of db's fp32 partial rows): dx fresh and contiguous in x's dtype, db in bias's dtype, or None
     without a bias or with `bias_grad=False` (default: computed whenever there is a bias).
     dy may be strided (even expanded: autograd hands `y.sum()`'s gradient over with stride 0,
-    copied first). `config` defaults to `bwd_heuristic`."""
+    copied first). `config` defaults to `bwd_heuristic`. `out`: (dx,) or, with db, (dx, db),
+    dx contiguous, written in place (kernels/gelu_bwd.py tunes this)."""
     _check(x, bias, approximate)
     if dy.shape != x.shape or dy.dtype not in _SUPPORTED or dy.device != x.device:
         raise _bad(f"dy must match x ({tuple(x.shape)}, on {x.device}); got {tuple(dy.shape)} {dy.dtype} "
                    f"on {dy.device}")
     want_db = bias is not None and (bias_grad is None or bias_grad)
     shape, device = x.shape, x.device
-    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if out is not None:
+        if len(out) != 1 + want_db or out[0].shape != x.shape or out[0].dtype != x.dtype \
+                or not out[0].is_contiguous() or (want_db and out[1].shape != bias.shape):  # type: ignore[union-attr]
+            raise _bad("out must be (dx,) or, with a bias gradient, (dx, db): dx contiguous like x, db like bias")
+        dx = out[0]
+    else:
+        dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     N = int(shape[-1])
     if x.numel() == 0:
-        return dx, (torch.zeros(N, dtype=bias.dtype, device=device) if want_db else None)  # type: ignore[union-attr]
+        db0 = (out[1].zero_() if out is not None else torch.zeros(N, dtype=bias.dtype, device=device)) \
+            if want_db else None  # type: ignore[union-attr]
+        return dx, db0
     dy2, sdy = _rows(dy, N)
     x2, sx = _rows(x, N)
     n_rows = x2.shape[0]
@@ -329,7 +338,10 @@ def gelu_bwd(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None
     part = torch.empty((n_rprogs, N), dtype=torch.float32, device=device) if want_db else dx
     b = bias.contiguous() if bias is not None else x2
     _launch(_gelu_bwd_kernel, (grid,), (dy2, x2, b, dx, part, n_rows, N, sdy, sx, *extra), kw)
-    return dx, (part.sum(0).to(bias.dtype) if want_db else None)  # type: ignore[union-attr]
+    if not want_db:
+        return dx, None
+    db = part.sum(0).to(bias.dtype)  # type: ignore[union-attr]
+    return dx, (out[1].copy_(db) if out is not None else db)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -346,7 +358,8 @@ _LIB.define("gelu_bwd(Tensor dy, Tensor x, Tensor? bias, str approximate, bool b
 
 
 def _gelu_op(x: torch.Tensor, bias: torch.Tensor | None, approximate: str, config: str) -> torch.Tensor:
-    return gelu(x, bias, approximate, config=Config.decode(config) if config else None)
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
+    return gelu(x, bias, approximate, config=Config.decode(fwd) if fwd else None)
 
 
 def _gelu_bwd_op(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None, approximate: str, bias_grad: bool,
@@ -373,17 +386,20 @@ def _gelu_bwd_fake(dy: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None,
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, bias, approximate, _config = inputs
+    x, bias, approximate, config = inputs
     # Save the inputs, not x + b: the backward recomputes it while reading x anyway.
     ctx.save_for_backward(x, bias)
     ctx.approximate = approximate
+    # the backward's config: the part after "|" (tuned as family gelu_bwd; "" = bwd_heuristic)
+    ctx.bwd_config = config.partition("|")[2]
 
 
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
     x, bias = ctx.saved_tensors
     need_x, need_b = ctx.needs_input_grad[:2]
-    # The forward's tuned config was chosen for 1 read + 1 write; the backward takes its own heuristic.
-    dx, db = torch.ops.solforge.gelu_bwd(dy, x, bias, ctx.approximate, bool(bias is not None and need_b), "")
+    # The forward's tuned config was chosen for 1 read + 1 write; the backward has its own.
+    dx, db = torch.ops.solforge.gelu_bwd(dy, x, bias, ctx.approximate, bool(bias is not None and need_b),
+                                         ctx.bwd_config)
     return (dx if need_x else None), (db if bias is not None and need_b else None), None, None
 
 
@@ -480,6 +496,16 @@ def workload_for(x: torch.Tensor, bias: torch.Tensor | None = None, approximate:
     N = int(x.shape[-1]) if x.dim() else 1
     rows = math.prod(int(d) for d in x.shape[:-1])
     return _workload(rows, N, x.dtype, bias is not None, approximate, x.device.type)
+
+
+def backward_workload(workload: Workload) -> Workload:
+    """The workload of this call's backward (family gelu_bwd, kernels/gelu_bwd.py): the same
+    shapes, dtypes and approximation, and whether the bias's gradient is summed (a constexpr of the
+    kernel, and what picks `bwd_heuristic`'s persistent grid). Training's bias is a parameter, so
+    its gradient is assumed wanted; a frozen bias still runs with the tuned config (valid alike)."""
+    return dataclasses.replace(workload, family=f"{FAMILY}_bwd",
+                               params=tuple(sorted({**dict(workload.params),
+                                                    "bias_grad": len(workload.shapes) > 1}.items())))
 
 
 def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,

@@ -476,15 +476,26 @@ def _checked_config(sig: tuple[Any, ...], eps: float, norm: bool, round_before_w
 def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
              sin: torch.Tensor, q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None,
              eps: float = 1e-6, *, norm: bool = False, round_before_weight: bool = False, heads_first: bool = True,
-             config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor, Any, Any]:
+             config: Config | None = None, out: tuple[torch.Tensor, ...] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, Any, Any]:
     """(dq, dk, dq_weight, dk_weight) for grads of `rope`'s outputs (dweights None without weights).
-    dq, dk are (B, S, H, D) contiguous like q and k; the weight grads are summed in fp32."""
+    dq, dk are (B, S, H, D) contiguous like q and k; the weight grads are summed in fp32. `out`
+    ((dq, dk) or, with weights, (dq, dk, dq_weight, dk_weight); dq, dk any strides with a
+    contiguous last dim) is written in place when given (kernels/rope_bwd.py tunes this)."""
     B, S, Hq, Hk, D = _check(q, k, q_weight, k_weight, norm)
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     has_w = q_weight is not None
+    if out is not None:
+        if len(out) != (4 if has_w else 2) or any(o.shape != t.shape or o.dtype != t.dtype or o.stride(-1) != 1
+                                                   for o, t in zip(out[:2], (q, k), strict=True)):
+            raise _bad("out must be (dq, dk[, dq_weight, dk_weight]) shaped like q, k with a contiguous last dim")
+        dq, dk = out[0], out[1]
+    else:
+        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+        dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     if q.numel() == 0:
         z = (torch.zeros_like(q_weight), torch.zeros_like(k_weight)) if has_w else (None, None)  # type: ignore[arg-type]
+        if out is not None and has_w:
+            z = (out[2].zero_(), out[3].zero_())
         return dq, dk, *z
     gq, gk = _token_major(grad_q, heads_first), _token_major(grad_k, heads_first)
     q4, k4 = _rows(q), _rows(k)
@@ -510,6 +521,8 @@ def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: tor
         return dq, dk, None, None
     dqw = dw[: n_qb * progs].sum(0).to(q_weight.dtype)  # type: ignore[union-attr]
     dkw = dw[n_qb * progs:].sum(0).to(k_weight.dtype)  # type: ignore[union-attr]
+    if out is not None:
+        dqw, dkw = out[2].copy_(dqw), out[3].copy_(dkw)
     return dq, dk, dqw, dkw
 
 
@@ -652,6 +665,13 @@ def workload_for(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     return Workload(family=FAMILY, shapes=shapes, dtypes=dtypes, params=params, device=q.device.type)
 
 
+def backward_workload(workload: Workload) -> Workload:
+    """The workload of this call's backward (family rope_bwd, kernels/rope_bwd.py): the same
+    shapes, dtypes and options, which are all the backward kernel depends on (the incoming grads
+    have the outputs' layout, set by heads_first, and out_dtype)."""
+    return dataclasses.replace(workload, family=f"{FAMILY}_bwd")
+
+
 def verify_rows(workload: Workload) -> int:
     """The verifier's odd shape replaces the sequence length S (see make_inputs' `rows`)."""
     return workload.shapes[0][1]
@@ -719,8 +739,9 @@ _LIB.define("rope_bwd(Tensor grad_q, Tensor grad_k, Tensor q, Tensor k, Tensor c
 def _rope_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_weight: torch.Tensor | None,
              k_weight: torch.Tensor | None, eps: float, norm: bool, round_before_weight: bool, heads_first: bool,
              out_dtype: torch.dtype, config: str) -> Pair:
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
     return rope(q, k, cos, sin, q_weight, k_weight, eps, norm=norm, round_before_weight=round_before_weight,
-                heads_first=heads_first, out_dtype=out_dtype, config=Config.decode(config) if config else None)
+                heads_first=heads_first, out_dtype=out_dtype, config=Config.decode(fwd) if fwd else None)
 
 
 def _rope_fake(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_weight: torch.Tensor | None,
@@ -759,23 +780,25 @@ torch.library.register_fake("solforge::rope_bwd", _rope_bwd_fake)
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    q, k, cos, sin, qw, kw, eps, norm, rbw, heads_first, _out_dtype, _config = inputs
+    q, k, cos, sin, qw, kw, eps, norm, rbw, heads_first, _out_dtype, config = inputs
     ctx.save_for_backward(q, k, cos, sin, qw, kw)
-    ctx.args = (eps, norm, rbw, heads_first)
+    # the backward's config: the part after "|" (tuned as family rope_bwd; "" = bwd_heuristic)
+    ctx.args = (eps, norm, rbw, heads_first, config.partition("|")[2])
 
 
 def _backward(ctx: Any, grad_q: torch.Tensor | None, grad_k: torch.Tensor | None) -> tuple[Any, ...]:
     q, k, cos, sin, qw, kw = ctx.saved_tensors
     if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
         raise NotImplementedError("solforge rope: gradients with respect to cos/sin are not implemented")
-    eps, norm, rbw, heads_first = ctx.args
+    eps, norm, rbw, heads_first, bwd_config = ctx.args
     B, S, Hq, D = q.shape
     Hk = k.shape[2]
     if grad_q is None:
         grad_q = torch.zeros((B, Hq, S, D) if heads_first else q.shape, dtype=q.dtype, device=q.device)
     if grad_k is None:
         grad_k = torch.zeros((B, Hk, S, D) if heads_first else k.shape, dtype=k.dtype, device=k.device)
-    dq, dk, dqw, dkw = rope_bwd_op(grad_q, grad_k, q, k, cos, sin, qw, kw, eps, norm, rbw, heads_first, "")
+    dq, dk, dqw, dkw = rope_bwd_op(grad_q, grad_k, q, k, cos, sin, qw, kw, eps, norm, rbw, heads_first,
+                                   bwd_config)
     return (dq, dk, None, None, dqw if qw is not None else None, dkw if kw is not None else None,
             None, None, None, None, None, None)
 

@@ -323,13 +323,21 @@ def _swiglu_bwd_kernel(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n_rows, N, sdy, sg,
 
 
 def swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, act: str = "silu", *,
-               config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               config: Config | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dgate, dup) of y = act(gate) * up for the incoming gradient dy, in one launch: fresh
-    contiguous tensors of gate's and up's dtypes. dy may be strided (even expanded: autograd hands
-    `y.sum()`'s gradient over as a stride-0 tensor, which is copied first)."""
+    contiguous tensors of gate's and up's dtypes, or `out` (two contiguous tensors of those shapes
+    and dtypes) written in place. dy may be strided (even expanded: autograd hands `y.sum()`'s
+    gradient over as a stride-0 tensor, which is copied first)."""
     shape, device = _check({"gate": gate, "up": up, "dy": dy}, act)
-    dg = torch.empty_like(gate, memory_format=torch.contiguous_format)
-    du = torch.empty_like(up, memory_format=torch.contiguous_format)
+    if out is not None:
+        if len(out) != 2 or any(o.shape != t.shape or o.dtype != t.dtype or not o.is_contiguous()
+                                for o, t in zip(out, (gate, up), strict=True)):
+            raise _bad("out must be (dgate, dup): contiguous tensors of gate's and up's shapes and dtypes")
+        dg, du = out
+    else:
+        dg = torch.empty_like(gate, memory_format=torch.contiguous_format)
+        du = torch.empty_like(up, memory_format=torch.contiguous_format)
     if gate.numel() == 0:
         return dg, du
     N = int(shape[-1])
@@ -354,7 +362,8 @@ _LIB.define("swiglu_bwd(Tensor dy, Tensor gate, Tensor up, str act, str config) 
 
 
 def _swiglu_op(gate: torch.Tensor, up: torch.Tensor, act: str, config: str) -> torch.Tensor:
-    return swiglu(gate, up, act, config=Config.decode(config) if config else None)
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
+    return swiglu(gate, up, act, config=Config.decode(fwd) if fwd else None)
 
 
 def _swiglu_bwd_op(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, act: str,
@@ -378,17 +387,18 @@ def _swiglu_bwd_fake(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, act
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    gate, up, act, _config = inputs
+    gate, up, act, config = inputs
     # Save the inputs, not act(gate): the backward recomputes it from gate, which it reads anyway.
     ctx.save_for_backward(gate, up)
     ctx.act = act
+    # the backward's config: the part after "|" (tuned as family swiglu_bwd; "" = the heuristic)
+    ctx.bwd_config = config.partition("|")[2]
 
 
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
     gate, up = ctx.saved_tensors
-    # The forward's tuned config was chosen for 2 reads + 1 write; the backward (3 + 2) takes its
-    # own heuristic.
-    dg, du = torch.ops.solforge.swiglu_bwd(dy, gate, up, ctx.act, "")
+    # The forward's tuned config was chosen for 2 reads + 1 write; the backward (3 + 2) has its own.
+    dg, du = torch.ops.solforge.swiglu_bwd(dy, gate, up, ctx.act, ctx.bwd_config)
     need_g, need_u = ctx.needs_input_grad[:2]
     return (dg if need_g else None), (du if need_u else None), None, None
 
@@ -547,6 +557,12 @@ def workload_for(gate: torch.Tensor, up: torch.Tensor, act: str = "silu") -> Wor
     return Workload(family=FAMILY, shapes=((rows, N), (rows, N)),
                     dtypes=(dtype_name(gate.dtype), dtype_name(up.dtype)), params=(("act", act),),
                     device=gate.device.type)
+
+
+def backward_workload(workload: Workload) -> Workload:
+    """The workload of this call's backward (family swiglu_bwd, kernels/swiglu_bwd.py): the same
+    shapes, dtypes and act, which are what the backward kernel depends on."""
+    return dataclasses.replace(workload, family=f"{FAMILY}_bwd")
 
 
 def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,

@@ -85,6 +85,9 @@ class WorkloadGroup:
     regions: list[Region] = field(default_factory=list)
     # one live match kept to extract the baseline subgraph that the model really runs
     example: tuple[fx.GraphModule, Match] | None = None
+    # a backward group (train mode): the forward workload whose regions' backward it tunes; its
+    # regions and example are the forward group's, its baseline eager autograd's backward of them
+    forward: Workload | None = None
 
     @property
     def count(self) -> int:
@@ -144,6 +147,25 @@ def plan(graphs: Sequence[CapturedGraph], families: Sequence[str] | None = None)
             if group.example is None:
                 group.example = (g.aten, m)
     return list(groups.values())
+
+
+def backward_groups(groups: Sequence[WorkloadGroup]) -> list[WorkloadGroup]:
+    """Training: one group per forward group whose family tunes its backward, i.e. whose kernel
+    module has `backward_workload(workload) -> Workload | None` (None: nothing to tune there). The
+    backward workload is an ordinary one of family `<family>_bwd` (kernels/<family>_bwd.py); its
+    regions are the forward's, so the count is the same. Forward workloads that share a backward
+    workload share one group."""
+    from solforge.tune import family_module
+
+    out: dict[Workload, WorkloadGroup] = {}
+    for g in groups:
+        fam = family_module(g.workload.family)
+        bwl = fam.backward_workload(g.workload) if hasattr(fam, "backward_workload") else None
+        if bwl is None:
+            continue
+        group = out.setdefault(bwl, WorkloadGroup(bwl, example=g.example, forward=g.workload))
+        group.regions.extend(g.regions)
+    return list(out.values())
 
 
 def extract(match: Match) -> tuple[fx.GraphModule, list[Any]]:
