@@ -8,7 +8,7 @@ import platform
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -315,16 +315,16 @@ def optimize(
     if stored_baselines:
         notes.append(f"the original time of {stored_baselines} region(s) came from the kernel database "
                      "(measured by an earlier run on this device; --retune measures everything again)")
-    slower, kept_notes = kept_out(groups, results, meaningful=device == "cuda")
+    keep, kept_notes = kept_out(groups, results, meaningful=device == "cuda")
     notes += kept_notes
-    winners = {r.workload: _encode(r) for r in results if r.best is not None and r.workload not in slower}
+    winners = {r.workload: _encode(r) for r in results if r.best is not None and r.workload not in keep}
     optimized: Callable[..., Any] = model
     e2e: E2EReport | None = None
     prof_after: Profile | None = None
     if winners:
         rep.stage("integrate", f"{len(winners)} kernel(s)")
         # the capture's own compiled model, rewritten in place: no second trace
-        optimized, stats = integrate_captured(captured, winners, families=fams, train=train)
+        optimized, stats = integrate_captured(captured, winners, families=fams, train=train, keep=keep)
         rep.stage("validate", "original vs optimized on fresh inputs")
         fresh = tuple(make_inputs(1)) if make_inputs is not None else _fresh(example_inputs)
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if train else None
@@ -337,14 +337,14 @@ def optimize(
             rep.stage("profile", "the optimized model, the same way")
             prof_after = _profile_stage(
                 model, example_inputs, device=device, name=name or type(model).__name__, families=fams,
-                rewrite=Integrator(dict(winners), fams, train=train),
+                rewrite=Integrator(dict(winners), fams, train=train, keep=frozenset(keep)),
                 trace=Path(out_dir) / TRACE_OPTIMIZED if out_dir is not None else None)
 
     rep.stop()
     report = Report(
         model=name or type(model).__name__, device=_device_name(device), dtype=dtype_name(dtype), mode=mode,
         versions=versions(device),
-        regions=tuple(_region_report(g, r, device == "cuda") for g, r in zip(groups, results, strict=True)),
+        regions=tuple(_region_report(g, r, keep) for g, r in zip(groups, results, strict=True)),
         e2e=e2e, timings_meaningful=device == "cuda", notes=tuple(notes),
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), command=command or " ".join(sys.argv),
         graphs=len(captured.graphs), profile=prof, profile_after=prof_after,
@@ -418,26 +418,39 @@ def not_faster(results: Sequence[TuneResult], *, meaningful: bool) -> set[Any]:
 
 def kept_out(groups: Sequence[_plan.WorkloadGroup], results: Sequence[TuneResult], *,
              meaningful: bool) -> tuple[set[Any], list[str]]:
-    """The forward workloads whose kernel stays out, and notes. A kernel that is not faster than
-    the region as the model ran it stays out (on the GPU, where times mean something): never trade
-    the original for a slower kernel. Not a backward's: the fused forward op always runs its own
-    backward kernel, so the best backward config is used whatever eager's backward would cost
-    (noted when slower)."""
+    """The forward workloads whose regions stay as the model ran them, and notes:
+    - a kernel that is not faster than the region as the model ran it (on the GPU, where times
+      mean something): never trade the original for a slower kernel;
+    - a workload with no verified kernel, and in training one whose backward has none: nothing
+      unproven enters a model (the heuristic config is not used in their place).
+    A backward that is merely slower is used (the fused forward op always runs its own backward
+    kernel, so the best backward config is used whatever eager's backward would cost): noted."""
     backward = {g.workload for g in groups if g.forward is not None}
     slower = not_faster([r for r in results if r.workload not in backward], meaningful=meaningful)
     slow_bwd = not_faster([r for r in results if r.workload in backward], meaningful=meaningful)
+    unverified = {r.workload for r in results if r.best is None}
+    keep = set(slower) | (unverified - backward)
     notes = []
     for r in results:
-        if r.best is None or r.workload not in slower | slow_bwd:
-            continue
-        if r.workload in slower:
+        if r.workload in unverified:
+            what = "its backward" if r.workload in backward else "it"
+            notes.append(f"{r.workload.key}: no kernel verified, so {what} stays as the model ran it")
+        elif r.workload in slower:
             notes.append(f"kept the original {r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is "
                          f"not faster than the region as the model ran it ({r.baseline.p50_us:,.1f} µs)")
-        else:
+        elif r.workload in slow_bwd:
             notes.append(f"{r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is slower than eager's "
                          f"backward of the region ({r.baseline.p50_us:,.1f} µs); used anyway: the fused forward "
                          "op runs its own backward")
-    return slower, notes
+    # a forward whose backward has no verified kernel stays out too: its op would run that backward
+    for g in groups:
+        if g.forward is not None:
+            continue
+        fam = family_module(g.workload.family)
+        bwl = fam.backward_workload(g.workload) if hasattr(fam, "backward_workload") else None
+        if bwl is not None and bwl in unverified:
+            keep.add(g.workload)
+    return keep, notes
 
 
 def _open_db(db: str | Path | bool) -> KernelDB | None:
@@ -493,7 +506,9 @@ def _device_name(device: str) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, Triton interpreter)"
 
 
-def _region_report(group: _plan.WorkloadGroup, res: TuneResult, meaningful: bool) -> RegionReport:
+def _region_report(group: _plan.WorkloadGroup, res: TuneResult, keep: Collection[Any]) -> RegionReport:
+    """The report row of one workload; `keep`: the forward workloads left as the model ran them
+    (kept_out). A backward kernel is integrated with its forward op, faster than eager's or not."""
     best = res.best
     rejected = sum(1 for r in res.records if not r.ok)
     built = sum(1 for r in res.records if r.build.ok)
@@ -503,8 +518,7 @@ def _region_report(group: _plan.WorkloadGroup, res: TuneResult, meaningful: bool
         errs = [r.error for r in res.records if r.error]
         note = "no candidate passed: " + (errs[0] if errs else "none measured")
     return RegionReport(
-        # a backward kernel is always integrated (with its forward op), faster than eager's or not
-        integrated=best is not None and (group.forward is not None or not not_faster([res], meaningful=meaningful)),
+        integrated=best is not None and (group.forward or group.workload) not in keep,
         family=group.workload.family, workload=group.workload.key, count=group.count,
         baseline_us=res.baseline.p50_us if res.baseline.ok else None,
         best_us=best.time_us if best else None, speedup=res.speedup,

@@ -15,7 +15,7 @@ where it was not tuned. Inference strings have no "|".
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,18 +46,23 @@ class Integrator:
     """The rewrite function given to SolforgeBackend. `winners` maps a workload to its tuned
     config string. A region whose workload was never tuned (a new input shape after
     optimization) gets the family's heuristic config if `untuned="heuristic"`, or is left as
-    it was if `untuned="skip"`. `train`: compose "FWD|BWD" strings (see the module's docstring)."""
+    it was if `untuned="skip"`. A workload in `keep` (tuned, but its kernel was slower than the
+    region or none verified) is always left as it was. `train`: compose "FWD|BWD" strings (see the
+    module's docstring)."""
 
     winners: Mapping[Workload, str]
     families: tuple[str, ...] | None = None
     untuned: str = "heuristic"
     train: bool = False
+    keep: frozenset[Workload] = frozenset()
     stats: IntegrationStats = field(default_factory=IntegrationStats)
 
     def __call__(self, gm: fx.GraphModule, index: int) -> fx.GraphModule:
         self.stats.graphs += 1
         chosen, configs = [], []
         for m in find_matches(gm.graph, self.families):
+            if m.workload in self.keep:
+                continue
             config = self.winners.get(m.workload)
             bucket = self.stats.replaced
             if config is None:
@@ -81,22 +86,22 @@ class Integrator:
 
 
 def integrate(model: torch.nn.Module, winners: Mapping[Workload, str], *, families: tuple[str, ...] | None = None,
-              train: bool = False) -> tuple[Callable[..., Any], IntegrationStats]:
+              train: bool = False, keep: Collection[Workload] = ()) -> tuple[Callable[..., Any], IntegrationStats]:
     """The optimized model (called like `model`) and the live stats of what it replaced."""
-    integrator = Integrator(dict(winners), families, train=train)
+    integrator = Integrator(dict(winners), families, train=train, keep=frozenset(keep))
     optimized = compile_with(model, SolforgeBackend(rewrite=integrator))
     return optimized, integrator.stats
 
 
 def integrate_captured(captured: SolforgeBackend, winners: Mapping[Workload, str], *,
-                       families: tuple[str, ...] | None = None,
-                       train: bool = False) -> tuple[Callable[..., Any], IntegrationStats]:
+                       families: tuple[str, ...] | None = None, train: bool = False,
+                       keep: Collection[Workload] = ()) -> tuple[Callable[..., Any], IntegrationStats]:
     """The optimized model from the capture's own compiled model, without tracing it again: its
     ATen graphs are rewritten in place (dynamo calls the same GraphModules), and the backend is
     armed so any graph dynamo compiles later (a new shape, the other grad mode) is rewritten too.
     A second trace of Qwen3-4B costs ~15 s, half of a warm run."""
     assert captured.compiled is not None, "integrate_captured needs capture()'s backend"
-    integrator = Integrator(dict(winners), families, train=train)
+    integrator = Integrator(dict(winners), families, train=train, keep=frozenset(keep))
     for g in captured.graphs:
         integrator(g.aten, g.index)
     captured.rewrite = integrator

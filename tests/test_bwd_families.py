@@ -245,6 +245,10 @@ def test_integrator_composes_fwd_bwd_strings_in_training_only() -> None:
     assert not any("|" in c for f in ("add_rmsnorm", "rmsnorm") for c in train.get(f, []))  # not wired
     infer = configs(Integrator({sw.workload: tuned}))
     assert infer.keys() == train.keys() and not any("|" in c for cs in infer.values() for c in cs)
+    # a kept-out workload (slower than the region, or nothing verified) stays as the model ran it,
+    # not replaced by the heuristic config the way a workload never tuned is
+    kept = configs(Integrator({sw.workload: tuned}, train=True, keep=frozenset({sw.forward})))
+    assert "swiglu" not in kept and kept.keys() == train.keys() - {"swiglu"}
 
 
 def test_train_mode_optimize_tunes_stores_and_integrates_backward_kernels(
@@ -361,8 +365,40 @@ def test_a_slow_backward_kernel_is_used_anyway_and_noted() -> None:
     assert out == {fwd}
     assert len(notes) == 2 and notes[0].startswith("kept the original swiglu[") and "used anyway" in notes[1]
     assert kept_out(groups, results, meaningful=False) == (set(), [])
-    reports = [_region_report(g, r, True) for g, r in zip(groups, results, strict=True)]
-    assert [r.integrated for r in reports] == [False, True] and reports[1].family == "swiglu_bwd"
+    reports = [_region_report(g, r, out) for g, r in zip(groups, results, strict=True)]
+    # the forward stays out, so its backward kernel never runs either
+    assert [r.integrated for r in reports] == [False, False] and reports[1].family == "swiglu_bwd"
+    reports = [_region_report(g, r, set()) for g, r in zip(groups, results, strict=True)]
+    assert [r.integrated for r in reports] == [True, True]
+
+
+def test_nothing_unverified_enters_the_model() -> None:
+    """A forward with no verified kernel stays out (not replaced by its heuristic config), and in
+    training so does a forward whose backward has none: its op would run that backward."""
+    from solforge.api import kept_out
+    from solforge.plan import WorkloadGroup
+    from solforge.records import BuildResult, Candidate, RunResult, TuneResult, TuningRecord, Verdict
+
+    fwd = FORWARD["swiglu-silu-bf16"]
+    bwd = S.backward_workload(fwd)
+
+    def ok(w: Workload) -> TuneResult:
+        rec = TuningRecord(Candidate(w, "triton", "tile", S.heuristic(w).items()), BuildResult(True),
+                           Verdict(True, 4, 0.0, 0.0), RunResult(5.0, 5.0, 5.0))
+        return TuneResult(w, RunResult(10.0, 10.0, 10.0), (rec,), rec)
+
+    def failed(w: Workload) -> TuneResult:
+        rec = TuningRecord(Candidate(w, "triton", "tile", S.heuristic(w).items()), BuildResult(True),
+                           Verdict(False, 1, reason="trial 1: mismatch"))
+        return TuneResult(w, RunResult(10.0, 10.0, 10.0), (rec,), None)
+
+    groups = [WorkloadGroup(fwd), WorkloadGroup(bwd, forward=fwd)]
+    keep, notes = kept_out(groups, [failed(fwd), ok(bwd)], meaningful=True)
+    assert keep == {fwd} and notes == [f"{fwd.key}: no kernel verified, so it stays as the model ran it"]
+    for meaningful in (True, False):  # on the interpreter too: verification means something there
+        keep, notes = kept_out(groups, [ok(fwd), failed(bwd)], meaningful=meaningful)
+        assert keep == {fwd} and notes == [f"{bwd.key}: no kernel verified, so its backward stays as the model ran it"]
+    assert kept_out(groups, [ok(fwd), ok(bwd)], meaningful=True) == (set(), [])
 
 
 def test_backward_family_template_hash_covers_the_forward_kernel_file() -> None:
