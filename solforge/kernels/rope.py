@@ -202,6 +202,86 @@ def _rope_fwd_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, qo_ptr, ko_
 
 
 @triton.jit
+def _fwd_load(tb, x_ptr, cos_ptr, sin_ptr, n_tok, S, H, head0, sxb, sxs, sxh, scb, scs, ssb, sss, D2: tl.constexpr,
+              BLOCK: tl.constexpr, TOKENS: tl.constexpr, HEADS: tl.constexpr):
+    """cos/sin halves (fp32) and x's halves (its own dtype) of token block `tb` (persistent forward)."""
+    b, s, tmask, d, dmask, c1, c2, s1, s2 = _token_block(tb, n_tok, S, cos_ptr, sin_ptr, scb, scs, ssb, sss, D2,
+                                                         BLOCK, TOKENS)
+    heads = head0 + tl.arange(0, HEADS)
+    m = tmask[:, None, None] & (heads < H)[None, :, None] & dmask
+    xp = x_ptr + _offsets(b, s, heads, sxb, sxs, sxh) + d
+    return c1, c2, s1, s2, tl.load(xp, mask=m, other=0.0), tl.load(xp + D2, mask=m, other=0.0)
+
+
+@triton.jit
+def _fwd_loop(pid, n_progs, n_iter, x_ptr, cos_ptr, sin_ptr, w_ptr, o_ptr, n_tok, S, H, head0, sxb, sxs, sxh, scb,
+              scs, ssb, sss, sob, sos, soh, eps, D2: tl.constexpr, BLOCK: tl.constexpr, TOKENS: tl.constexpr,
+              HEADS: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr,
+              STAGES: tl.constexpr, INTERP: tl.constexpr):
+    """One program's grid-stride loop over token blocks for one head block; STAGES == 2 loads the
+    next block before computing this one."""
+    cur = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    if STAGES > 1:
+        cur = _fwd_load(pid, x_ptr, cos_ptr, sin_ptr, n_tok, S, H, head0, sxb, sxs, sxh, scb, scs, ssb, sss, D2, BLOCK,
+                        TOKENS, HEADS)
+    i = 0
+    while i < n_iter:  # a while loop: the interpreter runs it too (triton#9171), and it compiles the same
+        tb = pid + i * n_progs
+        loaded = cur
+        if STAGES > 1:
+            cur = _fwd_load(tb + n_progs, x_ptr, cos_ptr, sin_ptr, n_tok, S, H, head0, sxb, sxs, sxh, scb, scs, ssb,
+                            sss, D2, BLOCK, TOKENS, HEADS)
+        else:
+            loaded = _fwd_load(tb, x_ptr, cos_ptr, sin_ptr, n_tok, S, H, head0, sxb, sxs, sxh, scb, scs, ssb, sss, D2,
+                               BLOCK, TOKENS, HEADS)
+        c1, c2, s1, s2, x1, x2 = loaded
+        tok = tb * TOKENS + tl.arange(0, TOKENS)
+        b = tok // S
+        s = tok - b * S
+        d = tl.arange(0, BLOCK)[None, None, :]
+        dmask = _dmask(d, D2, BLOCK)
+        heads = head0 + tl.arange(0, HEADS)
+        m = (tok < n_tok)[:, None, None] & (heads < H)[None, :, None] & dmask
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
+        if NORM:
+            r = _rstd(x1, x2, eps, D2)
+            x1 = x1 * r
+            x2 = x2 * r
+            if ROUND:
+                x1 = _cast(x1, x_ptr.dtype.element_ty).to(tl.float32)
+                x2 = _cast(x2, x_ptr.dtype.element_ty).to(tl.float32)
+            if HAS_WEIGHT:
+                x1 = x1 * tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
+                x2 = x2 * tl.load(w_ptr + D2 + d, mask=dmask, other=0.0).to(tl.float32)
+        op = o_ptr + _offsets(b, s, heads, sob, sos, soh) + d
+        tl.store(op, _cast(x1 * c1 - x2 * s1, o_ptr.dtype.element_ty), mask=m)
+        tl.store(op + D2, _cast(x2 * c2 + x1 * s2, o_ptr.dtype.element_ty), mask=m)
+        i += 1
+
+
+@triton.jit
+def _rope_fwd_persistent_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, qo_ptr, ko_ptr, n_tok, S, Hq, Hk,
+                                n_qb, n_iter, n_progs, sqb, sqs, sqh, skb, sks, skh, scb, scs, ssb, sss, sqob, sqos,
+                                sqoh, skob, skos, skoh, eps, D2: tl.constexpr, BLOCK: tl.constexpr,
+                                TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr,
+                                HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, STAGES: tl.constexpr,
+                                INTERP: tl.constexpr):
+    """Forward with `progs` > 0: grid (n_progs, head blocks of q then k), each program walking
+    token blocks (the backward's layout, without the weight gradient)."""
+    pid = tl.program_id(0)
+    hb = tl.program_id(1)
+    if hb < n_qb:
+        _fwd_loop(pid, n_progs, n_iter, q_ptr, cos_ptr, sin_ptr, qw_ptr, qo_ptr, n_tok, S, Hq, hb * HEADS, sqb, sqs,
+                  sqh, scb, scs, ssb, sss, sqob, sqos, sqoh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND,
+                  STAGES, INTERP)
+    else:
+        _fwd_loop(pid, n_progs, n_iter, k_ptr, cos_ptr, sin_ptr, kw_ptr, ko_ptr, n_tok, S, Hk, (hb - n_qb) * HEADS,
+                  skb, sks, skh, scb, scs, ssb, sss, skob, skos, skoh, eps, D2, BLOCK, TOKENS, HEADS, NORM,
+                  HAS_WEIGHT, ROUND, STAGES, INTERP)
+
+
+@triton.jit
 def _bwd_load(tb, g_ptr, x_ptr, cos_ptr, sin_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs, sxh, scb, scs, ssb,
               sss, D2: tl.constexpr, BLOCK: tl.constexpr, TOKENS: tl.constexpr, HEADS: tl.constexpr,
               NORM: tl.constexpr):
@@ -443,7 +523,15 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     n_qb, n_kb = triton.cdiv(Hq, cfg.heads), triton.cdiv(Hk, cfg.heads)
     qw = q4 if q_weight is None else _rows(q_weight)  # never read without a weight; any pointer will do
     kw = k4 if k_weight is None else _rows(k_weight)
-    _launch(_rope_fwd_kernel, (triton.cdiv(n_tok, cfg.tokens), n_qb + n_kb),
+    n_tb = triton.cdiv(n_tok, cfg.tokens)
+    if cfg.progs:  # persistent: `progs` programs per SM in all, each walking token blocks
+        progs = max(1, min(n_tb, cfg.progs * sm_count(q.device) // (n_qb + n_kb)))
+        _launch(_rope_fwd_persistent_kernel, (progs, n_qb + n_kb),
+                (q4, k4, c, sn, qw, kw, qo, ko, n_tok, S, Hq, Hk, n_qb, triton.cdiv(n_tb, progs), progs,
+                 *q4.stride()[:3], *k4.stride()[:3], scb, scs, ssb, sss, *qo.stride()[:3], *ko.stride()[:3], eps),
+                Meta(meta, STAGES=cfg.stages, INTERP=_INTERPRETED))
+        return out
+    _launch(_rope_fwd_kernel, (n_tb, n_qb + n_kb),
             (q4, k4, c, sn, qw, kw, qo, ko, n_tok, S, Hq, Hk, n_qb, *q4.stride()[:3], *k4.stride()[:3], scb, scs,
              ssb, sss, *qo.stride()[:3], *ko.stride()[:3], eps), meta)
     return out
@@ -549,10 +637,11 @@ class Config(config_text.Text):
     tokens: int = 4  # tokens per program: cos/sin rows are loaded once per program
     heads: int = 8  # heads per program
     num_warps: int = 4
-    # backward with a weight gradient only: programs per SM in the grid-stride loop, each summing
-    # one partial dweight row (0: the default, 4); the forward ignores it
+    # programs per SM of a grid-stride loop over token blocks. Backward with a weight gradient: each
+    # sums one partial dweight row (0: the default, 4). Forward: 0 is one program per tile, > 0 the
+    # persistent kernel
     progs: int = 0
-    # backward only: 2 loads the next token block before computing this one (the forward ignores it)
+    # with a grid-stride loop: 2 loads the next token block before computing this one
     stages: int = 1
 
     _family, _variants, _abbrev = FAMILY, VARIANTS, _ABBREV
@@ -585,6 +674,13 @@ def is_valid(config: Config, workload: Workload) -> bool:
 
 
 def space(workload: Workload) -> list[Config]:
+    """The forward's: every tile of `_tiles`, one program per tile or in the persistent kernel
+    (4 or 8 programs per SM, the next token block loaded ahead): ~150 configs at Qwen3's shapes."""
+    return [dataclasses.replace(c, progs=p, stages=st) for c in _tiles(workload)
+            for p, st in ((0, 1), (4, 2), (8, 2))]
+
+
+def _tiles(workload: Workload) -> list[Config]:
     """tokens x heads per program (tiles of 2K-8K values) x warps (8-32 values a thread):
     ~50 configs at Qwen3's shapes (fewer where tiles would be wider than the tensor)."""
     n_tok, Hq, Hk, D = _dims(workload)
@@ -601,23 +697,24 @@ def space(workload: Workload) -> list[Config]:
                 if (8 <= per <= 32 or w == 1) and is_valid(cand, workload):
                     out.append(cand)
     if not out:
-        out.append(heuristic(workload))
+        out.append(dataclasses.replace(heuristic(workload), progs=0, stages=1))
     return out
 
 
 def heuristic(workload: Workload) -> Config:
-    """Untuned default (always valid): heads per program = Hk (capped at 8) so a GQA k tensor is one
-    head block, tokens to fill ~4K values (32 KB of fp32 in registers), 16 values a thread.
-    Not measured yet on a GPU: a first guess from kernels/rmsnorm.py's sweeps of short rows."""
+    """Untuned default (always valid): the persistent kernel, 4 programs per SM, the next token
+    block loaded ahead; tiles of ~4K values over up to 4 heads, 32 values a thread. From
+    bench/rope_fwd_sweep.py on the H100 (2026-11-22, q/k norm with weights, HF layout): 127.0 us at
+    B2 S8192 (2.64 TB/s; best 126.5) and 36.2 at B1 S4096 (the best), against 139.4 / 38.1 for the
+    earlier guess (t=4:h=8:w=8, one program per tile) and 129.1 / 37.2 for the best tile without
+    the loop."""
     n_tok, Hq, Hk, D = _dims(workload)
-    heads = min(8, triton.next_power_of_2(max(1, min(Hq, Hk))))
+    heads = min(4, triton.next_power_of_2(max(1, min(Hq, Hk))))
     width = 2 * triton.next_power_of_2(D // 2)
     tokens = max(1, min(4096 // (heads * width), triton.next_power_of_2(max(n_tok, 1)), _POW2[-1]))
-    while tokens * heads * width > 4096 and tokens > 1:
-        tokens //= 2
     c = Config("tile", tokens, heads, 4)
-    w = max(1, min(16, triton.next_power_of_2(_elems(c, D) // (32 * 16))))
-    return Config("tile", tokens, heads, w)
+    w = max(1, min(16, triton.next_power_of_2(_elems(c, D) // (32 * 32))))
+    return Config("tile", tokens, heads, w, progs=4, stages=2)
 
 
 def bwd_space(workload: Workload) -> list[Config]:
@@ -626,7 +723,7 @@ def bwd_space(workload: Workload) -> list[Config]:
     stages (1, or 2: the next token block loaded ahead)."""
     has_w = len(workload.shapes) > 4
     progs = (4, 8, 16, 32) if has_w else (0,)
-    out = [dataclasses.replace(c, progs=p, stages=st) for c in space(workload) for p in progs for st in (1, 2)]
+    out = [dataclasses.replace(c, progs=p, stages=st) for c in _tiles(workload) for p in progs for st in (1, 2)]
     return [c for c in out if is_valid(c, workload)]
 
 
@@ -634,8 +731,10 @@ def bwd_heuristic(workload: Workload) -> Config:
     """With norm weights (Qwen3's q/k norms): one head and ~2K values a tile, 8 values a thread,
     4 programs per SM. The best of `bwd_space` at both Qwen3-4B shapes on the H100
     (bench/rope_bwd_sweep.py, 2026-11-22): 79.8 us at B1 S4096 and 220.9 us at B2 S8192, where
-    the earlier guess below (t=2:h=8:w=8) took 206 us at B1 S4096 in the training step.
-    Without weights (not swept): the forward's tile halved, as the backward holds grad and x."""
+    the earlier guess below (t=2:h=8:w=8) took 206 us at B1 S4096 in the training step. Swept again
+    with the next block loaded ahead (stages 2; -rope-bwd-sweep-s6.json): 77.3 / 209.9 us, within 3%
+    of the best (75.4 / 209.3), so it stays.
+    Without weights (not swept): the forward's tile halved, one program per tile."""
     n_tok, Hq, Hk, D = _dims(workload)
     if len(workload.shapes) > 4:
         width = 2 * triton.next_power_of_2(D // 2)
@@ -644,7 +743,7 @@ def bwd_heuristic(workload: Workload) -> Config:
         cand = Config("tile", tokens, 1, w, progs=4)
         if is_valid(cand, workload):
             return cand
-    c = heuristic(workload)
+    c = dataclasses.replace(heuristic(workload), progs=0, stages=1)
     if c.tokens > 1:
         return dataclasses.replace(c, tokens=c.tokens // 2)
     if c.heads > 1:
