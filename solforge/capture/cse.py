@@ -27,6 +27,7 @@ or a method, whose effects are unknown) is left alone.
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any
 
@@ -61,15 +62,14 @@ def _key(a: Any) -> Any:
     raise _Unkeyable(type(a).__name__)
 
 
-def _arg_values(node: fx.Node, schema: torch.FunctionSchema) -> list[tuple[torch.Argument, Any]]:
-    """(schema argument, the value the node passes for it) for every argument the node passes."""
-    out = []
-    for i, arg in enumerate(schema.arguments):
-        if i < len(node.args) and not arg.kwarg_only:
-            out.append((arg, node.args[i]))
-        elif arg.name in node.kwargs:
-            out.append((arg, node.kwargs[arg.name]))
-    return out
+@functools.cache
+def _annotated_args(op: torch._ops.OpOverload) -> tuple[tuple[int, str, bool, bool, bool], ...]:
+    """(position, name, keyword-only, written, may be returned) of each argument of `op` with an alias
+    annotation (per op, not per node: a graph calls the same few ops thousands of times)."""
+    schema = op._schema
+    returned = {s for r in schema.returns if r.alias_info is not None for s in r.alias_info.before_set}
+    return tuple((i, a.name, a.kwarg_only, a.alias_info.is_write, bool(returned & set(a.alias_info.before_set)))
+                 for i, a in enumerate(schema.arguments) if a.alias_info is not None)
 
 
 def _nodes_in(value: Any) -> list[fx.Node]:
@@ -116,16 +116,12 @@ def _alias_analysis(graph: fx.Graph) -> tuple[_Aliases, set[fx.Node]] | None:
             continue
         if not isinstance(node.target, torch._ops.OpOverload):
             return None
-        schema = node.target._schema
-        returned = {s for r in schema.returns if r.alias_info is not None for s in r.alias_info.before_set}
-        for arg, value in _arg_values(node, schema):
-            info = arg.alias_info
-            if info is None:
-                continue
+        for i, name, kwarg_only, is_write, is_returned in _annotated_args(node.target):
+            value = node.args[i] if i < len(node.args) and not kwarg_only else node.kwargs.get(name)
             nodes = _nodes_in(value)
-            if info.is_write:
+            if is_write:
                 written.update(nodes)
-            if returned & set(info.before_set):
+            if is_returned:
                 for n in nodes:
                     aliases.union(node, n)
         if node.target in _UNANNOTATED_VIEWS and node.args and isinstance(node.args[0], fx.Node):
@@ -137,17 +133,21 @@ def _alias_analysis(graph: fx.Graph) -> tuple[_Aliases, set[fx.Node]] | None:
     return aliases, written
 
 
+@functools.cache
+def _mergeable_op(op: torch._ops.OpOverload) -> bool:
+    schema = op._schema
+    # fx's impurity test of an ATen call looks at the op alone (side-effectful ops, effect tokens)
+    probe = fx.Graph().call_function(op)
+    return op.namespace == "aten" and not schema.is_mutable and bool(schema.returns) \
+        and torch.Tag.nondeterministic_seeded not in op.tags and not probe.is_impure()
+
+
 def _mergeable(node: fx.Node) -> bool:
     if node.op != "call_function":
         return False
     if node.target is operator.getitem:
         return True
-    op = node.target
-    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
-        return False
-    schema = op._schema
-    return not schema.is_mutable and bool(schema.returns) and torch.Tag.nondeterministic_seeded not in op.tags \
-        and not node.is_impure()
+    return isinstance(node.target, torch._ops.OpOverload) and _mergeable_op(node.target)
 
 
 def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
