@@ -112,7 +112,9 @@ def _alias_analysis(graph: fx.Graph) -> tuple[_Aliases, set[fx.Node]] | None:
         if node.op != "call_function":
             return None
         if node.target is operator.getitem:
-            aliases.union(node, node.args[0])  # type: ignore[arg-type]
+            if not isinstance(node.args[0], fx.Node):
+                return None
+            aliases.union(node, node.args[0])  # an item shares memory with the tuple's producer
             continue
         if not isinstance(node.target, torch._ops.OpOverload):
             return None
