@@ -440,24 +440,27 @@ def test_training_through_the_rewritten_graph(name: str) -> None:
 
 
 class LookAlikes(nn.Module):
-    """Formulas that are not GELU, or GELUs whose parts must stay."""
+    """Formulas that are not GELU, or GELUs whose parts must stay. Each reads its own input: on one
+    x, the capture's common-subexpression pass would compute their shared `0.5 * x` once, and each
+    look-alike would then be refused for that shared node instead of for its own flaw."""
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        a = x * torch.sigmoid(1.702 * x)  # quick_gelu: another function
-        b = 0.5 * x * (1.0 + torch.tanh(C * (x + 0.05 * x * x * x)))  # another constant
-        c = 0.5 * x * (1.0 + torch.tanh(C * (x + 0.044715 * y * y * y)))  # another tensor inside
+    def forward(self, xa: torch.Tensor, xb: torch.Tensor, xc: torch.Tensor, y: torch.Tensor, xe: torch.Tensor,
+                xf: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = xa * torch.sigmoid(1.702 * xa)  # quick_gelu: another function
+        b = 0.5 * xb * (1.0 + torch.tanh(C * (xb + 0.05 * xb * xb * xb)))  # another constant
+        c = 0.5 * xc * (1.0 + torch.tanh(C * (xc + 0.044715 * y * y * y)))  # another tensor inside
         t = torch.tanh(C * (y + 0.044715 * y**3))
         d = 0.5 * y * (1.0 + t)  # t is returned below: it would stay, computing anyway
-        e = 0.5 * x * (1.0 + torch.tanh(C * (x + 0.044715 * x**3))) * v  # the mul by v is not gelu's...
-        f = 0.5 * x * (1.0 + torch.erf(x / 1.5))  # another erf constant
+        e = 0.5 * xe * (1.0 + torch.tanh(C * (xe + 0.044715 * xe**3))) * v  # the mul by v is not gelu's...
+        f = 0.5 * xf * (1.0 + torch.erf(xf / 1.5))  # another erf constant
         return a, b, c, d, t, e, f
 
 
 def test_look_alikes_do_not_match() -> None:
-    x, y = torch.randn(6, 24, device=DEVICE), torch.randn(6, 24, device=DEVICE)
+    xa, xb, xc, y, xe, xf = (torch.randn(6, 24, device=DEVICE) for _ in range(6))
     v = torch.randn(24, device=DEVICE)
     with torch.no_grad():
-        groups = plan.plan(capture.capture(LookAlikes(), (x, y, v)).graphs)
+        groups = plan.plan(capture.capture(LookAlikes(), (xa, xb, xc, y, xe, xf, v)).graphs)
     # ...but the gelu in e is one: found, without the broadcasting mul by v
     assert [(g.workload.family, g.count, g.workload.shapes) for g in groups] == [("gelu", 1, ((6, 24),))]
     _gm, match = groups[0].example  # type: ignore[misc]

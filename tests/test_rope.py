@@ -331,7 +331,9 @@ class Attention(nn.Module):
                 q = q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
             else:
                 if self.leak == "input":  # the rotated tensor has another user
-                    extra = rotate_half(q).sum()
+                    # (not rotate_half(q).sum(): the capture computes that rotate_half once, shared
+                    # with the rope's, which is the "rotate_half" leak below)
+                    extra = q.sum()
                 if self.leak == "rotate_half":  # an intermediate of q's rope has another user
                     rq = rotate_half(q)
                     extra = rq.sum()

@@ -24,6 +24,7 @@ from torch.fx.traceback import preserve_node_meta
 
 from solforge.capture.cache import LoweringCache
 from solforge.capture.canonical import restore_causal_attention
+from solforge.capture.cse import eliminate_common_subexpressions
 
 __all__ = ["CapturedGraph", "LoweringCache", "Rewrite", "SolforgeBackend", "capture", "compile_with",
            "few_full_collections", "lower_to_aten", "module_path", "op_name"]
@@ -38,6 +39,7 @@ class CapturedGraph:
     index: int
     aten: fx.GraphModule
     attention_restored: int = 0  # SDPA calls given back is_causal (see canonical.py)
+    cse_removed: int = 0  # repeated identical ops merged into their first copy (see cse.py)
 
 
 def op_name(target: Any) -> str:
@@ -121,9 +123,17 @@ class SolforgeBackend:
         except Exception as e:  # the graph as traced is still correct, only slower
             self.errors.append(f"graph {index}: attention pass failed: {type(e).__name__}: {e}")
             restored = 0
+        try:
+            # before matching (planning and the integration rewrite both see this graph): a model
+            # that writes x.float() twice must match like one that writes it once
+            removed = eliminate_common_subexpressions(aten)
+        except Exception as e:  # the graph as traced is still correct
+            self.errors.append(f"graph {index}: common-subexpression pass failed: {type(e).__name__}: {e}")
+            removed = 0
         if self.rewrite is not None:
             aten = self.rewrite(aten, index)
-        self.graphs.append(CapturedGraph(index=index, aten=aten, attention_restored=restored))
+        self.graphs.append(CapturedGraph(index=index, aten=aten, attention_restored=restored,
+                                        cse_removed=removed))
         return aten
 
 
