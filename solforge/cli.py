@@ -53,7 +53,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", default="inference", choices=["inference", "train"],
                    help="inference (default): forward only; train: forward and backward, validated on "
                         "parameter gradients too, timed as whole training steps; the fused ops' backward "
-                        "kernels are tuned too (regions rope_bwd, swiglu_bwd, gelu_bwd)")
+                        "kernels are tuned too (regions rope_bwd, swiglu_bwd, gelu_bwd, rmsnorm_bwd, layernorm_bwd)")
     p.add_argument("--batch", type=int, default=None, help="batch size of a zoo model's inputs (default 1)")
     p.add_argument("--seq", type=int, default=None, help="sequence length of a zoo model's inputs (default 128)")
     p.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")

@@ -5,7 +5,7 @@ to ATen, finds the same regions the planner found, and replaces each by one call
 `torch.library` op with the tuned config. The model's code is not touched; it is called exactly
 like the original and returns the same structure.
 
-Training (`train=True`): a family whose kernel module has `backward_workload` (rope, swiglu, gelu)
+Training (`train=True`): a family whose kernel module has `backward_workload` (rope, swiglu, gelu, the norms)
 gets the config string "FWD|BWD": FWD for its forward kernel, BWD for the `<family>_bwd` op its
 autograd backward calls, each an encoded Config ("" = that kernel's heuristic). The op decodes
 the part before "|" and its `setup_context` keeps the part after it for the backward. BWD is the

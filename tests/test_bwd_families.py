@@ -170,13 +170,19 @@ def test_backward_workloads_key_what_the_kernel_depends_on() -> None:
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[Any]]]:
     """The configs the backward launchers are called with, by family (the ops' impls call these
-    module-level launchers, so patching them sees every backward launch)."""
-    seen: dict[str, list[Any]] = {"rope": [], "swiglu": [], "gelu": []}
-    for mod, name in ((R, "rope_bwd"), (S, "swiglu_bwd"), (G, "gelu_bwd")):
+    module-level launchers, so patching them sees every backward launch); for the norms' shared
+    backward kernels ("rmsnorm", "layernorm") (config, whether a residual gradient ds came along)."""
+    from solforge.kernels import layernorm_bwd as LB
+    from solforge.kernels import rmsnorm_bwd as RB
+
+    seen: dict[str, list[Any]] = {"rope": [], "swiglu": [], "gelu": [], "rmsnorm": [], "layernorm": []}
+    for mod, name, key in ((R, "rope_bwd", "rope"), (S, "swiglu_bwd", "swiglu"), (G, "gelu_bwd", "gelu"),
+                           (RB, "rmsnorm_bwd", "rmsnorm"), (LB, "layernorm_bwd", "layernorm")):
         real = getattr(mod, name)
 
-        def wrapped(*a: Any, _real: Any = real, _fam: str = mod.FAMILY, **kw: Any) -> Any:
-            seen[_fam].append(kw.get("config"))
+        def wrapped(*a: Any, _real: Any = real, _key: str = key, **kw: Any) -> Any:
+            c = kw.get("config")
+            seen[_key].append((c, kw.get("ds") is not None) if _key.endswith("norm") else c)
             return _real(*a, **kw)
         monkeypatch.setattr(mod, name, wrapped)
     yield seen
@@ -223,7 +229,9 @@ def test_integrator_composes_fwd_bwd_strings_in_training_only() -> None:
     cap = capture.capture(model, lm.example_inputs, grad=True)
     groups = plan.plan(cap.graphs)
     back = plan.backward_groups(groups)
-    assert {g.workload.family for g in back} == {"rope_bwd", "swiglu_bwd"}
+    # rmsnorm and add_rmsnorm: one family, two workloads (with and without the residual gradient ds)
+    assert sorted(g.workload.family for g in back) == ["rmsnorm_bwd", "rmsnorm_bwd", "rope_bwd", "swiglu_bwd"]
+    assert {g.workload.param("ds") for g in back if g.workload.family == "rmsnorm_bwd"} == {False, True}
     for g in back:
         assert g.forward is not None and g.count == next(f.count for f in groups if f.workload == g.forward)
     sw = next(g for g in back if g.workload.family == "swiglu_bwd")
@@ -242,7 +250,8 @@ def test_integrator_composes_fwd_bwd_strings_in_training_only() -> None:
     assert train["swiglu"] and all(c == f"{S.heuristic(sw.forward).encode()}|{tuned}" for c in train["swiglu"])
     assert train["rope"] and all(c.endswith("|") and c.count("|") == 1 for c in train["rope"])  # untuned: ""
     assert all(isinstance(c, str) for cs in train.values() for c in cs)
-    assert not any("|" in c for f in ("add_rmsnorm", "rmsnorm") for c in train.get(f, []))  # not wired
+    for f in ("add_rmsnorm", "rmsnorm"):  # untuned backward: "FWD|"
+        assert train[f] and all(c.endswith("|") and c.count("|") == 1 for c in train[f])
     infer = configs(Integrator({sw.workload: tuned}))
     assert infer.keys() == train.keys() and not any("|" in c for cs in infer.values() for c in cs)
     # a kept-out workload (slower than the region, or nothing verified) stays as the model ran it,
@@ -272,9 +281,17 @@ def test_train_mode_optimize_tunes_stores_and_integrates_backward_kernels(
         assert bwd.count == fwd.count and bwd.verified and bwd.integrated and bwd.source == "tuned"
         assert bwd.baseline_us is not None and bwd.config_text  # eager's backward was timed
         assert bwd.workload == fwd.workload.replace(f"{fam}[", f"{fam}_bwd[", 1)
+    # rmsnorm and add_rmsnorm: two rows of the one backward family, told apart by ds
+    norms = {r.workload: r for r in rep.regions if r.family == "rmsnorm_bwd"}
+    assert len(norms) == 2
+    for fam, ds in (("rmsnorm", False), ("add_rmsnorm", True)):
+        fwd = rows[fam]
+        bwd = next(r for w, r in norms.items() if f"ds={ds}" in w)
+        assert bwd.count == fwd.count and bwd.verified and bwd.integrated and bwd.source == "tuned"
+        assert bwd.baseline_us is not None and bwd.config_text
     # the winners are in the database, ordinary workloads
     with KernelDB(db) as k:
-        assert {"rope_bwd", "swiglu_bwd"} <= {e.family for e in k.entries() if e.winner is not None}
+        assert {"rope_bwd", "swiglu_bwd", "rmsnorm_bwd"} <= {e.family for e in k.entries() if e.winner is not None}
     capsys.readouterr()
     assert main(["db", "list", "--db", str(db)]) == 0
     listed = capsys.readouterr().out
@@ -287,6 +304,12 @@ def test_train_mode_optimize_tunes_stores_and_integrates_backward_kernels(
     for fam in ("rope", "swiglu"):
         want = family_module(f"{fam}_bwd").Config.decode(rows[f"{fam}_bwd"].config_text)
         assert spy[fam] and all(c == want for c in spy[fam]), (fam, spy[fam], want)
+    # the norms' backwards ran with the tuned configs, with the residual gradient (add_rmsnorm
+    # whose sum is the next residual) and without (the first layer's rmsnorm; the final
+    # add_rmsnorm, whose sum nothing else reads, gets no ds either)
+    tuned = {family_module("rmsnorm_bwd").Config.decode(r.config_text) for r in norms.values()}
+    assert {ds for _, ds in spy["rmsnorm"]} == {False, True}
+    assert {c for c, _ in spy["rmsnorm"]} <= tuned, (spy["rmsnorm"], tuned)
     # a warm run takes the backward winners from the database like any other
     torch.compiler.reset()
     _, warm = optimize(lm.model, lm.example_inputs, mode="train", **kw)
@@ -339,9 +362,9 @@ def test_gpu_train_mode_optimize_times_eager_backward_and_integrates(tmp_path: A
     _, rep = optimize(lm.model, lm.example_inputs, mode="train", budget=60, max_candidates=6, db=tmp_path / "k.db",
                       make_inputs=lm.make_inputs, is_language_model=True)
     assert rep.e2e is not None and rep.e2e.passed, rep.e2e
-    rows = {r.family: r for r in rep.regions}
-    for fam in ("rope_bwd", "swiglu_bwd"):
-        r = rows[fam]
+    bwd = [r for r in rep.regions if r.family in ("rope_bwd", "swiglu_bwd", "rmsnorm_bwd")]
+    assert sorted(r.family for r in bwd) == ["rmsnorm_bwd", "rmsnorm_bwd", "rope_bwd", "swiglu_bwd"]
+    for r in bwd:
         assert r.baseline_us is not None and 0 < r.baseline_us < 1e4 and r.best_us is not None and r.integrated
         assert 1 <= r.candidates <= 6 and r.timed >= 1 and r.source == "tuned"
 

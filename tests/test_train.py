@@ -101,6 +101,8 @@ def test_optimize_train_mode_reports_gradients(tmp_path) -> None:  # noqa: ANN00
     e2e = data["e2e"]
     assert data["mode"] == "train" and e2e["passed"] is True
     assert e2e["grads_compared"] > 0 and e2e["grad_max_rel_err"] < 1e-3
-    # the backward kernels of rope and swiglu are tuned as workloads of their own
+    # the backward kernels of rope, swiglu and the norms are tuned as workloads of their own (rmsnorm's
+    # and add_rmsnorm's backwards: one family, rmsnorm_bwd, two workloads)
     assert {r["family"] for r in data["regions"]} == {"add_rmsnorm", "rmsnorm", "rope", "swiglu", "rope_bwd",
-                                                      "swiglu_bwd"}
+                                                      "swiglu_bwd", "rmsnorm_bwd"}
+    assert sum(r["family"] == "rmsnorm_bwd" for r in data["regions"]) == 2

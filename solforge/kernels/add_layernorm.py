@@ -17,7 +17,15 @@ from typing import Any
 import torch
 
 from solforge.kernels import layernorm as _ln
-from solforge.kernels.layernorm import VARIANTS, Config, heuristic, is_valid, space, supported  # noqa: F401
+from solforge.kernels.layernorm import (  # noqa: F401
+    VARIANTS,
+    Config,
+    backward_workload,
+    heuristic,
+    is_valid,
+    space,
+    supported,
+)
 from solforge.records import Workload
 
 FAMILY = "add_layernorm"
@@ -61,8 +69,9 @@ _LIB.define("add_layernorm(Tensor x, Tensor residual, Tensor? weight, Tensor? bi
 
 def _op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
         eps: float, out_dtype: torch.dtype, config: str) -> tuple[torch.Tensor, torch.Tensor]:
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
     return add_layernorm(x, residual, weight, bias, eps, out_dtype=out_dtype,
-                         config=Config.decode(config) if config else None)
+                         config=Config.decode(fwd) if fwd else None)
 
 
 _LIB.impl("add_layernorm", _op, "CompositeExplicitAutograd")
@@ -75,10 +84,11 @@ def _fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, 
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
-    _x, _r, weight, bias, eps, _out_dtype, _config = inputs
+    _x, _r, weight, bias, eps, _out_dtype, config = inputs
     ctx.save_for_backward(output[0], weight)  # the sum: the norm's input
     ctx.eps = eps
     ctx.bias_dtype = bias.dtype if bias is not None else None
+    ctx.bwd_config = config.partition("|")[2]  # tuned as family layernorm_bwd with ds; "" = its heuristic
 
 
 def _backward(ctx: Any, ds: torch.Tensor | None, dy: torch.Tensor | None) -> tuple[Any, ...]:
@@ -87,7 +97,8 @@ def _backward(ctx: Any, ds: torch.Tensor | None, dy: torch.Tensor | None) -> tup
     if dy is None:  # only the sum was used downstream
         dsum = ds if ds is not None else torch.zeros_like(s)
     else:
-        dsum, dw32, db32 = _ln.layernorm_bwd_op(dy, s, weight, ctx.eps, ds, ctx.bias_dtype is not None, "")
+        dsum, dw32, db32 = _ln.layernorm_bwd_op(dy, s, weight, ctx.eps, ds, ctx.bias_dtype is not None,
+                                                    ctx.bwd_config)
         dw, db = _ln.param_grads(dw32, db32, weight, ctx.bias_dtype)
     return dsum, dsum, dw, db, None, None, None
 

@@ -23,7 +23,7 @@ from solforge.kernels import rmsnorm as _rms
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import Config, _load_weight, _st, _tile_load, _tile_store
-from solforge.kernels.rmsnorm_bwd import rmsnorm_bwd_op
+from solforge.kernels.rmsnorm_bwd import rmsnorm_bwd_op, workload_from
 from solforge.numerics import Tolerance, input_generator
 from solforge.records import Workload
 
@@ -193,8 +193,9 @@ _LIB.define("add_rmsnorm(Tensor x, Tensor residual, Tensor? weight, float eps, S
 
 def _op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, out_dtype: torch.dtype,
         round_before_weight: bool, config: str) -> tuple[torch.Tensor, torch.Tensor]:
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
     return add_rmsnorm(x, residual, weight, eps, out_dtype=out_dtype, round_before_weight=round_before_weight,
-                       config=Config.decode(config) if config else None)
+                       config=Config.decode(fwd) if fwd else None)
 
 
 _LIB.impl("add_rmsnorm", _op, "CompositeExplicitAutograd")
@@ -207,9 +208,10 @@ def _fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, 
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
-    _x, _r, weight, eps, _out_dtype, rbw, _config = inputs
+    _x, _r, weight, eps, _out_dtype, rbw, config = inputs
     ctx.save_for_backward(output[0], weight)
-    ctx.eps, ctx.rbw = eps, rbw
+    # the backward's config: the part after "|" (tuned as family rmsnorm_bwd with ds; "" = its heuristic)
+    ctx.eps, ctx.rbw, ctx.bwd_config = eps, rbw, config.partition("|")[2]
 
 
 def _backward(ctx: Any, ds: torch.Tensor | None, dy: torch.Tensor | None) -> tuple[Any, ...]:
@@ -218,10 +220,16 @@ def _backward(ctx: Any, ds: torch.Tensor | None, dy: torch.Tensor | None) -> tup
     if dy is None:
         dsum = ds if ds is not None else torch.zeros_like(s)
     else:
-        dsum, dw32 = rmsnorm_bwd_op(dy, s, weight, ctx.eps, ctx.rbw, ds, "")
+        dsum, dw32 = rmsnorm_bwd_op(dy, s, weight, ctx.eps, ctx.rbw, ds, ctx.bwd_config)
         dw = dw32.to(weight.dtype) if weight is not None else None
     return dsum, dsum, dw, None, None, None, None
 
 
 torch.library.register_autograd("solforge::add_rmsnorm", _backward, setup_context=_setup)
 add_rmsnorm_op = torch.ops.solforge.add_rmsnorm.default
+
+
+def backward_workload(workload: Workload) -> Workload | None:
+    """The backward's workload: family rmsnorm_bwd (kernels/rmsnorm_bwd.py) with `ds`, the residual
+    stream's gradient, which the kernel adds to dx."""
+    return workload_from(workload)

@@ -263,6 +263,7 @@ from solforge.kernels.layernorm_bwd import (  # noqa: E402, F401  (re-exported; 
     layernorm_bwd_op,
     layernorm_bwd_ref,
 )
+from solforge.kernels.layernorm_bwd import workload_from as _bwd_workload  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
 # Custom ops: what the graph rewrite calls. The config travels as its encoded string ("" for the
@@ -276,7 +277,8 @@ _LIB.define("layernorm(Tensor x, Tensor? weight, Tensor? bias, float eps, Scalar
 
 def _op(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
         out_dtype: torch.dtype, config: str) -> torch.Tensor:
-    return layernorm(x, weight, bias, eps, out_dtype=out_dtype, config=Config.decode(config) if config else None)
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
+    return layernorm(x, weight, bias, eps, out_dtype=out_dtype, config=Config.decode(fwd) if fwd else None)
 
 
 _LIB.impl("layernorm", _op, "CompositeExplicitAutograd")
@@ -298,19 +300,26 @@ def param_grads(dw: torch.Tensor, db: torch.Tensor, weight: torch.Tensor | None,
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, weight, bias, eps, _out_dtype, _config = inputs
+    x, weight, bias, eps, _out_dtype, config = inputs
     ctx.save_for_backward(x, weight)
     ctx.eps = eps
     ctx.bias_dtype = bias.dtype if bias is not None else None  # the bias itself is not needed
+    ctx.bwd_config = config.partition("|")[2]  # tuned as family layernorm_bwd; "" = its heuristic
 
 
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
     x, weight = ctx.saved_tensors
-    dx, dw, db = layernorm_bwd_op(dy, x, weight, ctx.eps, None, ctx.bias_dtype is not None, "")
+    dx, dw, db = layernorm_bwd_op(dy, x, weight, ctx.eps, None, ctx.bias_dtype is not None, ctx.bwd_config)
     return (dx, *param_grads(dw, db, weight, ctx.bias_dtype), None, None, None)
 
 
 torch.library.register_autograd("solforge::layernorm", _backward, setup_context=_setup)
+
+
+def backward_workload(workload: Workload) -> Workload | None:
+    """The backward's workload, of layernorm's and add_layernorm's calls alike: family layernorm_bwd
+    (kernels/layernorm_bwd.py `workload_from`)."""
+    return _bwd_workload(workload)
 
 
 # ----------------------------------------------------------------------------------------------

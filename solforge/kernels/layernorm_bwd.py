@@ -13,6 +13,12 @@ A row that is not a power of two is held as a power-of-two main block plus a tai
 512), as in the forward: with one 4096-lane block, 37% of the lanes of x, dy, and of the w, dw and
 db rows were masked, which at rmsnorm_bwd's measured best tile ([2, 4096] on 4 warps) puts 64 + 64
 values of x and dy and 3 x 32 of w, dw, db in every thread, past the 255-register limit.
+
+This module is also the tunable family `layernorm_bwd` (the pattern of kernels/rope_bwd.py): one
+family for the backward of both `layernorm` and `add_layernorm`, as it is one kernel and one op; the
+workload says which (`ds`: add_layernorm's residual gradient) and which parameter gradients are
+summed (`weight`, `bias_grad`). The forward ops' autograd backward runs the `layernorm_bwd` op with
+the BWD part of their "FWD|BWD" config string (integrate.py).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import triton
@@ -29,24 +35,31 @@ import triton.language as tl
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import _ld, _load_weight, _st, _tile_load
+from solforge.kernels.rmsnorm_bwd import sum_tolerance
+from solforge.numerics import Tolerance, input_generator, parse_dtype, tolerance
+from solforge.records import Workload
+
+FAMILY = "layernorm_bwd"
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def layernorm_bwd_ref(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                      eps: float, *, ds: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(dx, dw, db) in fp32/fp64, by autograd through the forward reference."""
+def layernorm_bwd_ref(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
+                      ds: torch.Tensor | None = None, bias_grad: bool = False) -> tuple[torch.Tensor, ...]:
+    """(dx[, dw][, db]) by autograd through the forward reference in fp32 (fp64 for fp32 inputs),
+    as the launcher returns them: dx in x's dtype; dw with a weight, db with `bias_grad`, in fp32
+    (db = the column sums of dy: it does not depend on the bias's value)."""
     from solforge.kernels.layernorm import layernorm_ref
 
     acc = torch.float64 if x.dtype in (torch.float32, torch.float64) else torch.float32
-    leaves = [t.detach().to(acc).requires_grad_(True) if t is not None else None for t in (x, weight, bias)]
-    y = layernorm_ref(leaves[0], leaves[1], leaves[2], eps)  # type: ignore[arg-type]
-    live = [t for t in leaves if t is not None]
-    grads = iter(torch.autograd.grad(y, live, dy.to(acc)))
-    dx, dw, db = (next(grads) if t is not None else None for t in leaves)
-    assert dx is not None
-    return dx + (ds.to(acc) if ds is not None else 0), dw, db
+    bias = x.new_zeros(x.shape[-1]) if bias_grad else None
+    leaves = [t.detach().to(acc).requires_grad_(True) for t in (x, weight, bias) if t is not None]
+    with torch.enable_grad():
+        y = layernorm_ref(leaves[0], leaves[1] if weight is not None else None, leaves[-1] if bias_grad else None,
+                          eps)
+        grads = torch.autograd.grad(y, leaves, dy.to(acc))
+    dx = (grads[0] + (ds.to(acc) if ds is not None else 0)).to(x.dtype)
+    return (dx, *(g.to(torch.float32) for g in grads[1:]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -262,6 +275,8 @@ class BwdConfig:
     stages: int = 1
     evict: int = 0
 
+    variant: ClassVar[str] = "bwd"  # one kernel: the tuner's variant name, not a field
+
     def encode(self) -> str:
         """e.g. "bwd:r=2:p=2:w=4:bh=2048:bt=512:s=2" (bh/bt, s and e only when set)."""
         s = f"bwd:r={self.rows}:p={self.progs}:w={self.num_warps}"
@@ -377,11 +392,11 @@ def _plan(n_rows: int, H: int, device: torch.device, has_ds: bool, want_dw: bool
 
 
 def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
-                  ds: torch.Tensor | None = None, bias_grad: bool = False, config: Any = None
-                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(dx in x.dtype, dw in fp32 or None without a weight, db in fp32 or None unless bias_grad);
-    see `layernorm_bwd_ref`. `config`: a BwdConfig (rmsnorm_bwd's also works: one block), default
-    `bwd_heuristic`."""
+                  ds: torch.Tensor | None = None, bias_grad: bool = False, config: Any = None,
+                  out: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
+    """(dx in x.dtype[, dw in fp32 with a weight][, db in fp32 with bias_grad]); see
+    `layernorm_bwd_ref`. `config`: a BwdConfig (rmsnorm_bwd's also works: one block), default
+    `bwd_heuristic`. `out`: tensors like those (dx contiguous), written in place."""
     if x.dtype not in _SUPPORTED or dy.shape != x.shape:
         raise ValueError(f"solforge layernorm: backward: x {x.dtype} {tuple(x.shape)}, dy {tuple(dy.shape)}: "
                          "same shapes, bf16/fp16/fp32")
@@ -389,21 +404,34 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None
     x2, dy2 = _rows_view(x, H), _rows_view(dy, H)
     ds2 = _rows_view(ds, H) if ds is not None else None
     n_rows = x2.shape[0]
-    dx = torch.empty_like(x2, memory_format=torch.contiguous_format)
-    if n_rows == 0:
-        zero = torch.zeros(H, device=x.device)
-        return dx.view(x.shape), (zero if weight is not None else None), (zero.clone() if bias_grad else None)
     want_dw = weight is not None
+    n_parts = int(want_dw) + int(bias_grad)
+    if out is None:
+        dx = torch.empty_like(x2, memory_format=torch.contiguous_format)
+    else:
+        if len(out) != 1 + n_parts or out[0].shape != x.shape or out[0].dtype != x.dtype \
+                or not out[0].is_contiguous() or any(o.shape != (H,) or o.dtype != torch.float32 for o in out[1:]):
+            raise ValueError("solforge layernorm: backward: out must be (dx[, dw][, db]): dx contiguous like x, "
+                             "dw (with a weight) and db (with bias_grad) fp32 of shape (H,)")
+        dx = out[0].view(n_rows, H)
+    if n_rows == 0:
+        zeros = [o.zero_() for o in out[1:]] if out is not None else \
+            [torch.zeros(H, device=x.device) for _ in range(n_parts)]
+        return (dx.view(x.shape), *zeros)
     grid, n_iter, meta = _plan(n_rows, H, x.device, ds2 is not None, want_dw, bias_grad, config)
     # dw's and db's partial rows in one buffer, so one sum reduces both
-    n_parts = int(want_dw) + int(bias_grad)
     part = torch.empty((n_parts, grid, H), dtype=torch.float32, device=x.device) if n_parts else dx
     w = weight.contiguous() if weight is not None else dx
     _launch(_layernorm_bwd_kernel, (grid,),
             (dy2, x2, w, ds2 if ds2 is not None else dx, dx, part, n_rows, H, dy2.stride(0), x2.stride(0),
              ds2.stride(0) if ds2 is not None else 0, dx.stride(0), eps, n_iter, grid * H if want_dw else 0), meta)
-    sums = part.sum(1) if n_parts else part
-    return dx.view(x.shape), (sums[0] if want_dw else None), (sums[n_parts - 1] if bias_grad else None)
+    if not n_parts:
+        return (dx.view(x.shape),)
+    if out is None:
+        return (dx.view(x.shape), *part.sum(1).unbind(0))
+    for i, o in enumerate(out[1:]):
+        torch.sum(part[i], 0, out=o)
+    return (dx.view(x.shape), *out[1:])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -417,10 +445,10 @@ _LIB.define("layernorm_bwd(Tensor dy, Tensor x, Tensor? weight, float eps, Tenso
 
 def _bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, ds: torch.Tensor | None,
             bias_grad: bool, config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dx, dw, db = layernorm_bwd(dy, x, weight, eps, ds=ds, bias_grad=bias_grad,
+    dx, *grads = layernorm_bwd(dy, x, weight, eps, ds=ds, bias_grad=bias_grad,
                                config=BwdConfig.decode(config) if config else None)
-    empty = x.new_empty(0, dtype=torch.float32)
-    return dx, (dw if dw is not None else empty), (db if db is not None else empty.clone())
+    dw = grads.pop(0) if weight is not None else x.new_empty(0, dtype=torch.float32)
+    return dx, dw, (grads[0] if bias_grad else x.new_empty(0, dtype=torch.float32))
 
 
 _LIB.impl("layernorm_bwd", _bwd_op, "CompositeExplicitAutograd")
@@ -435,3 +463,76 @@ def _bwd_fake(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, ep
 
 
 layernorm_bwd_op = torch.ops.solforge.layernorm_bwd.default
+
+
+# ----------------------------------------------------------------------------------------------
+# The tunable family layernorm_bwd: config triad, workload and inputs (tune/__init__.py, tune/verify.py)
+
+Config = BwdConfig
+
+
+def _dims(workload: Workload) -> tuple[int, int]:
+    return workload.shapes[0][0], workload.shapes[0][-1]
+
+
+def is_valid(config: BwdConfig, workload: Workload) -> bool:
+    """`bwd_is_valid`: covers the row, powers of two, within the register budget."""
+    return bwd_is_valid(config, *_dims(workload))
+
+
+def heuristic(workload: Workload) -> BwdConfig:
+    """What the op runs with config "": `bwd_heuristic`, which depends on the residual gradient."""
+    n_rows, H = _dims(workload)
+    return bwd_heuristic(n_rows, H, workload.device, ds=bool(workload.param("ds", False)))
+
+
+def space(workload: Workload) -> list[BwdConfig]:
+    """The heuristic, then `bwd_space` (block split x rows x warps x programs per SM x stages/evict)."""
+    return [c for c in dict.fromkeys([heuristic(workload), *bwd_space(*_dims(workload))]) if is_valid(c, workload)]
+
+
+def workload_from(forward: Workload) -> Workload | None:
+    """The backward's workload of a `layernorm` or `add_layernorm` call: x's shape and dtype, the
+    weight's (if any), out_dtype (dy's), eps, and what the kernel's constexprs and heuristic depend
+    on: `ds` (add_layernorm: the residual stream's gradient joins dx), `weight` (dw summed) and
+    `bias_grad` (db summed: training's bias is a parameter). None where no config fits (rows past
+    the register budget): nothing to tune, the op runs `bwd_heuristic` there."""
+    residual = bool(forward.param("residual", False))
+    has_w = bool(forward.param("weight", False))
+    first = 2 if residual else 1  # (x[, residual][, weight][, bias]) -> (x[, weight])
+    shapes = forward.shapes[:1] + forward.shapes[first:first + has_w]
+    dtypes = forward.dtypes[:1] + forward.dtypes[first:first + has_w] + forward.dtypes[-1:]
+    params = tuple(sorted({"bias_grad": bool(forward.param("bias", False)), "ds": residual,
+                           "eps": forward.param("eps", 1e-5), "out_dtype": forward.param("out_dtype", dtypes[-1]),
+                           "weight": has_w}.items()))
+    wl = Workload(FAMILY, shapes, dtypes, params, forward.device)
+    return wl if is_valid(heuristic(wl), wl) else None
+
+
+def output_tolerance(workload: Workload) -> tuple[Tolerance, ...]:
+    """dx: x's dtype's entry. dw and db: fp32 sums over every row of the same inputs the reference
+    reads (no rounding in between): rmsnorm_bwd's `sum_tolerance`."""
+    n_parts = int(bool(workload.param("weight", False))) + int(bool(workload.param("bias_grad", False)))
+    return (tolerance(parse_dtype(workload.dtypes[0])), *[sum_tolerance(workload.shapes[0][0])] * n_parts)
+
+
+def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
+                device: str | torch.device | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Fresh random (args, kwargs) for `layernorm_bwd` / `layernorm_bwd_ref`: layernorm's x and
+    weight (its `draw`: rows with different means and scales; `rows` replaces the row count), a
+    random dy of out_dtype and, with `ds`, a random ds of x's dtype, both contiguous (the next op's
+    backward hands over fresh tensors)."""
+    from solforge.kernels import layernorm as _ln
+
+    has_w = bool(workload.param("weight", False))
+    fwd = Workload(_ln.FAMILY, workload.shapes, workload.dtypes,
+                   (("bias", False), ("eps", workload.param("eps", 1e-5)),
+                    ("out_dtype", workload.param("out_dtype", workload.dtypes[-1])), ("weight", has_w)),
+                   workload.device)
+    (x,), weight, _bias, kw = _ln.draw(fwd, seed=seed, rows=rows, device=device)
+    g, where = input_generator(2 * x.numel(), x.device, seed + 1)
+    dy = torch.randn(x.shape, generator=g, device=where).to(kw["out_dtype"]).to(x.device)
+    ds = torch.randn(x.shape, generator=g, device=where).to(x.dtype).to(x.device) \
+        if workload.param("ds", False) else None
+    return (dy, x, weight, float(workload.param("eps", 1e-5))), \
+        {"ds": ds, "bias_grad": bool(workload.param("bias_grad", False))}

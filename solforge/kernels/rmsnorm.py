@@ -592,8 +592,9 @@ _LIB.define("rmsnorm(Tensor x, Tensor? weight, float eps, ScalarType out_dtype, 
 
 def _rmsnorm_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_dtype: torch.dtype,
                 round_before_weight: bool, config: str) -> torch.Tensor:
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
     return rmsnorm(x, weight, eps, out_dtype=out_dtype, round_before_weight=round_before_weight,
-                   config=Config.decode(config) if config else None)
+                   config=Config.decode(fwd) if fwd else None)
 
 
 _LIB.impl("rmsnorm", _rmsnorm_op, "CompositeExplicitAutograd")
@@ -614,15 +615,21 @@ from solforge.kernels import rmsnorm_bwd as _bwd  # noqa: E402
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, weight, eps, _out_dtype, rbw, _config = inputs
+    x, weight, eps, _out_dtype, rbw, config = inputs
     ctx.save_for_backward(x, weight)
-    ctx.eps, ctx.rbw = eps, rbw
+    # the backward's config: the part after "|" (tuned as family rmsnorm_bwd; "" = its heuristic)
+    ctx.eps, ctx.rbw, ctx.bwd_config = eps, rbw, config.partition("|")[2]
 
 
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
     x, weight = ctx.saved_tensors
-    dx, dw = _bwd.rmsnorm_bwd_op(dy, x, weight, ctx.eps, ctx.rbw, None, "")
+    dx, dw = _bwd.rmsnorm_bwd_op(dy, x, weight, ctx.eps, ctx.rbw, None, ctx.bwd_config)
     return dx, (dw.to(weight.dtype) if weight is not None else None), None, None, None, None
 
 
 torch.library.register_autograd("solforge::rmsnorm", _backward, setup_context=_setup)
+
+
+def backward_workload(workload: Workload) -> Workload | None:
+    """The backward's workload (family rmsnorm_bwd, kernels/rmsnorm_bwd.py `workload_from`)."""
+    return _bwd.workload_from(workload)

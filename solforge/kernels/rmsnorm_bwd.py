@@ -13,40 +13,53 @@ Measured on the H100 (16384 x 2560 bf16, with the residual gradient): one tile p
 200 us against 635 us for 16 unrolled tiles per program (bench/bwd_sweep.py, 2026-11-22). Loading
 the next tile before reducing this one (`stages` 2) took the best config from 156 to 133 us: a
 program waits on HBM once per tile otherwise, and a few programs per SM cannot hide that.
+
+This module is also the tunable family `rmsnorm_bwd` (the pattern of kernels/rope_bwd.py): one
+family for the backward of both `rmsnorm` and `add_rmsnorm`, as it is one kernel and one op; the
+workload says which (`ds`: add_rmsnorm's residual gradient). The forward ops' autograd backward
+runs the `rmsnorm_bwd` op with the BWD part of their "FWD|BWD" config string (integrate.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import triton
 import triton.language as tl
 
+from solforge.kernels import rmsnorm as _rms
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import _load_weight, _st, _tile_load
+from solforge.numerics import Tolerance, input_generator, parse_dtype, tolerance
+from solforge.records import Workload
+
+FAMILY = "rmsnorm_bwd"
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def rmsnorm_bwd_ref(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
                     round_before_weight: bool = False, ds: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(dx, dw) in fp32/fp64, by autograd through the forward reference."""
+                    ) -> tuple[torch.Tensor, ...]:
+    """(dx[, dw]) by autograd through the forward reference in fp32 (fp64 for fp32 inputs), as the
+    launcher returns them: dx in x's dtype, dw (with a weight) in fp32."""
     acc = torch.float64 if x.dtype in (torch.float32, torch.float64) else torch.float32
     xf = x.detach().to(acc).requires_grad_(True)
     wf = weight.detach().to(acc).requires_grad_(True) if weight is not None else None
-    n = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    if round_before_weight:  # rounding is a straight-through step for the gradient
-        n = n + (n.detach().to(x.dtype).to(acc) - n.detach())
-    y = n * wf if wf is not None else n
-    grads = torch.autograd.grad(y, [xf] + ([wf] if wf is not None else []), dy.to(acc))
-    dx = grads[0] + (ds.to(acc) if ds is not None else 0)
-    return dx, (grads[1] if wf is not None else None)
+    with torch.enable_grad():
+        n = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        if round_before_weight:  # rounding is a straight-through step for the gradient
+            n = n + (n.detach().to(x.dtype).to(acc) - n.detach())
+        y = n * wf if wf is not None else n
+        grads = torch.autograd.grad(y, [xf] + ([wf] if wf is not None else []), dy.to(acc))
+    dx = (grads[0] + (ds.to(acc) if ds is not None else 0)).to(x.dtype)
+    return (dx,) if wf is None else (dx, grads[1].to(torch.float32))
 
 
 @triton.jit
@@ -189,6 +202,8 @@ class BwdConfig:
     stages: int = 1
     evict: int = 0
 
+    variant: ClassVar[str] = "bwd"  # one kernel: the tuner's variant name, not a field
+
     def encode(self) -> str:
         s = f"bwd:r={self.rows}:p={self.progs}:w={self.num_warps}"
         for k in ("t", "s", "e"):
@@ -223,8 +238,9 @@ def _decode(text: str) -> BwdConfig:
         raise ValueError(f"bad rmsnorm backward config {text!r} (e.g. 'bwd:r=4:p=4:w=8')") from e
 
 
-def heuristic(n_rows: int, H: int, device: torch.device) -> BwdConfig:
-    """The next tile loaded ahead (stages 2), ~16 values of each tensor a thread. From
+def bwd_heuristic(n_rows: int, H: int, device: torch.device | str) -> BwdConfig:
+    """What the op runs with config "" (`heuristic` is this for a workload). The next tile loaded
+    ahead (stages 2), ~16 values of each tensor a thread. From
     bench/bwd_sweep.py on the H100 (bf16, 2026-11-22, bench/results/...-rmsnorm-bwd-sweep-s6.json):
     - rows of 1024+: 8K-value tiles on 16 warps, one program per SM, evict_first loads. At 2560:
       16384 rows with the residual gradient 133.7 us (best 133.2; the one-stage r=2 p=2 w=4 used
@@ -244,7 +260,7 @@ def _plan(n_rows: int, H: int, device: torch.device, has_weight: bool, rbw: bool
           config: BwdConfig | None) -> tuple[int, int, dict[str, Any]]:
     """Grid, loop trip count and constexprs of one shape and config: cached, so a call pays a
     lookup rather than the heuristic and the Config and kwargs building."""
-    c = config or heuristic(n_rows, H, device)
+    c = config or bwd_heuristic(n_rows, H, device)
     n_tiles = triton.cdiv(n_rows, c.rows)
     grid = min(n_tiles, c.progs * sm_count(device))
     bh, bt = c.blocks(H)
@@ -255,9 +271,10 @@ def _plan(n_rows: int, H: int, device: torch.device, has_weight: bool, rbw: bool
 
 
 def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
-                round_before_weight: bool = False, ds: torch.Tensor | None = None,
-                config: BwdConfig | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(dx in x.dtype, dw in fp32 or None) with the Triton kernel; see `rmsnorm_bwd_ref`."""
+                round_before_weight: bool = False, ds: torch.Tensor | None = None, config: BwdConfig | None = None,
+                out: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
+    """(dx in x.dtype[, dw in fp32 with a weight]) with the Triton kernel; see `rmsnorm_bwd_ref`.
+    `config` defaults to `bwd_heuristic`; `out`: tensors like those (dx contiguous), written in place."""
     if x.dtype not in _SUPPORTED or dy.shape != x.shape:
         raise ValueError(f"solforge rmsnorm_bwd: x {x.dtype} {tuple(x.shape)}, dy {tuple(dy.shape)}: "
                          "same shapes, bf16/fp16/fp32")
@@ -274,17 +291,28 @@ def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, 
         if ds2.stride(-1) != 1:
             ds2 = ds2.contiguous()
     n_rows = x2.shape[0]
-    dx = torch.empty_like(x2, memory_format=torch.contiguous_format)
-    if n_rows == 0:
-        return dx.view(x.shape), (torch.zeros(H, device=x.device) if weight is not None else None)
     has_w = weight is not None
+    if out is None:
+        dx = torch.empty_like(x2, memory_format=torch.contiguous_format)
+    else:
+        if len(out) != 1 + has_w or out[0].shape != x.shape or out[0].dtype != x.dtype \
+                or not out[0].is_contiguous() or (has_w and (out[1].shape != (H,) or out[1].dtype != torch.float32)):
+            raise ValueError("solforge rmsnorm_bwd: out must be (dx,) or, with a weight, (dx, dw): dx contiguous "
+                             "like x, dw fp32 of the weight's shape")
+        dx = out[0].view(n_rows, H)
+    if n_rows == 0:
+        if not has_w:
+            return (dx.view(x.shape),)
+        return dx.view(x.shape), (out[1].zero_() if out is not None else torch.zeros(H, device=x.device))
     grid, n_iter, meta = _plan(n_rows, H, x.device, has_w, round_before_weight, ds2 is not None, config)
     dw = torch.empty((grid, H), dtype=torch.float32, device=x.device) if has_w else dx
     w = weight.contiguous() if has_w else dx  # type: ignore[union-attr]
     _launch(_rmsnorm_bwd_kernel, (grid,),
             (dy2, x2, w, ds2 if ds2 is not None else dx, dx, dw, n_rows, H, dy2.stride(0), x2.stride(0),
              ds2.stride(0) if ds2 is not None else 0, dx.stride(0), eps, n_iter), meta)
-    return dx.view(x.shape), (dw.sum(0) if weight is not None else None)
+    if not has_w:
+        return (dx.view(x.shape),)
+    return dx.view(x.shape), (dw.sum(0) if out is None else torch.sum(dw, 0, out=out[1]))
 
 
 # The op the autograd formulas call, so that a traced backward (torch.compile, export) sees one
@@ -296,9 +324,9 @@ _LIB.define("rmsnorm_bwd(Tensor dy, Tensor x, Tensor? weight, float eps, bool ro
 
 def _op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, round_before_weight: bool,
         ds: torch.Tensor | None, config: str) -> tuple[torch.Tensor, torch.Tensor]:
-    dx, dw = rmsnorm_bwd(dy, x, weight, eps, round_before_weight=round_before_weight, ds=ds,
-                         config=BwdConfig.decode(config) if config else None)
-    return dx, (dw if dw is not None else x.new_empty(0, dtype=torch.float32))
+    res = rmsnorm_bwd(dy, x, weight, eps, round_before_weight=round_before_weight, ds=ds,
+                      config=BwdConfig.decode(config) if config else None)
+    return res[0], (res[1] if weight is not None else x.new_empty(0, dtype=torch.float32))
 
 
 _LIB.impl("rmsnorm_bwd", _op, "CompositeExplicitAutograd")
@@ -312,3 +340,111 @@ def _fake(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: f
 
 
 rmsnorm_bwd_op = torch.ops.solforge.rmsnorm_bwd.default
+
+
+# ----------------------------------------------------------------------------------------------
+# The tunable family rmsnorm_bwd: config triad, workload and inputs (tune/__init__.py, tune/verify.py)
+
+Config = BwdConfig
+_WARPS = (1, 2, 4, 8, 16, 32)
+# bench/bwd_sweep.py's register budget, from its H100 sweeps: fp32 values of one row tile a thread
+# holds, times the tiles in flight (stages), at most 64; tiles of at most 16K elements.
+_MAX_PER_THREAD = 64
+_MAX_TILE = 16384
+
+
+def _dims(workload: Workload) -> tuple[int, int]:
+    return workload.shapes[0][0], workload.shapes[0][-1]
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def is_valid(config: BwdConfig, workload: Workload) -> bool:
+    """Known knob values, and the tile within the register budget (bench/bwd_sweep.py's filter). A
+    block split is only valid where it changes the blocks (H not a power of two, 64+)."""
+    c = config
+    _n, H = _dims(workload)
+    if not (_pow2(c.rows) and c.progs >= 1 and c.num_warps in _WARPS and c.split in (0, 1) and c.stages in (1, 2)
+            and c.evict in (0, 1)):
+        return False
+    if c.split and c.blocks(H) == BwdConfig().blocks(H):
+        return False
+    tile = c.rows * sum(c.blocks(H))
+    return tile <= _MAX_TILE and tile // (32 * c.num_warps) * c.stages <= _MAX_PER_THREAD
+
+
+def heuristic(workload: Workload) -> BwdConfig:
+    """What the op runs with config "": `bwd_heuristic` of the workload's shape."""
+    n_rows, H = _dims(workload)
+    return bwd_heuristic(n_rows, H, workload.device)
+
+
+def space(workload: Workload) -> list[BwdConfig]:
+    """The heuristic, then rows per tile (up to 8 for rows of 1024+, 32 below; no more than the
+    workload has) x warps (4+ values of a tile a thread) x block split x stages x programs per SM
+    (1, 2, 4, 8) x evict_first, within the register budget: 240 configs at H = 2560."""
+    n_rows, H = _dims(workload)
+    out = [heuristic(workload)]
+    for split in (0, 1):
+        width = sum(BwdConfig(split=split).blocks(H))
+        r = 1
+        while r * width <= _MAX_TILE and r <= (32 if width < 1024 else 8) and r <= triton.next_power_of_2(n_rows):
+            for w in (2, 4, 8, 16):
+                if r * width // (32 * w) >= 4:
+                    out += [BwdConfig(r, p, w, split, st, e) for st in (1, 2) for p in (1, 2, 4, 8) for e in (0, 1)]
+            r *= 2
+    return [c for c in dict.fromkeys(out) if is_valid(c, workload)]  # unique, in order
+
+
+def workload_from(forward: Workload) -> Workload | None:
+    """The backward's workload of an `rmsnorm` or `add_rmsnorm` call: rmsnorm's shapes, dtypes
+    (the last, out_dtype, is dy's) and options, and `ds` (add_rmsnorm: the residual stream's
+    gradient joins dx). None where no config fits the register budget (rows past 16K elements):
+    nothing to tune, the op runs `bwd_heuristic` there."""
+    if forward.family == "add_rmsnorm":  # (x, residual[, weight]) -> rmsnorm's (x[, weight])
+        shapes, dtypes, ds = (forward.shapes[0],) + forward.shapes[2:], (forward.dtypes[0],) + forward.dtypes[2:], True
+    else:
+        shapes, dtypes, ds = forward.shapes, forward.dtypes, False
+    params = tuple(sorted({**dict(forward.params), "ds": ds}.items()))
+    wl = Workload(FAMILY, shapes, dtypes, params, forward.device)
+    return wl if is_valid(heuristic(wl), wl) else None
+
+
+def sum_tolerance(rows: int) -> Tolerance:
+    """For a parameter gradient in fp32 summed over `rows` from the same inputs the reference reads
+    (layernorm_bwd's dw and db too): only fp32 rounding and the summation order differ, ~1e-7
+    relative per term, and the errors' random signs grow like sqrt(rows). rtol 1e-3 and atol
+    1e-4 * sqrt(rows) leave ~10x room over that estimate at 16384 rows (sums of ~128) and still
+    fail a gradient 1% off."""
+    return Tolerance(1e-4 * math.sqrt(max(rows, 1)), 1e-3)
+
+
+def output_tolerance(workload: Workload) -> tuple[Tolerance, ...]:
+    """dx: x's dtype's entry. dw: `sum_tolerance`, except with round_before_weight in a half dtype:
+    n is rounded to x's dtype before the product, from fp32 values that differ in their last bits in
+    kernel and reference, so some products land an ulp of n apart (most of them under Triton's
+    interpreter, which truncates): there the dtype's entry, atol scaled by sqrt(rows) (as gelu_bwd's db)."""
+    t = tolerance(parse_dtype(workload.dtypes[0]))
+    if len(workload.shapes) == 1:
+        return (t,)
+    rows = workload.shapes[0][0]
+    if workload.param("round_before_weight", False) and workload.dtypes[0] in ("bf16", "fp16"):
+        return (t, Tolerance(t.atol * math.sqrt(max(rows, 1)), t.rtol))
+    return (t, sum_tolerance(rows))
+
+
+def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
+                device: str | torch.device | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Fresh random (args, kwargs) for `rmsnorm_bwd` / `rmsnorm_bwd_ref`: rmsnorm's (x, weight, eps)
+    (its make_inputs; `rows` replaces the row count), a random dy of out_dtype and, with `ds`, a
+    random ds of x's dtype, both contiguous (a linear's backward hands over fresh tensors)."""
+    params = tuple(kv for kv in workload.params if kv[0] != "ds")
+    fwd = Workload(_rms.FAMILY, workload.shapes, workload.dtypes, params, workload.device)
+    (x, weight, eps), kw = _rms.make_inputs(fwd, seed=seed, rows=rows, device=device)
+    g, where = input_generator(2 * x.numel(), x.device, seed + 1)
+    dy = torch.randn(x.shape, generator=g, device=where).to(kw["out_dtype"]).to(x.device)
+    ds = torch.randn(x.shape, generator=g, device=where).to(x.dtype).to(x.device) \
+        if workload.param("ds", False) else None
+    return (dy, x, weight, eps), {"round_before_weight": kw["round_before_weight"], "ds": ds}

@@ -152,8 +152,9 @@ def plan(graphs: Sequence[CapturedGraph], families: Sequence[str] | None = None)
 def backward_groups(groups: Sequence[WorkloadGroup]) -> list[WorkloadGroup]:
     """Training: one group per forward group whose family tunes its backward, i.e. whose kernel
     module has `backward_workload(workload) -> Workload | None` (None: nothing to tune there). The
-    backward workload is an ordinary one of family `<family>_bwd` (kernels/<family>_bwd.py); its
-    regions are the forward's, so the count is the same. Forward workloads that share a backward
+    backward workload is an ordinary one of family `<family>_bwd` (kernels/<family>_bwd.py; the
+    add_ forms share their norm's: rmsnorm_bwd, layernorm_bwd, with `ds` set); its regions are the
+    forward's, so the count is the same. Forward workloads that share a backward
     workload share one group."""
     from solforge.tune import family_module
 
