@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 from conftest import DEVICE, requires_gpu
+from wrong_launchers import half_written as _half_written
+from wrong_launchers import scaled_last as _scaled_last
 
 from solforge.kernels import gelu as G
 from solforge.kernels import rope as R
@@ -101,29 +103,6 @@ def test_backward_inputs_are_random_with_the_models_layout() -> None:
         fam, wl = _bwd(FORWARD[name])
         (dy, *_), _kw = fam.make_inputs(wl, seed=0)
         assert dy.is_contiguous() and float(dy.abs().sum()) > 0
-
-
-def _scaled_last(fam: ModuleType) -> Callable[..., Any]:
-    """The real kernel, then one output scaled by 1.05: a wrong gradient within the same layout."""
-    launcher = launcher_of(fam)
-
-    def launch(*a: Any, out: tuple[torch.Tensor, ...], **kw: Any) -> Any:
-        launcher(*a, out=out, **kw)
-        out[-1].mul_(1.05)
-        return out
-    return launch
-
-
-def _half_written(fam: ModuleType) -> Callable[..., Any]:
-    """Computes into fresh tensors and copies only the first half of each (flattened) into `out`."""
-    launcher = launcher_of(fam)
-
-    def launch(*a: Any, out: tuple[torch.Tensor, ...], **kw: Any) -> Any:
-        for o, t in zip(out, launcher(*a, **kw), strict=True):
-            half = max(1, o.numel() // 2)
-            o.view(-1)[:half].copy_(t.reshape(-1)[:half])
-        return out
-    return launch
 
 
 def _swapped_grads(fam: ModuleType) -> Callable[..., Any]:

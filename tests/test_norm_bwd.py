@@ -18,6 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import DEVICE, requires_gpu
+from wrong_launchers import half_written as _half_written
+from wrong_launchers import scaled_last as _scaled_last
 
 from solforge.kernels import add_layernorm as AL
 from solforge.kernels import add_rmsnorm as A
@@ -112,32 +114,9 @@ def test_norm_backward_inputs_and_outputs() -> None:
     assert [t.dtype for t in got] == [BF16, FP32]
 
 
-def _scaled_last(fam: ModuleType, factor: float = 1.05) -> Callable[..., Any]:
-    """The real kernel, then the last output (a parameter gradient) scaled by `factor`."""
-    launcher = launcher_of(fam)
-
-    def launch(*a: Any, out: tuple[torch.Tensor, ...], **kw: Any) -> Any:
-        launcher(*a, out=out, **kw)
-        out[-1].mul_(factor)
-        return out
-    return launch
-
-
 def _one_percent_off(fam: ModuleType) -> Callable[..., Any]:
     """A parameter gradient 1% off: within a bf16 output's tolerance, not within an fp32 sum's."""
     return _scaled_last(fam, 1.01)
-
-
-def _half_written(fam: ModuleType) -> Callable[..., Any]:
-    """Computes into fresh tensors and copies only the first half of each (flattened) into `out`."""
-    launcher = launcher_of(fam)
-
-    def launch(*a: Any, out: tuple[torch.Tensor, ...], **kw: Any) -> Any:
-        for o, t in zip(out, launcher(*a, **kw), strict=True):
-            half = max(1, o.numel() // 2)
-            o.view(-1)[:half].copy_(t.reshape(-1)[:half])
-        return out
-    return launch
 
 
 def _without_ds(fam: ModuleType) -> Callable[..., Any]:

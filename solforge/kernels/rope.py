@@ -168,8 +168,18 @@ def _fwd_tile(x_ptr, w_ptr, o_ptr, sxb, sxs, sxh, sob, sos, soh, H, head0, b, s,
     heads = head0 + tl.arange(0, HEADS)
     m = tmask[:, None, None] & (heads < H)[None, :, None] & dmask
     xp = x_ptr + _offsets(b, s, heads, sxb, sxs, sxh) + d
-    x1 = tl.load(xp, mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(xp + D2, mask=m, other=0.0).to(tl.float32)
+    x1 = tl.load(xp, mask=m, other=0.0)
+    x2 = tl.load(xp + D2, mask=m, other=0.0)
+    _fwd_store(x1, x2, c1, c2, s1, s2, x_ptr, w_ptr, o_ptr + _offsets(b, s, heads, sob, sos, soh) + d, m, d, dmask,
+               eps, D2, NORM, HAS_WEIGHT, ROUND)
+
+
+@triton.jit
+def _fwd_store(x1, x2, c1, c2, s1, s2, x_ptr, w_ptr, op, m, d, dmask, eps, D2: tl.constexpr, NORM: tl.constexpr,
+               HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr):
+    """Norm (optional), weight and rotation of loaded x halves in fp32; the two halves stored at op."""
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
     if NORM:
         r = _rstd(x1, x2, eps, D2)
         x1 = x1 * r
@@ -180,9 +190,8 @@ def _fwd_tile(x_ptr, w_ptr, o_ptr, sxb, sxs, sxh, sob, sos, soh, H, head0, b, s,
         if HAS_WEIGHT:
             x1 = x1 * tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
             x2 = x2 * tl.load(w_ptr + D2 + d, mask=dmask, other=0.0).to(tl.float32)
-    op = o_ptr + _offsets(b, s, heads, sob, sos, soh) + d
-    tl.store(op, _cast(x1 * c1 - x2 * s1, o_ptr.dtype.element_ty), mask=m)
-    tl.store(op + D2, _cast(x2 * c2 + x1 * s2, o_ptr.dtype.element_ty), mask=m)
+    tl.store(op, _cast(x1 * c1 - x2 * s1, op.dtype.element_ty), mask=m)
+    tl.store(op + D2, _cast(x2 * c2 + x1 * s2, op.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -242,21 +251,8 @@ def _fwd_loop(pid, n_progs, n_iter, x_ptr, cos_ptr, sin_ptr, w_ptr, o_ptr, n_tok
         dmask = _dmask(d, D2, BLOCK)
         heads = head0 + tl.arange(0, HEADS)
         m = (tok < n_tok)[:, None, None] & (heads < H)[None, :, None] & dmask
-        x1 = x1.to(tl.float32)
-        x2 = x2.to(tl.float32)
-        if NORM:
-            r = _rstd(x1, x2, eps, D2)
-            x1 = x1 * r
-            x2 = x2 * r
-            if ROUND:
-                x1 = _cast(x1, x_ptr.dtype.element_ty).to(tl.float32)
-                x2 = _cast(x2, x_ptr.dtype.element_ty).to(tl.float32)
-            if HAS_WEIGHT:
-                x1 = x1 * tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
-                x2 = x2 * tl.load(w_ptr + D2 + d, mask=dmask, other=0.0).to(tl.float32)
-        op = o_ptr + _offsets(b, s, heads, sob, sos, soh) + d
-        tl.store(op, _cast(x1 * c1 - x2 * s1, o_ptr.dtype.element_ty), mask=m)
-        tl.store(op + D2, _cast(x2 * c2 + x1 * s2, o_ptr.dtype.element_ty), mask=m)
+        _fwd_store(x1, x2, c1, c2, s1, s2, x_ptr, w_ptr, o_ptr + _offsets(b, s, heads, sob, sos, soh) + d, m, d,
+                   dmask, eps, D2, NORM, HAS_WEIGHT, ROUND)
         i += 1
 
 
