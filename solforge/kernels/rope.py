@@ -277,154 +277,6 @@ def _rope_fwd_persistent_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, 
                   HAS_WEIGHT, ROUND, STAGES, INTERP)
 
 
-@triton.jit
-def _bwd_load(tb, g_ptr, x_ptr, cos_ptr, sin_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs, sxh, scb, scs, ssb,
-              sss, D2: tl.constexpr, BLOCK: tl.constexpr, TOKENS: tl.constexpr, HEADS: tl.constexpr,
-              NORM: tl.constexpr):
-    """Everything token block `tb` reads: cos/sin halves (fp32), and the grad and x halves in their
-    own dtype (x only with the norm). A block past the end (grid-stride tail) is all masked."""
-    b, s, tmask, d, dmask, c1, c2, s1, s2 = _token_block(tb, n_tok, S, cos_ptr, sin_ptr, scb, scs, ssb, sss, D2,
-                                                         BLOCK, TOKENS)
-    heads = head0 + tl.arange(0, HEADS)
-    m = tmask[:, None, None] & (heads < H)[None, :, None] & dmask
-    gp = g_ptr + _offsets(b, s, heads, sgb, sgs, sgh) + d
-    g1 = tl.load(gp, mask=m, other=0.0)
-    g2 = tl.load(gp + D2, mask=m, other=0.0)
-    x1 = 0.0
-    x2 = 0.0
-    if NORM:
-        xp = x_ptr + _offsets(b, s, heads, sxb, sxs, sxh) + d
-        x1 = tl.load(xp, mask=m, other=0.0)
-        x2 = tl.load(xp + D2, mask=m, other=0.0)
-    return c1, c2, s1, s2, g1, g2, x1, x2
-
-
-@triton.jit
-def _bwd_tile(tb, loaded, x_ptr, w_ptr, dx_ptr, n_tok, S, H, head0, sdb, sds, sdh, eps, D2: tl.constexpr,
-              BLOCK: tl.constexpr, TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr,
-              HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr):
-    """dx of token block `tb` from what `_bwd_load` read, and the tile's share of dweight as two
-    [TOKENS, HEADS, BLOCK] tiles of products (zeros without a weight), left unreduced: the caller
-    adds them up elementwise over its loop and reduces once at the end (a reduction over tokens and
-    heads per tile made the H100 run at 1.5 TB/s).
-    Rope: out1 = n1 c1 - n2 s1, out2 = n2 c2 + n1 s2, hence dn1 = g1 c1 + g2 s2, dn2 = g2 c2 - g1 s1.
-    Norm: y = x r with r = rsqrt(mean(x^2) + eps); dy = dn w; dx = r (dy - y mean(dy y)); the
-    weight gets sum(dn * y) with y rounded as the forward used it (HF: weight * y.to(bf16))."""
-    c1, c2, s1, s2, g1, g2, x1, x2 = loaded
-    tok = tb * TOKENS + tl.arange(0, TOKENS)
-    b = tok // S
-    s = tok - b * S
-    d = tl.arange(0, BLOCK)[None, None, :]
-    heads = head0 + tl.arange(0, HEADS)
-    m = (tok < n_tok)[:, None, None] & (heads < H)[None, :, None] & _dmask(d, D2, BLOCK)
-    g1 = g1.to(tl.float32)
-    g2 = g2.to(tl.float32)
-    dn1 = g1 * c1 + g2 * s2
-    dn2 = g2 * c2 - g1 * s1
-    dw1 = tl.zeros(g1.shape, tl.float32)
-    dw2 = tl.zeros(g1.shape, tl.float32)
-    if NORM:
-        x1 = x1.to(tl.float32)
-        x2 = x2.to(tl.float32)
-        r = _rstd(x1, x2, eps, D2)
-        y1 = x1 * r
-        y2 = x2 * r
-        if HAS_WEIGHT:
-            if ROUND:
-                dw1 = dn1 * _cast(y1, x_ptr.dtype.element_ty).to(tl.float32)
-                dw2 = dn2 * _cast(y2, x_ptr.dtype.element_ty).to(tl.float32)
-            else:
-                dw1 = dn1 * y1
-                dw2 = dn2 * y2
-            dmask = _dmask(d, D2, BLOCK)
-            dn1 = dn1 * tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
-            dn2 = dn2 * tl.load(w_ptr + D2 + d, mask=dmask, other=0.0).to(tl.float32)
-        dot = (tl.sum(dn1 * y1, axis=2) + tl.sum(dn2 * y2, axis=2))[:, :, None] / (2 * D2)
-        dn1 = r * (dn1 - y1 * dot)
-        dn2 = r * (dn2 - y2 * dot)
-    dp = dx_ptr + _offsets(b, s, heads, sdb, sds, sdh) + d
-    tl.store(dp, _cast(dn1, dx_ptr.dtype.element_ty), mask=m)
-    tl.store(dp + D2, _cast(dn2, dx_ptr.dtype.element_ty), mask=m)
-    return dw1, dw2
-
-
-@triton.jit
-def _bwd_step(i, pid, n_progs, cur, acc1, acc2, g_ptr, x_ptr, cos_ptr, sin_ptr, w_ptr, dx_ptr, n_tok, S, H, head0,
-              sgb, sgs, sgh, sxb, sxs, sxh, scb, scs, ssb, sss, sdb, sds, sdh, eps, D2: tl.constexpr,
-              BLOCK: tl.constexpr, TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr,
-              HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, STAGES: tl.constexpr):
-    """Token block pid + i * n_progs. STAGES == 2: `cur` holds it, already loaded, and the next
-    block's loads are issued before this one is computed, so a program keeps two in flight."""
-    tb = pid + i * n_progs
-    loaded = cur
-    if STAGES > 1:
-        cur = _bwd_load(tb + n_progs, g_ptr, x_ptr, cos_ptr, sin_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs,
-                        sxh, scb, scs, ssb, sss, D2, BLOCK, TOKENS, HEADS, NORM)
-    else:
-        loaded = _bwd_load(tb, g_ptr, x_ptr, cos_ptr, sin_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs, sxh,
-                           scb, scs, ssb, sss, D2, BLOCK, TOKENS, HEADS, NORM)
-    dw1, dw2 = _bwd_tile(tb, loaded, x_ptr, w_ptr, dx_ptr, n_tok, S, H, head0, sdb, sds, sdh, eps, D2, BLOCK, TOKENS,
-                         HEADS, NORM, HAS_WEIGHT, ROUND)
-    return cur, acc1 + dw1, acc2 + dw2
-
-
-@triton.jit
-def _bwd_loop(pid, n_progs, n_iter, g_ptr, x_ptr, cos_ptr, sin_ptr, w_ptr, dx_ptr, n_tok, S, H, head0, sgb, sgs,
-              sgh, sxb, sxs, sxh, scb, scs, ssb, sss, sdb, sds, sdh, eps, D2: tl.constexpr, BLOCK: tl.constexpr,
-              TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-              ROUND: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr):
-    """One program's grid-stride loop over token blocks, for one head block of q or of k (the
-    caller picks the tensors once, so the loop loads from one set of pointers); returns the
-    elementwise dweight sums."""
-    acc1 = tl.zeros([TOKENS, HEADS, BLOCK], tl.float32)
-    acc2 = tl.zeros([TOKENS, HEADS, BLOCK], tl.float32)
-    cur = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    if STAGES > 1:
-        cur = _bwd_load(pid, g_ptr, x_ptr, cos_ptr, sin_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs, sxh, scb,
-                        scs, ssb, sss, D2, BLOCK, TOKENS, HEADS, NORM)
-    if INTERP:
-        # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
-        # (triton-lang/triton#9171, as in kernels/rmsnorm.py); a while loop works there.
-        i = 0
-        while i < n_iter:
-            cur, acc1, acc2 = _bwd_step(i, pid, n_progs, cur, acc1, acc2, g_ptr, x_ptr, cos_ptr, sin_ptr, w_ptr,
-                                        dx_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs, sxh, scb, scs, ssb, sss,
-                                        sdb, sds, sdh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND, STAGES)
-            i += 1
-    else:
-        for i in range(0, n_iter):
-            cur, acc1, acc2 = _bwd_step(i, pid, n_progs, cur, acc1, acc2, g_ptr, x_ptr, cos_ptr, sin_ptr, w_ptr,
-                                        dx_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs, sxh, scb, scs, ssb, sss,
-                                        sdb, sds, sdh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND, STAGES)
-    return acc1, acc2
-
-
-@triton.jit
-def _rope_bwd_kernel(gq_ptr, gk_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, dq_ptr, dk_ptr, dw_ptr,
-                     n_tok, S, Hq, Hk, n_qb, n_iter, n_progs, sgqb, sgqs, sgqh, sgkb, sgks, sgkh, sqb, sqs, sqh,
-                     skb, sks, skh, scb, scs, ssb, sss, sdqb, sdqs, sdqh, sdkb, sdks, sdkh, eps, D2: tl.constexpr,
-                     BLOCK: tl.constexpr, TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr,
-                     HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr):
-    """Grid (n_progs, head blocks of q then k): a grid-stride loop over token blocks, so each
-    program sums its share of dweight in registers and writes one partial row (the launcher adds
-    the n_progs rows: a few hundred KB, not one row per token)."""
-    pid = tl.program_id(0)
-    hb = tl.program_id(1)
-    if hb < n_qb:
-        acc1, acc2 = _bwd_loop(pid, n_progs, n_iter, gq_ptr, q_ptr, cos_ptr, sin_ptr, qw_ptr, dq_ptr, n_tok, S, Hq,
-                               hb * HEADS, sgqb, sgqs, sgqh, sqb, sqs, sqh, scb, scs, ssb, sss, sdqb, sdqs, sdqh, eps,
-                               D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND, STAGES, INTERP)
-    else:
-        acc1, acc2 = _bwd_loop(pid, n_progs, n_iter, gk_ptr, k_ptr, cos_ptr, sin_ptr, kw_ptr, dk_ptr, n_tok, S, Hk,
-                               (hb - n_qb) * HEADS, sgkb, sgks, sgkh, skb, sks, skh, scb, scs, ssb, sss, sdkb, sdks,
-                               sdkh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND, STAGES, INTERP)
-    if NORM and HAS_WEIGHT:
-        d = tl.arange(0, BLOCK)
-        row = dw_ptr + (hb * n_progs + pid) * (2 * D2)
-        tl.store(row + d, tl.sum(tl.sum(acc1, axis=0), axis=0), mask=d < D2)
-        tl.store(row + D2 + d, tl.sum(tl.sum(acc2, axis=0), axis=0), mask=d < D2)
-
-
 # ----------------------------------------------------------------------------------------------
 # Launchers
 
@@ -562,52 +414,10 @@ def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: tor
              eps: float = 1e-6, *, norm: bool = False, round_before_weight: bool = False, heads_first: bool = True,
              config: Config | None = None, out: tuple[torch.Tensor, ...] | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, Any, Any]:
-    """(dq, dk, dq_weight, dk_weight) for grads of `rope`'s outputs (dweights None without weights).
-    dq, dk are (B, S, H, D) contiguous like q and k; the weight grads are summed in fp32. `out`
-    ((dq, dk) or, with weights, (dq, dk, dq_weight, dk_weight); dq, dk any strides with a
-    contiguous last dim) is written in place when given (kernels/rope_bwd.py tunes this)."""
-    B, S, Hq, Hk, D = _check(q, k, q_weight, k_weight, norm)
-    has_w = q_weight is not None
-    if out is not None:
-        if len(out) != (4 if has_w else 2) or any(o.shape != t.shape or o.dtype != t.dtype or o.stride(-1) != 1
-                                                   for o, t in zip(out[:2], (q, k), strict=True)):
-            raise _bad("out must be (dq, dk[, dq_weight, dk_weight]) shaped like q, k with a contiguous last dim")
-        dq, dk = out[0], out[1]
-    else:
-        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-        dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-    if q.numel() == 0:
-        z = (torch.zeros_like(q_weight), torch.zeros_like(k_weight)) if has_w else (None, None)  # type: ignore[arg-type]
-        if out is not None and has_w:
-            z = (out[2].zero_(), out[3].zero_())
-        return dq, dk, *z
-    gq, gk = _token_major(grad_q, heads_first), _token_major(grad_k, heads_first)
-    q4, k4 = _rows(q), _rows(k)
-    c, scb, scs = _cs_strides(cos, "cos", B, S, D)
-    sn, ssb, sss = _cs_strides(sin, "sin", B, S, D)
-    cfg, meta = _checked_config(_sig(q, k, cos, sin, q_weight, k_weight), float(eps), norm, round_before_weight,
-                                heads_first, grad_q.dtype, config, q.device.type, backward=True)
-    n_tok = B * S
-    n_qb, n_kb = triton.cdiv(Hq, cfg.heads), triton.cdiv(Hk, cfg.heads)
-    n_tb = triton.cdiv(n_tok, cfg.tokens)
-    # With a weight gradient: a grid-stride loop, `progs` programs per SM in all (config), each
-    # writing one partial dweight row.
-    per_sm = cfg.progs or _DEFAULT_PROGS
-    progs = max(1, min(n_tb, per_sm * sm_count(q.device) // (n_qb + n_kb))) if has_w else n_tb
-    dw = torch.empty(((n_qb + n_kb) * progs, D), dtype=torch.float32, device=q.device) if has_w else q4
-    qw = q4 if q_weight is None else _rows(q_weight)
-    kw = k4 if k_weight is None else _rows(k_weight)
-    _launch(_rope_bwd_kernel, (progs, n_qb + n_kb),
-            (gq, gk, q4, k4, c, sn, qw, kw, dq, dk, dw, n_tok, S, Hq, Hk, n_qb, triton.cdiv(n_tb, progs), progs,
-             *gq.stride()[:3], *gk.stride()[:3], *q4.stride()[:3], *k4.stride()[:3], scb, scs, ssb, sss,
-             *dq.stride()[:3], *dk.stride()[:3], eps), meta)
-    if not has_w:
-        return dq, dk, None, None
-    dqw = dw[: n_qb * progs].sum(0).to(q_weight.dtype)  # type: ignore[union-attr]
-    dkw = dw[n_qb * progs:].sum(0).to(k_weight.dtype)  # type: ignore[union-attr]
-    if out is not None:
-        dqw, dkw = out[2].copy_(dqw), out[3].copy_(dkw)
-    return dq, dk, dqw, dkw
+    """(dq, dk, dq_weight, dk_weight) for grads of `rope`'s outputs (dweights None without weights),
+    by the backward kernel in kernels/rope_bwd.py (`grads` there says more)."""
+    return _bwd.grads(grad_q, grad_k, q, k, cos, sin, q_weight, k_weight, eps, norm=norm,
+                      round_before_weight=round_before_weight, heads_first=heads_first, config=config, out=out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -902,3 +712,8 @@ torch.library.register_autograd("solforge::rope", _backward, setup_context=_setu
 
 rope_op = torch.ops.solforge.rope
 rope_bwd_op = torch.ops.solforge.rope_bwd.default
+
+
+# the backward's kernels and launcher live in kernels/rope_bwd.py, which imports this file's helpers:
+# the module, not its names, so that whichever of the two is imported first works
+from solforge.kernels import rope_bwd as _bwd  # noqa: E402
