@@ -31,6 +31,18 @@ def bench_us(fn: object) -> float:
     return float(do_bench(fn, warmup=20, rep=100, return_mode="median")) * 1e3
 
 
+def qwen3_inputs(B: int, S: int, Hq: int, Hk: int, D: int, *, cos_batch: int) -> tuple[torch.Tensor, ...]:
+    """Seeded bf16 q, k (B, S, H, D), cos/sin (cos_batch, S, D) and q/k norm weights (D,) on the GPU."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, S, Hq, D, device="cuda", generator=g).to(torch.bfloat16)
+    k = torch.randn(B, S, Hk, D, device="cuda", generator=g).to(torch.bfloat16)
+    theta = torch.rand(cos_batch, S, D, device="cuda", generator=g) * 6.2832
+    cos, sin = theta.cos().to(torch.bfloat16), theta.sin().to(torch.bfloat16)
+    qw = (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16)
+    kw = (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16)
+    return q, k, cos, sin, qw, kw
+
+
 def main() -> int:
     from solforge.kernels import rope as R
 
@@ -40,13 +52,7 @@ def main() -> int:
     res: dict = {**provenance(), "shapes": []}
     Hq, Hk, D = 32, 8, 128
     for B, S, what in SHAPES:
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(B, S, Hq, D, device="cuda", generator=g).to(torch.bfloat16)
-        k = torch.randn(B, S, Hk, D, device="cuda", generator=g).to(torch.bfloat16)
-        theta = torch.rand(B, S, D, device="cuda", generator=g) * 6.2832
-        cos, sin = theta.cos().to(torch.bfloat16), theta.sin().to(torch.bfloat16)
-        qw = (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16)
-        kw = (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16)
+        q, k, cos, sin, qw, kw = qwen3_inputs(B, S, Hq, Hk, D, cos_batch=B)
         opts = dict(norm=True, round_before_weight=True, heads_first=True)
         qo, ko = R.rope(q, k, cos, sin, qw, kw, 1e-6, **opts)
         gq, gk = torch.randn_like(qo), torch.randn_like(ko)  # the outputs' strides

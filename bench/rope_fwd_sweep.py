@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e import provenance, write_json  # noqa: E402
-from rope_bwd_sweep import SHAPES, bench_us  # noqa: E402
+from rope_bwd_sweep import SHAPES, bench_us, qwen3_inputs  # noqa: E402
 
 
 def main() -> int:
@@ -34,13 +34,7 @@ def main() -> int:
     res: dict = {**provenance(), "shapes": []}
     Hq, Hk, D = 32, 8, 128
     for B, S, what in reversed(SHAPES):  # the inference shape first
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(B, S, Hq, D, device="cuda", generator=g).to(torch.bfloat16)
-        k = torch.randn(B, S, Hk, D, device="cuda", generator=g).to(torch.bfloat16)
-        theta = torch.rand(1, S, D, device="cuda", generator=g) * 6.2832
-        cos, sin = theta.cos().to(torch.bfloat16), theta.sin().to(torch.bfloat16)
-        qw = (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16)
-        kw = (1 + 0.1 * torch.randn(D, device="cuda", generator=g)).to(torch.bfloat16)
+        q, k, cos, sin, qw, kw = qwen3_inputs(B, S, Hq, Hk, D, cos_batch=1)
         opts = dict(norm=True, round_before_weight=True, heads_first=True)
         wl = R.workload_for(q, k, cos, sin, qw, kw, 1e-6, **opts)
         nbytes = 2 * (q.numel() + k.numel()) * 2

@@ -348,23 +348,29 @@ def test_gpu_train_mode_optimize_times_eager_backward_and_integrates(tmp_path: A
         assert 1 <= r.candidates <= 6 and r.timed >= 1 and r.source == "tuned"
 
 
+def _tuned(w: Workload, us: float | None) -> Any:
+    """A swiglu-family TuneResult against a 10 us region: its heuristic verified and timed at `us`,
+    or (us None) failing verification, with no best."""
+    from solforge.records import BuildResult, Candidate, RunResult, TuneResult, TuningRecord, Verdict
+
+    cand = Candidate(w, "triton", "tile", S.heuristic(w).items())
+    if us is None:
+        rec = TuningRecord(cand, BuildResult(True), Verdict(False, 1, reason="trial 1: mismatch"))
+        return TuneResult(w, RunResult(10.0, 10.0, 10.0), (rec,), None)
+    rec = TuningRecord(cand, BuildResult(True), Verdict(True, 4, 0.0, 0.0), RunResult(us, us, us))
+    return TuneResult(w, RunResult(10.0, 10.0, 10.0), (rec,), rec)
+
+
 def test_a_slow_backward_kernel_is_used_anyway_and_noted() -> None:
     """On the GPU a forward kernel slower than its region stays out; a backward kernel slower than
     eager's backward does not (the fused forward op always runs its own backward), with a note."""
     from solforge.api import _region_report, kept_out
     from solforge.plan import WorkloadGroup
-    from solforge.records import BuildResult, Candidate, RunResult, TuneResult, TuningRecord, Verdict
 
     fwd = FORWARD["swiglu-silu-bf16"]
     bwd = S.backward_workload(fwd)
-
-    def slow(w: Workload) -> TuneResult:
-        rec = TuningRecord(Candidate(w, "triton", "tile", S.heuristic(w).items()), BuildResult(True),
-                           Verdict(True, 4, 0.0, 0.0), RunResult(12.0, 12.0, 12.0))
-        return TuneResult(w, RunResult(10.0, 10.0, 10.0), (rec,), rec)
-
     groups = [WorkloadGroup(fwd), WorkloadGroup(bwd, forward=fwd)]
-    results = [slow(fwd), slow(bwd)]
+    results = [_tuned(fwd, 12.0), _tuned(bwd, 12.0)]
     out, notes = kept_out(groups, results, meaningful=True)
     assert out == {fwd}
     assert len(notes) == 2 and notes[0].startswith("kept the original swiglu[") and "used anyway" in notes[1]
@@ -381,20 +387,15 @@ def test_nothing_unverified_enters_the_model() -> None:
     training so does a forward whose backward has none: its op would run that backward."""
     from solforge.api import kept_out
     from solforge.plan import WorkloadGroup
-    from solforge.records import BuildResult, Candidate, RunResult, TuneResult, TuningRecord, Verdict
 
     fwd = FORWARD["swiglu-silu-bf16"]
     bwd = S.backward_workload(fwd)
 
-    def ok(w: Workload) -> TuneResult:
-        rec = TuningRecord(Candidate(w, "triton", "tile", S.heuristic(w).items()), BuildResult(True),
-                           Verdict(True, 4, 0.0, 0.0), RunResult(5.0, 5.0, 5.0))
-        return TuneResult(w, RunResult(10.0, 10.0, 10.0), (rec,), rec)
+    def ok(w: Workload) -> Any:
+        return _tuned(w, 5.0)
 
-    def failed(w: Workload) -> TuneResult:
-        rec = TuningRecord(Candidate(w, "triton", "tile", S.heuristic(w).items()), BuildResult(True),
-                           Verdict(False, 1, reason="trial 1: mismatch"))
-        return TuneResult(w, RunResult(10.0, 10.0, 10.0), (rec,), None)
+    def failed(w: Workload) -> Any:
+        return _tuned(w, None)
 
     groups = [WorkloadGroup(fwd), WorkloadGroup(bwd, forward=fwd)]
     keep, notes = kept_out(groups, [failed(fwd), ok(bwd)], meaningful=True)
