@@ -6,8 +6,9 @@ With n = (x - mean) * rstd and y = n * w + b:
     dw = sum over rows of dy * n;  db = sum over rows of dy
 mean and rstd are recomputed from x (one more pass over a row already in registers; nothing kept
 alive between forward and backward). Like rmsnorm_bwd.py: a few programs per SM walk row tiles in a
-grid-stride loop, each keeps fp32 partial dw/db rows in registers, and one torch sum adds the
-(2, grid, H) partials of both.
+grid-stride loop, each keeps fp32 partial dw/db rows in registers, and one launch of
+reduce.sum_rows adds up the (2, grid, H) partials of both. After the mean, the three sums a row
+needs (of d^2, dn * d and dn) are taken in one reduction (reduce.sum3).
 
 A row that is not a power of two is held as a power-of-two main block plus a tail (2560 = 2048 +
 512), as in the forward: with one 4096-lane block, 37% of the lanes of x, dy, and of the w, dw and
@@ -34,6 +35,7 @@ import triton.language as tl
 
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
+from solforge.kernels.reduce import sum3, sum_rows
 from solforge.kernels.rmsnorm import _ld, _load_weight, _st, _tile_load
 from solforge.kernels.rmsnorm_bwd import sum_tolerance
 from solforge.numerics import Tolerance, input_generator, parse_dtype, tolerance
@@ -114,22 +116,21 @@ def _bwd_tile(tile, x, xt, dy, dyt, ds_ptr, dx_ptr, w, wt, n_rows, H, s_ds, s_dx
     d = x - mean
     if BLOCK_T == 0 and not EVEN_H:  # masked lanes hold -mean now; they must not count
         d = tl.where(cols < H, d, 0.0)
-    ss = tl.sum(d * d, axis=1)
+    # the three sums that need the mean, in one reduction: sum(d^2) for rstd, and for
+    # c1 = mean(dn * n), c2 = mean(dn) over the whole row (both blocks), with n = d * rstd
+    dn = dy * w if HAS_WEIGHT else dy
+    ss, c1, c2 = sum3(d * d, dn * d, dn, 1)
     if BLOCK_T > 0:
         dt = xt - mean
         if not EVEN_H:
             dt = tl.where(tcols < H, dt, 0.0)
-        ss += tl.sum(dt * dt, axis=1)
+        dnt = dyt * wt if HAS_WEIGHT else dyt
+        sst, c1t, c2t = sum3(dt * dt, dnt * dt, dnt, 1)
+        ss += sst
+        c1 += c1t
+        c2 += c2t
     rstd1 = tl.rsqrt(ss / H + eps)
     rstd = rstd1[:, None]
-    # c1 = mean(dn * n), c2 = mean(dn) over the whole row (both blocks); n = d * rstd
-    dn = dy * w if HAS_WEIGHT else dy
-    c1 = tl.sum(dn * d, axis=1)
-    c2 = tl.sum(dn, axis=1)
-    if BLOCK_T > 0:
-        dnt = dyt * wt if HAS_WEIGHT else dyt
-        c1 += tl.sum(dnt * dt, axis=1)
-        c2 += tl.sum(dnt, axis=1)
     c1 = (c1 * rstd1 / H)[:, None]
     c2 = (c2 / H)[:, None]
     pw, pb = _bwd_piece(dy, x, mean, rstd, w, c1, c2, ds_ptr + r64 * s_ds + cols, dx_ptr + r64 * s_dx + cols, m,
@@ -337,21 +338,20 @@ def bwd_space(n_rows: int, H: int) -> list[BwdConfig]:
 
 
 def bwd_heuristic(n_rows: int, H: int, device: torch.device | str, ds: bool = False) -> BwdConfig:
-    """Measured on the H100 (bench/ln_sweep.py, bf16, H = 2560, 16384 and 4096 rows; the copy
-    ceiling 2.96 TB/s in the same run), for rows of 1024+, the best config at both row counts:
-    - without a residual gradient: one power-of-two block, one row a tile, 2 programs per SM,
-      8 warps, the next tile loaded ahead, evict_first: 113.8 / 39.7 us (2.21 TB/s at 16384), against
-      126.5 / 49.4 for the earlier heuristic (the block split, 4 programs per SM, 2 warps, one stage)
-      (bench/results/2026-11-22-h100-ln-bwd-sweep-s6.json);
-    - with one (`ds`, add_layernorm): two rows a tile, 1 program per SM, 16 warps, loaded ahead,
-      evict_first: 158.6 / 51.3 us, against 166.5 / 60.8 (the earlier 1-stage choice).
+    """Measured on the H100 (bf16, H = 2560), for rows of 1024+, with or without a residual
+    gradient (`ds`, add_layernorm): one power-of-two block, one row a tile, 2 programs per SM, 8
+    warps, the next tile loaded ahead, evict_first.
+    - Without ds: 113.8 / 39.7 us at 16384 / 4096 rows, the best of bench/ln_sweep.py
+      (-ln-bwd-sweep-s6.json; 2.21 TB/s at 16384), against 126.5 / 49.4 for the earlier heuristic.
+    - With ds: the best at 16384 rows once the row sums were taken in one reduction, in three runs
+      of bench/pair_ab.py (-pair-ab-s7.json: 146.9 us against 154.7 for two rows a tile on 16
+      warps, the choice before, which ln_sweep had found best with separate sums). 4096 rows were
+      not measured reliably on those hosts.
     Shorter rows keep rmsnorm_bwd's earlier tiling (tiles of ~8K elements, 8 programs per SM), now
-    with the next tile loaded ahead: not swept."""
+    with the next tile loaded ahead: not swept. (`ds` no longer changes the choice; it stays in the
+    signature for the callers that pass it.)"""
     pow2 = triton.next_power_of_2(H)
-    if pow2 >= 1024 and ds:
-        rows = max(1, 8192 // pow2)
-        c = BwdConfig(rows, 1, max(1, min(16, rows * pow2 // 512)), pow2, 0, 2, 1)
-    elif pow2 >= 1024:
+    if pow2 >= 1024:
         c = BwdConfig(1, 2, max(1, min(16, pow2 // 512)), pow2, 0, 2, 1)
     else:
         bh, bt = blocks(H)[0]
@@ -427,11 +427,9 @@ def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None
              ds2.stride(0) if ds2 is not None else 0, dx.stride(0), eps, n_iter, grid * H if want_dw else 0), meta)
     if not n_parts:
         return (dx.view(x.shape),)
-    if out is None:
-        return (dx.view(x.shape), *part.sum(1).unbind(0))
-    for i, o in enumerate(out[1:]):
-        torch.sum(part[i], 0, out=o)
-    return (dx.view(x.shape), *out[1:])
+    outs = out[1:] if out is not None else [torch.empty(H, dtype=torch.float32, device=x.device)
+                                            for _ in range(n_parts)]
+    return (dx.view(x.shape), *sum_rows(part.view(n_parts * grid, H), [i * grid for i in range(n_parts + 1)], outs))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ import triton.language as tl
 from solforge.kernels import rope as _rope
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.launch import sm_count
+from solforge.kernels.reduce import sum2, sum_rows
 from solforge.kernels.rope import (
     _DEFAULT_PROGS,
     Config,
@@ -52,7 +53,6 @@ from solforge.kernels.rope import (
     _dmask,
     _offsets,
     _rows,
-    _rstd,
     _sig,
     _token_block,
     _token_major,
@@ -203,7 +203,16 @@ def _bwd_tile(tb, loaded, x_ptr, w_ptr, dx_ptr, n_tok, S, H, head0, sdb, sds, sd
     if NORM:
         x1 = x1.to(tl.float32)
         x2 = x2.to(tl.float32)
-        r = _rstd(x1, x2, eps, D2)
+        e1 = dn1  # dy = dn w, the gradient of the normalized y
+        e2 = dn2
+        if HAS_WEIGHT:
+            dmask = _dmask(d, D2, BLOCK)
+            e1 = dn1 * tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
+            e2 = dn2 * tl.load(w_ptr + D2 + d, mask=dmask, other=0.0).to(tl.float32)
+        # sum(x^2) for r and mean(dy y) = r mean(dy x), over both halves, in one reduction
+        ss, dot = sum2(x1 * x1 + x2 * x2, e1 * x1 + e2 * x2, 2)
+        r1 = tl.rsqrt(ss / (2 * D2) + eps)
+        r = r1[:, :, None]
         y1 = x1 * r
         y2 = x2 * r
         if HAS_WEIGHT:
@@ -213,12 +222,9 @@ def _bwd_tile(tb, loaded, x_ptr, w_ptr, dx_ptr, n_tok, S, H, head0, sdb, sds, sd
             else:
                 dw1 = dn1 * y1
                 dw2 = dn2 * y2
-            dmask = _dmask(d, D2, BLOCK)
-            dn1 = dn1 * tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
-            dn2 = dn2 * tl.load(w_ptr + D2 + d, mask=dmask, other=0.0).to(tl.float32)
-        dot = (tl.sum(dn1 * y1, axis=2) + tl.sum(dn2 * y2, axis=2))[:, :, None] / (2 * D2)
-        dn1 = r * (dn1 - y1 * dot)
-        dn2 = r * (dn2 - y2 * dot)
+        dot = (dot * r1)[:, :, None] / (2 * D2)
+        dn1 = r * (e1 - y1 * dot)
+        dn2 = r * (e2 - y2 * dot)
     dp = dx_ptr + _offsets(b, s, heads, sdb, sds, sdh) + d
     tl.store(dp, _cast(dn1, dx_ptr.dtype.element_ty), mask=m)
     tl.store(dp + D2, _cast(dn2, dx_ptr.dtype.element_ty), mask=m)
@@ -349,8 +355,7 @@ def grads(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: torch.
              *dq.stride()[:3], *dk.stride()[:3], eps), meta)
     if not has_w:
         return dq, dk, None, None
-    dqw = dw[: n_qb * progs].sum(0).to(q_weight.dtype)  # type: ignore[union-attr]
-    dkw = dw[n_qb * progs:].sum(0).to(k_weight.dtype)  # type: ignore[union-attr]
-    if out is not None:
-        dqw, dkw = out[2].copy_(dqw), out[3].copy_(dkw)
+    # the partial rows of both weights summed, and cast to their dtypes, in one launch
+    outs = out[2:] if out is not None else (torch.empty_like(q_weight), torch.empty_like(k_weight))  # type: ignore[arg-type]
+    dqw, dkw = sum_rows(dw, (0, n_qb * progs, (n_qb + n_kb) * progs), outs)
     return dq, dk, dqw, dkw
