@@ -103,7 +103,7 @@ def _match_chain(mean: fx.Node) -> Match | None:
     from solforge.kernels import rmsnorm as family
 
     sq = mean.args[0]
-    if not isinstance(sq, fx.Node):
+    if not isinstance(sq, fx.Node) or sq.op != "call_function" or not sq.args:
         return None
     xf = sq.args[0]
     if not isinstance(xf, fx.Node) or not _is_square_of(sq, xf):

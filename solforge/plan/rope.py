@@ -106,10 +106,8 @@ def _match_one(add: fx.Node) -> _Rope | None:
                 continue
             if not (_unsqueezed(cu, xv.shape) and _unsqueezed(su, xv.shape) and cu.args[1] == su.args[1]):
                 continue
+            # an intermediate read elsewhere too stays for that reader if plan/sharing.py allows it
             nodes = [a, x1, x2, neg, cat, m, add]
-            # every intermediate is used by this rope only, or it would be computed anyway
-            if any(len(n.users) != 1 for n in (a, x1, x2, neg, cat, m)):
-                continue
             out, x = _unalias(add, x, nodes)  # type: ignore[arg-type]
             return _Rope(out, x, cu, su, nodes)  # type: ignore[arg-type]
     return None

@@ -84,10 +84,16 @@ def _bytes(v: Any) -> int:
     return 0
 
 
-def _launches(n: fx.Node) -> bool:
-    from solforge.profile.kinds import VIEW, node_kind
+def _kind(n: fx.Node) -> str:
+    from solforge.profile.kinds import node_kind  # (profile imports plan: imported when used)
 
-    return node_kind(n) != VIEW
+    return node_kind(n)
+
+
+def _launches(n: fx.Node) -> bool:
+    from solforge.profile.kinds import VIEW
+
+    return _kind(n) != VIEW
 
 
 def _op_bytes(n: fx.Node) -> int:
@@ -128,6 +134,8 @@ class Sharing:
                 return f"{n.name} is read outside the region and is not a pure op"
             if self._written(n):
                 return f"{n.name} is read outside the region and may be written in place"
+        if any(_kind(n) in ("gemm", "attention") for n in kept):
+            return "a kept node is a matmul: compute-bound, never cheap to keep (the model below is for bandwidth)"
         compute = [n for n in nodes if _launches(n)]
         kept_compute = [n for n in kept if _launches(n)]
         if kept_compute and len(kept_compute) + 1 >= len(compute):
