@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from solforge.capture import CapturedGraph, module_path
-from solforge.plan.sharing import Sharing, kept_nodes
+from solforge.plan.sharing import Sharing, dead_detach, kept_nodes
 from solforge.records import Workload
 
 
@@ -304,7 +304,9 @@ def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]
         # so does every region node it reads; in training autograd records their ops as before,
         # and the gradients of their inputs sum over both paths, the op's and the kept ops'.
         for node in sorted(m.nodes, key=order.__getitem__, reverse=True):  # (region nodes are not new)
-            if not node.users:
+            if all(dead_detach(u) for u in node.users):
+                for u in list(node.users):
+                    graph.erase_node(u)
                 graph.erase_node(node)
         n += 1
     graph.lint()

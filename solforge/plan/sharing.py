@@ -50,6 +50,8 @@ import torch.fx as fx
 
 from solforge.capture.cse import alias_analysis, mergeable
 
+aten = torch.ops.aten
+
 try:  # a size hint that adds no guard under dynamic shapes (a cost estimate must not specialize)
     from torch.fx.experimental.symbolic_shapes import optimization_hint as _hint
 except ImportError:  # older torch
@@ -57,12 +59,20 @@ except ImportError:  # older torch
         return int(a)
 
 
+def dead_detach(node: fx.Node) -> bool:
+    """A detach() nothing reads: make_fx's record of a tensor autograd saves (grad-mode captures hang
+    one off an RMSNorm's rsqrt, a softmax, a sigmoid). It reads no value anyone needs, so it is no
+    reader outside a region: the rewrite erases it with the node it hangs off."""
+    return node.op == "call_function" and node.target == aten.detach.default and not node.users
+
+
 def kept_nodes(nodes: Sequence[fx.Node], outputs: Iterable[fx.Node]) -> list[fx.Node]:
     """The region nodes that stay after the rewrite, in the region's order: every non-output node
-    with a user outside the region, and the region nodes it depends on. Outputs never stay: the op
-    provides them, and a kept node that reads one reads the op's result instead."""
+    with a user outside the region (dead detaches aside), and the region nodes it depends on.
+    Outputs never stay: the op provides them, and a kept node that reads one reads the op's result
+    instead."""
     inside, outs = set(nodes), set(outputs)
-    stack = [n for n in nodes if n not in outs and any(u not in inside for u in n.users)]
+    stack = [n for n in nodes if n not in outs and any(u not in inside and not dead_detach(u) for u in n.users)]
     kept: set[fx.Node] = set()
     while stack:
         n = stack.pop()
@@ -131,9 +141,10 @@ class Sharing:
             return None
         for n in kept:
             if not mergeable(n):
-                return f"{n.name} is read outside the region and is not a pure op"
+                return f"{n.name} is kept for readers outside the region and is not a pure op"
+        for n in kept:
             if self._written(n):
-                return f"{n.name} is read outside the region and may be written in place"
+                return f"{n.name} is kept for readers outside the region and may be written in place"
         if any(_kind(n) in ("gemm", "attention") for n in kept):
             return "a kept node is a matmul: compute-bound, never cheap to keep (the model below is for bandwidth)"
         compute = [n for n in nodes if _launches(n)]
