@@ -32,6 +32,7 @@ import torch.fx as fx
 
 from solforge.plan import Match
 from solforge.plan import rmsnorm as rmsnorm_plan
+from solforge.plan.sharing import kept_nodes
 
 aten = torch.ops.aten
 
@@ -162,6 +163,14 @@ def _pair(q: _Rope, k: _Rope, norms: dict[fx.Node, Match], order: dict[fx.Node, 
     (vq, eq, nq), (vk, ek, nk) = sq, sk
     nodes = [*eq, *ek, *q.nodes, *k.nodes]
     fused = _fusable(nq, nk)
+    if fused:
+        assert nq is not None and nk is not None
+        # the norms join only if the rope would keep none of their nodes: an intermediate of the
+        # rope read elsewhere (rotate_half(q)) keeps what it reads, up to the whole q norm, which
+        # then runs unfused; the rope reading the norms' outputs keeps only its own few ops, and
+        # the norms are rmsnorm regions of their own (plan/sharing.py)
+        norm_nodes = {*nq.nodes, *nk.nodes}
+        fused = norm_nodes.isdisjoint(kept_nodes([*nodes, *norm_nodes], (q.out, k.out)))
     if fused:
         assert nq is not None and nk is not None
         xq, xk = nq.args[0], nk.args[0]

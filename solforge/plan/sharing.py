@@ -37,7 +37,9 @@ A region may keep nodes only when:
 
 Boundary nodes are a matcher's choice, not this rule's: a node at the edge of a region that others
 read (a norm's output feeding a rope and something else, a cast after the norm) ends the region
-there and becomes its output or input, which never costs more than keeping it.
+there and becomes its output or input, which never costs more than keeping it. Likewise a region
+built of smaller ones (rope with its q/k norms) leaves a part out rather than keep it unfused: the
+part is then a region of its own (plan/rope.py).
 """
 
 from __future__ import annotations
