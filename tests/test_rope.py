@@ -378,13 +378,32 @@ def test_hf_attention_is_matched_and_swapped(dtype: torch.dtype, qk_norm: bool, 
     assert c.ok, c.reason
 
 
-@pytest.mark.parametrize("kind", ["lone", "rotate_half"])
-def test_lone_or_leaking_rope_is_left_alone(kind: str) -> None:
-    """A rope with no partner sharing cos/sin, or whose rotate_half is used elsewhere: no rope
-    region (the q/k norms are then plain rmsnorm regions)."""
-    m = Attention(lone=kind == "lone", leak="rotate_half" if kind != "lone" else "").to(DEVICE)
+def test_lone_rope_is_left_alone() -> None:
+    """A rope with no partner sharing cos/sin: no rope region (the q/k norms are then plain rmsnorm
+    regions)."""
+    m = Attention(lone=True).to(DEVICE)
     found = _families(m, torch.randn(1, 5, 40, device=DEVICE))
     assert [(f, c) for f, c, _ in found] == [("rmsnorm", 1), ("rmsnorm", 1)]  # q's and k's shapes
+
+
+def test_rope_whose_rotate_half_leaks_keeps_it_and_leaves_the_norms_out() -> None:
+    """q's rotate_half is also read elsewhere: the rope region keeps it (and the slices it reads) for
+    that reader (plan/sharing.py), and does not fuse the q/k norms, which would have to be kept
+    too: they are rmsnorm regions of their own. The model computes what the original does."""
+    m = Attention(leak="rotate_half").to(DEVICE)
+    x = torch.randn(1, 5, 40, device=DEVICE)
+    found = _families(m, x)
+    assert [(f, c) for f, c, _ in found] == [("rmsnorm", 1), ("rmsnorm", 1), ("rope", 1)]
+    assert found[2][2].param("norm") is False
+    with torch.no_grad():
+        (g,) = capture.capture(m, (x,)).graphs
+    (rope,) = plan.find_matches(g.aten.graph, ["rope"])
+    assert [n.target for n in rope.kept if n.target in (torch.ops.aten.cat.default, torch.ops.aten.neg.default)] \
+        == [torch.ops.aten.neg.default, torch.ops.aten.cat.default]
+    opt, stats = _integrated(m, x)
+    with torch.no_grad():
+        out, ref = opt(x), m(x)
+    assert stats.total == 3 and compare(out, ref).ok
 
 
 def test_norm_output_used_elsewhere_is_not_fused() -> None:

@@ -98,7 +98,7 @@ class _Aliases:
             self.parent[rb] = ra
 
 
-def _alias_analysis(graph: fx.Graph) -> tuple[_Aliases, set[fx.Node]] | None:
+def alias_analysis(graph: fx.Graph) -> tuple[_Aliases, set[fx.Node]] | None:
     """(alias sets, nodes written in place), or None if some node's effects are unknown."""
     aliases = _Aliases()
     written: set[fx.Node] = set()
@@ -144,7 +144,8 @@ def _mergeable_op(op: torch._ops.OpOverload) -> bool:
         and torch.Tag.nondeterministic_seeded not in op.tags and not probe.is_impure()
 
 
-def _mergeable(node: fx.Node) -> bool:
+def mergeable(node: fx.Node) -> bool:
+    """A pure node: a getitem, or a functional, deterministic ATen op (plan.sharing keeps such nodes too)."""
     if node.op != "call_function":
         return False
     if node.target is operator.getitem:
@@ -155,7 +156,7 @@ def _mergeable(node: fx.Node) -> bool:
 def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
     """The pass described in the module docstring; returns how many nodes it removed."""
     graph = gm.graph
-    analysis = _alias_analysis(graph)
+    analysis = alias_analysis(graph)
     if analysis is None:
         return 0
     aliases, written = analysis
@@ -167,7 +168,7 @@ def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
     seen: dict[Any, fx.Node] = {}
     removed = 0
     for node in list(graph.nodes):
-        if not _mergeable(node):
+        if not mergeable(node):
             continue
         if aliases.find(node) in tainted or any(aliases.find(n) in tainted for n in node.all_input_nodes):
             continue

@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 
 from solforge.capture import CapturedGraph, module_path
+from solforge.plan.sharing import Sharing, dead_detach, kept_nodes
 from solforge.records import Workload
 
 
@@ -24,12 +25,16 @@ class Match:
     """A region found in a graph: the nodes it replaces and the op call that replaces them.
 
     `args` are the custom op's arguments before the config string (fx Nodes for tensors,
-    constants otherwise). `nodes` are the region's nodes in graph order; only the outputs may have
-    users outside the region. A family whose op returns a tuple lists every output in `outputs`
-    (in the op's return order; `output` is then the first of them); a single-output family gives
-    `output` alone. An op that returns more items than the region has outputs (cross_entropy's
-    per-row logsumexp, kept only for its backward) says how many in `results`; its first
-    len(outputs) items replace the outputs.
+    constants otherwise). `nodes` are the region's nodes in graph order. The outputs may have users
+    outside the region, and so may pure inner nodes (a `x.float()` that other code reads too, often
+    after CSE merged two copies): those stay in the graph for their readers, computed by their
+    original ops with the region nodes they need (`kept`), when plan/sharing.py's rule allows it
+    (pure, never written in place, cheap enough); `find_matches` drops a match it refuses.
+
+    A family whose op returns a tuple lists every output in `outputs` (in the op's return order;
+    `output` is then the first of them); a single-output family gives `output` alone. An op that
+    returns more items than the region has outputs (cross_entropy's per-row logsumexp, kept only
+    for its backward) says how many in `results`; its first len(outputs) items replace the outputs.
     """
 
     family: str
@@ -54,6 +59,11 @@ class Match:
     def inputs(self) -> list[fx.Node]:
         return [a for a in self.args if isinstance(a, fx.Node)]
 
+    @property
+    def kept(self) -> list[fx.Node]:
+        """Region nodes that stay after the rewrite (shared with code outside the region)."""
+        return kept_nodes(self.nodes, self.outputs)
+
     def region(self, graph_index: int) -> Region:
         return Region(
             family=self.family,
@@ -64,6 +74,7 @@ class Match:
             nodes=tuple(n.name for n in self.nodes),
             workload=self.workload,
             module=module_path(self.outputs[-1]),  # add_rmsnorm: the norm, not the add
+            kept=tuple(n.name for n in self.kept),
         )
 
 
@@ -77,6 +88,7 @@ class Region:
     workload: Workload
     module: str | None = None
     outputs: tuple[str, ...] = ()  # every output's name, in the op's return order
+    kept: tuple[str, ...] = ()  # region nodes that stay for readers outside it (Match.kept)
 
 
 @dataclass
@@ -127,11 +139,14 @@ def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
 def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:
     matches: list[Match] = []
     claimed: set[fx.Node] = set()
+    sharing = Sharing(graph)
     for family, matcher in _matchers().items():
         if families is not None and family not in families:
             continue
         for m in matcher(graph):
-            if claimed.isdisjoint(m.nodes):  # a node belongs to one region at most
+            # a node belongs to one region at most (kept ones too: one region stands for its time);
+            # inner nodes read outside the region must be ones it may keep (plan/sharing.py)
+            if claimed.isdisjoint(m.nodes) and sharing.allows(m.nodes, m.outputs, m.inputs):
                 claimed.update(m.nodes)
                 matches.append(m)
     return matches
@@ -284,9 +299,14 @@ def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]
             new.meta["val"] = tuple(o.meta.get("val") for o in m.outputs)
             new.meta.update({k: v for k, v in m.output.meta.items() if k in _META and k != "val"})
         # erase explicitly (not eliminate_dead_code): in-place ops such as nn.RMSNorm's add_
-        # count as impure there and would stay behind, still computing.
-        for node in reversed(m.nodes):
-            if not node.users:
+        # count as impure there and would stay behind, still computing. Only nodes left without
+        # users go, latest first, so a kept node (Match.kept: read outside the region) stays, and
+        # so does every region node it reads; in training autograd records their ops as before,
+        # and the gradients of their inputs sum over both paths, the op's and the kept ops'.
+        for node in sorted(m.nodes, key=order.__getitem__, reverse=True):  # (region nodes are not new)
+            if all(dead_detach(u) for u in node.users):
+                for u in list(node.users):
+                    graph.erase_node(u)
                 graph.erase_node(node)
         n += 1
     graph.lint()

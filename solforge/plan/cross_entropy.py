@@ -14,9 +14,11 @@ num_items_in_batch outside) becomes:
 
 The region is all of these; the op reads the logits in their own dtype (bf16: the fp32 copy of a
 4096 x 151936 tensor, 2.5 GB, is never made) with any leading shape. Casts and flattening views are
-taken in either order, and only when the region is their sole user. Class weights, a log-softmax
-used elsewhere (a model returning log-probs), a class dim other than the last (nll_loss2d), and
-label smoothing (other ops) are left to eager.
+taken in either order, when the region is their sole user or may keep them for their other readers
+(plan/sharing.py: a shared upcast still runs for those, but the op reads the bf16 logits, half the
+bytes). Class weights, a log-softmax used elsewhere (a model returning log-probs: keeping it would
+keep the whole region), a class dim other than the last (nll_loss2d), and label smoothing (other ops)
+are left to eager.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 import torch.fx as fx
 
 from solforge.plan import Match
+from solforge.plan.sharing import Sharing
 from solforge.plan.softmax import _val, cast_of, live_users
 
 aten = torch.ops.aten
@@ -35,11 +38,12 @@ _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
-def _source(x: fx.Node, V: int) -> tuple[fx.Node, list[fx.Node]]:
+def _source(x: fx.Node, V: int, shared: bool = False) -> tuple[fx.Node, list[fx.Node]]:
     """Walk back from the log-softmax's input through flattening views and upcasts to fp32 that
-    only this region uses: (the tensor the op reads, the nodes walked through)."""
+    only this region uses (`shared`: that others may read too): (the tensor the op reads, the nodes
+    walked through)."""
     taken: list[fx.Node] = []
-    while len(x.users) == 1 and x.op == "call_function":
+    while (shared or len(x.users) == 1) and x.op == "call_function":
         src = x.args[0] if x.args else None
         sv = _val(src)
         if sv is None:
@@ -52,7 +56,7 @@ def _source(x: fx.Node, V: int) -> tuple[fx.Node, list[fx.Node]]:
     return x, taken
 
 
-def _match_node(nll: fx.Node, order: dict[fx.Node, int]) -> Match | None:
+def _match_node(nll: fx.Node, order: dict[fx.Node, int], sharing: Sharing) -> Match | None:
     from solforge.kernels import cross_entropy as family
 
     names = ("self", "target", "weight", "reduction", "ignore_index")
@@ -82,10 +86,14 @@ def _match_node(nll: fx.Node, order: dict[fx.Node, int]) -> Match | None:
     ov = _val(out)
     if ov is None or ov.dtype not in _SUPPORTED:
         return None
-    src, taken = _source(lsm.args[0], int(xv.shape[1]))  # type: ignore[arg-type]
+    V = int(xv.shape[1])
+    src, taken = _source(lsm.args[0], V, shared=True)  # type: ignore[arg-type]
+    nodes = sorted([*taken, lsm, *dead, nll, *items], key=order.__getitem__)
+    if not sharing.allows(nodes, [out], [src, target]):  # walk back only through what this region alone reads
+        src, taken = _source(lsm.args[0], V)  # type: ignore[arg-type]
+        nodes = sorted([*taken, lsm, *dead, nll, *items], key=order.__getitem__)
     sv = _val(src)
     assert sv is not None
-    nodes = sorted([*taken, lsm, *dead, nll, *items], key=order.__getitem__)
     red = family.REDUCTIONS[reduction]
     workload = family.workload_for(sv, tv, ignore_index=ignore, reduction=red, out_dtype=ov.dtype)
     return Match(family.FAMILY, family.cross_entropy_op, out, (src, target, ignore, red, ov.dtype), nodes, workload,
@@ -94,10 +102,11 @@ def _match_node(nll: fx.Node, order: dict[fx.Node, int]) -> Match | None:
 
 def match(graph: fx.Graph) -> list[Match]:
     order = {n: i for i, n in enumerate(graph.nodes)}
+    sharing = Sharing(graph)
     found = []
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target == aten.nll_loss_forward.default:
-            m = _match_node(node, order)
+            m = _match_node(node, order, sharing)
             if m is not None:
                 found.append(m)
     return found

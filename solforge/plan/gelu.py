@@ -17,7 +17,9 @@ Then an optional preceding `x = add(h, bias)` (bias 1-D of size x.shape[-1], sam
 shape) folds into the region when the add has no user outside it (it would be computed anyway).
 
 Left alone: broadcasting or promoting arithmetic inside the region (every region node has x's
-shape and dtype), regions whose inner nodes have other live users, unsupported dtypes. Order in
+shape and dtype), unsupported dtypes, and regions whose inner nodes have other live users unless
+plan/sharing.py lets the region keep them (a shared `pow(x, 3)` is kept; a tanh read elsewhere, or
+any node whose keeping costs more than the fusion saves, makes the region smaller or absent). Order in
 plan._matchers(): after swiglu, which claims gelu(gate) * up (a gelu it owns is not matched here).
 """
 
@@ -30,6 +32,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from solforge.plan import Match
+from solforge.plan.sharing import Sharing
 
 aten = torch.ops.aten
 
@@ -94,9 +97,14 @@ def _evaluate(y: fx.Node, x: fx.Node, region: set[fx.Node], order: dict[fx.Node,
     return env[y]
 
 
-def _inner_users_ok(region: set[fx.Node], y: fx.Node) -> bool:
-    """Only y may be read outside the region (the others disappear with it)."""
-    return all(n is y or all(u in region for u in _live_users(n)) for n in region)
+def _inner_users_ok(region: set[fx.Node], y: fx.Node, x: fx.Node, order: dict[fx.Node, int],
+                    sharing: Sharing) -> bool:
+    """Only y may be read outside the region, or inner nodes the region may keep (plan/sharing.py);
+    dead detaches go with the region."""
+    if all(n is y or all(u in region for u in _live_users(n)) for n in region):
+        return True
+    nodes = sorted(region | {d for n in region if n is not y for d in _dead_users(n)}, key=order.__getitem__)
+    return sharing.allows(nodes, [y], [x])
 
 
 def _same(node: fx.Node, ref: torch.Tensor) -> bool:
@@ -135,7 +143,8 @@ def _sinks(pivot: fx.Node) -> list[fx.Node]:
     return chain[::-1]
 
 
-def _written_out(pivot: fx.Node, order: dict[fx.Node, int]) -> tuple[fx.Node, fx.Node, set[fx.Node], str] | None:
+def _written_out(pivot: fx.Node, order: dict[fx.Node, int],
+                 sharing: Sharing) -> tuple[fx.Node, fx.Node, set[fx.Node], str] | None:
     """(x, y, region, approximate) of the written-out gelu around `pivot`, if there is one."""
     approximate = _PIVOTS[pivot.target]
     want = F.gelu(_SAMPLES, approximate=approximate)
@@ -146,7 +155,8 @@ def _written_out(pivot: fx.Node, order: dict[fx.Node, int]) -> tuple[fx.Node, fx
             continue
         for x in sources:
             region = _region(y, x, pivot)
-            if region is None or not all(_same(n, yv) for n in (x, *region)) or not _inner_users_ok(region, y):
+            if region is None or not all(_same(n, yv) for n in (x, *region)) \
+                    or not _inner_users_ok(region, y, x, order, sharing):
                 continue
             got = _evaluate(y, x, region, order)
             if got.shape == want.shape and bool(((got - want).abs() <= _TOL * (1 + want.abs())).all()):
@@ -173,7 +183,7 @@ def _bias_add(x: fx.Node, region: set[fx.Node]) -> tuple[fx.Node, fx.Node] | Non
     return None
 
 
-def _match(node: fx.Node, order: dict[fx.Node, int]) -> Match | None:
+def _match(node: fx.Node, order: dict[fx.Node, int], sharing: Sharing) -> Match | None:
     from solforge.kernels import gelu as family
 
     if node.target == aten.gelu.default:
@@ -183,7 +193,7 @@ def _match(node: fx.Node, order: dict[fx.Node, int]) -> Match | None:
         if approximate is None or not isinstance(x, fx.Node) or yv is None or not _same(x, yv):
             return None
     else:
-        found = _written_out(node, order)
+        found = _written_out(node, order, sharing)
         if found is None:
             return None
         x, y, region, approximate = found
@@ -204,10 +214,11 @@ def _match(node: fx.Node, order: dict[fx.Node, int]) -> Match | None:
 
 def match(graph: fx.Graph) -> list[Match]:
     order = {n: i for i, n in enumerate(graph.nodes)}
+    sharing = Sharing(graph)
     found = []
     for node in list(graph.nodes):
         if node.op == "call_function" and (node.target == aten.gelu.default or node.target in _PIVOTS):
-            m = _match(node, order)
+            m = _match(node, order, sharing)
             if m is not None:
                 found.append(m)
     return found

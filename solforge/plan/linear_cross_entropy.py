@@ -28,6 +28,7 @@ import torch.fx as fx
 
 from solforge.plan import Match
 from solforge.plan import cross_entropy as ce
+from solforge.plan.sharing import Sharing
 from solforge.plan.softmax import _val
 
 aten = torch.ops.aten
@@ -101,11 +102,14 @@ def requires_grad(graph: fx.Graph) -> dict[fx.Node, bool]:
     return out
 
 
-def _match_node(nll: fx.Node, order: dict[fx.Node, int], grad: dict[fx.Node, bool]) -> Match | None:
+def _match_node(nll: fx.Node, order: dict[fx.Node, int], grad: dict[fx.Node, bool],
+                sharing: Sharing) -> Match | None:
     from solforge.kernels import linear_cross_entropy as family
 
-    m = ce._match_node(nll, order)
-    if m is None:
+    m = ce._match_node(nll, order, sharing)
+    # a loss region that keeps a node (a cast of the logits read elsewhere too) would keep the
+    # projection it depends on: the logits are materialized anyway, so cross_entropy's region is right
+    if m is None or m.kept:
         return None
     logits, target, ignore, red, out_dtype = m.args
     if red not in family.REDUCTIONS or not isinstance(logits, fx.Node):
@@ -140,10 +144,11 @@ def match(graph: fx.Graph) -> list[Match]:
     order = {n: i for i, n in enumerate(graph.nodes)}
     found: list[Match] = []
     grad: dict[fx.Node, bool] | None = None
+    sharing = Sharing(graph)
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target == aten.nll_loss_forward.default:
             grad = grad if grad is not None else requires_grad(graph)
-            m = _match_node(node, order, grad)
+            m = _match_node(node, order, grad, sharing)
             if m is not None:
                 found.append(m)
     return found

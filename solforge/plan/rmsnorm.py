@@ -79,20 +79,23 @@ def _eps(node: fx.Node, mean: fx.Node) -> float | None:
     return float(other)
 
 
-def _inverse_sqrt_user(a: fx.Node) -> tuple[fx.Node, list[fx.Node], str] | None:
-    """From `a` (= mean + eps) to the node that equals 1/sqrt(a): (node, interior nodes, kind)."""
-    u = _only_user(a)
-    if u is None:
-        return None
-    if u.target == aten.rsqrt.default:
-        return u, [u], "mul"
-    if u.target == aten.pow.Tensor_Scalar and u.args[1] == -0.5:
-        return u, [u], "mul"
-    if u.target == aten.sqrt.default:
-        v = _only_user(u)
-        if v is not None and v.target == aten.reciprocal.default:
-            return v, [u, v], "mul"
-        return u, [u], "div"  # y = xf / sqrt(a)
+def _inverse_sqrt(a: fx.Node, xf: fx.Node) -> tuple[list[fx.Node], fx.Node] | None:
+    """From `a` (= mean + eps) to y = xf / sqrt(a): (interior nodes, y). Any of them may also be read
+    outside the norm (plan/sharing.py decides whether the region may keep them): the chain
+    follows the user that continues it."""
+    for u in a.users:
+        if u.target == aten.rsqrt.default or (u.target == aten.pow.Tensor_Scalar and u.args[1] == -0.5):
+            ways = [([u], u, "mul")]
+        elif u.target == aten.sqrt.default:  # 1 / sqrt(a), or y = xf / sqrt(a)
+            ways = [([u, v], v, "mul") for v in u.users if v.target == aten.reciprocal.default] + [([u], u, "div")]
+        else:
+            continue
+        for inner, r, kind in ways:
+            for y in r.users:
+                if kind == "mul" and y.target in _MULS and len(y.args) == 2 and {y.args[0], y.args[1]} == {xf, r}:
+                    return inner, y
+                if kind == "div" and y.target == aten.div.Tensor and y.args[0] is xf and y.args[1] is r:
+                    return inner, y
     return None
 
 
@@ -100,7 +103,7 @@ def _match_chain(mean: fx.Node) -> Match | None:
     from solforge.kernels import rmsnorm as family
 
     sq = mean.args[0]
-    if not isinstance(sq, fx.Node) or len(sq.users) != 1:
+    if not isinstance(sq, fx.Node) or sq.op != "call_function" or not sq.args:
         return None
     xf = sq.args[0]
     if not isinstance(xf, fx.Node) or not _is_square_of(sq, xf):
@@ -113,21 +116,17 @@ def _match_chain(mean: fx.Node) -> Match | None:
     keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
     if not keepdim or list(dims or []) not in ([-1], [xv.dim() - 1]) or mean.kwargs.get("dtype") is not None:
         return None
-    a = _only_user(mean)
-    eps = _eps(a, mean) if a is not None else None
-    if a is None or eps is None:
+    # the square, the mean, + eps and 1/sqrt may have readers outside the norm too (a model returning
+    # its variance): they are inner nodes the region keeps if plan/sharing.py allows it
+    for a in mean.users:
+        eps = _eps(a, mean)
+        found = _inverse_sqrt(a, xf) if eps is not None else None
+        if found is not None:
+            break
+    else:
         return None
-    inv = _inverse_sqrt_user(a)
-    if inv is None:
-        return None
-    r, inv_nodes, kind = inv
-    y = _only_user(r)
-    if y is None:
-        return None
-    if kind == "mul" and not (y.target in _MULS and {y.args[0], y.args[1]} == {xf, r}):
-        return None
-    if kind == "div" and not (y.target == aten.div.Tensor and y.args[0] is xf and y.args[1] is r):
-        return None
+    assert eps is not None
+    inv_nodes, y = found
 
     # x is the tensor before an upcast to fp32, when there is one
     x, nodes = xf, [sq, mean, a, *inv_nodes, y]
@@ -137,7 +136,9 @@ def _match_chain(mean: fx.Node) -> Match | None:
             x, nodes = xf.args[0], [xf, *nodes]
     x_dtype = _val(x).dtype  # type: ignore[union-attr]
 
-    # optional tail: cast to x.dtype (round_before_weight), weight mul, final downcast
+    # optional tail: cast to x.dtype (round_before_weight), weight mul, final downcast. Each joins only
+    # if it is the only reader of the node before it: a tail node read elsewhere ends the region (it
+    # becomes the output), which is cheaper than keeping the whole norm up to it for that reader
     tail, weight, round_before_weight = y, None, False
     nxt = _only_user(tail)
     if nxt is not None and _cast_dtype(nxt) == x_dtype and x_dtype != _val(tail).dtype:  # type: ignore[union-attr]

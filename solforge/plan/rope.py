@@ -32,6 +32,7 @@ import torch.fx as fx
 
 from solforge.plan import Match
 from solforge.plan import rmsnorm as rmsnorm_plan
+from solforge.plan.sharing import kept_nodes
 
 aten = torch.ops.aten
 
@@ -106,10 +107,8 @@ def _match_one(add: fx.Node) -> _Rope | None:
                 continue
             if not (_unsqueezed(cu, xv.shape) and _unsqueezed(su, xv.shape) and cu.args[1] == su.args[1]):
                 continue
+            # an intermediate read elsewhere too stays for that reader if plan/sharing.py allows it
             nodes = [a, x1, x2, neg, cat, m, add]
-            # every intermediate is used by this rope only, or it would be computed anyway
-            if any(len(n.users) != 1 for n in (a, x1, x2, neg, cat, m)):
-                continue
             out, x = _unalias(add, x, nodes)  # type: ignore[arg-type]
             return _Rope(out, x, cu, su, nodes)  # type: ignore[arg-type]
     return None
@@ -164,6 +163,14 @@ def _pair(q: _Rope, k: _Rope, norms: dict[fx.Node, Match], order: dict[fx.Node, 
     (vq, eq, nq), (vk, ek, nk) = sq, sk
     nodes = [*eq, *ek, *q.nodes, *k.nodes]
     fused = _fusable(nq, nk)
+    if fused:
+        assert nq is not None and nk is not None
+        # the norms join only if the rope would keep none of their nodes: an intermediate of the
+        # rope read elsewhere (rotate_half(q)) keeps what it reads, up to the whole q norm, which
+        # then runs unfused; the rope reading the norms' outputs keeps only its own few ops, and
+        # the norms are rmsnorm regions of their own (plan/sharing.py)
+        norm_nodes = {*nq.nodes, *nk.nodes}
+        fused = norm_nodes.isdisjoint(kept_nodes([*nodes, *norm_nodes], (q.out, k.out)))
     if fused:
         assert nq is not None and nk is not None
         xq, xk = nq.args[0], nk.args[0]

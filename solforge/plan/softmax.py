@@ -8,8 +8,10 @@ form with `dtype=torch.float32` (transformers' eager attention:
     y  = _softmax(xf, -1, False)            (half_to_float=True: fp16 in, fp32 out, no copy)
     yl = _to_copy(y, dtype=bfloat16)        the cast back, when it is y's only use
 
-The region is the softmax with whichever of the casts only it uses; the op reads x in its own dtype
-and stores the output dtype, with fp32 math in between, which is what the three ops compute. In a
+The region is the softmax with the upcast (when only it reads the upcast, or when other readers may
+keep it: plan/sharing.py; the op then still reads the narrower x) and the cast back (when it is the
+softmax's only reader); the op reads x in its own dtype and stores the output dtype, with fp32 math
+in between, which is what the three ops compute. In a
 graph captured with grad enabled, `_softmax` also has a `detach` user without users (make_fx's
 record of the saved output); it is dead and goes with the region. A softmax over another dim is
 left to eager.
@@ -23,6 +25,7 @@ import torch
 import torch.fx as fx
 
 from solforge.plan import Match
+from solforge.plan.sharing import Sharing
 
 aten = torch.ops.aten
 
@@ -58,7 +61,7 @@ def live_users(node: fx.Node) -> tuple[list[fx.Node], list[fx.Node]]:
     return [u for u in node.users if u not in dead], dead
 
 
-def _match_node(node: fx.Node, order: dict[fx.Node, int]) -> Match | None:
+def _match_node(node: fx.Node, order: dict[fx.Node, int], sharing: Sharing) -> Match | None:
     from solforge.kernels import softmax as family
 
     x, dim = node.args[0], node.args[1]
@@ -69,9 +72,6 @@ def _match_node(node: fx.Node, order: dict[fx.Node, int]) -> Match | None:
         return None
     nodes = [node]
     src = x
-    if cast_of(x) == torch.float32 and len(x.users) == 1:  # type: ignore[union-attr]
-        src = x.args[0]  # type: ignore[union-attr]
-        nodes.insert(0, x)  # type: ignore[arg-type]
     users, dead = live_users(node)
     nodes += dead
     out = node
@@ -80,6 +80,12 @@ def _match_node(node: fx.Node, order: dict[fx.Node, int]) -> Match | None:
     if len(users) == 1 and cast_of(users[0]) is not None and yv.dtype == torch.float32:
         out = users[0]
         nodes.append(out)
+    if cast_of(x) == torch.float32:
+        # the upcast joins when only the softmax reads it, or when the region may keep it for its
+        # other readers: the cast runs for them either way, and the op reads x in its narrower dtype
+        with_cast = [x, *nodes]  # type: ignore[list-item]
+        if len(x.users) == 1 or sharing.allows(with_cast, [out], [x.args[0]]):  # type: ignore[union-attr]
+            src, nodes = x.args[0], with_cast  # type: ignore[union-attr]
     ov, sv = _val(out), _val(src)
     assert ov is not None and sv is not None
     nodes.sort(key=order.__getitem__)
@@ -89,10 +95,11 @@ def _match_node(node: fx.Node, order: dict[fx.Node, int]) -> Match | None:
 
 def match(graph: fx.Graph) -> list[Match]:
     order = {n: i for i, n in enumerate(graph.nodes)}
+    sharing = Sharing(graph)
     found = []
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target == aten._softmax.default:
-            m = _match_node(node, order)
+            m = _match_node(node, order, sharing)
             if m is not None:
                 found.append(m)
     return found

@@ -14,9 +14,11 @@ takes their row strides, so the views stay views). The region is the activation 
 mul; g and up stay in the graph.
 
 What must stay correct, hence rejected: a broadcasting mul (up, or the result, shaped unlike g: the
-kernel computes elementwise over one shape), mixed dtypes (the mul would promote), an activation
-(or its sigmoid) with other live users (it would have to be kept, computing anyway), in-place muls
-(they mutate a tensor the graph may read again), and `up` being part of the region itself.
+kernel computes elementwise over one shape), mixed dtypes (the mul would promote), in-place muls
+(they mutate a tensor the graph may read again), and `up` being part of the region itself. An
+activation (or its sigmoid) read elsewhere too stays for that reader when plan/sharing.py allows
+it: a shared sigmoid of a written-out silu does, a shared silu(g) does not (the kept silu and the
+op are as many launches and bytes as silu and mul).
 """
 
 from __future__ import annotations
@@ -39,13 +41,10 @@ def _val(node: Any) -> torch.Tensor | None:
     return v if isinstance(v, torch.Tensor) else None
 
 
-def _dead_detaches(node: fx.Node, user: fx.Node) -> list[fx.Node] | None:
-    """`node`'s users other than `user`, if all are dead detach() calls (autograd-enabled capture
-    leaves `detach(sigmoid(g))` behind with no users); None if any other user exists."""
-    extra = [u for u in node.users if u is not user]
-    if all(u.target == aten.detach.default and not u.users for u in extra):
-        return extra
-    return None
+def _dead_detaches(node: fx.Node, user: fx.Node) -> list[fx.Node]:
+    """`node`'s dead detach() users (autograd-enabled capture leaves `detach(sigmoid(g))` behind with
+    no users): they go with the region. Other users make `node` a kept node (plan/sharing.py)."""
+    return [u for u in node.users if u is not user and u.target == aten.detach.default and not u.users]
 
 
 def _gelu_act(node: fx.Node) -> str | None:
@@ -58,8 +57,6 @@ def _activation(a: fx.Node, mul: fx.Node) -> tuple[fx.Node, str, list[fx.Node]] 
     if not isinstance(a, fx.Node) or a.op != "call_function":
         return None
     dead = _dead_detaches(a, mul)
-    if dead is None:
-        return None
     if a.target == aten.silu.default:
         return a.args[0], "silu", [a, *dead]
     if a.target == aten.gelu.default:
@@ -69,9 +66,7 @@ def _activation(a: fx.Node, mul: fx.Node) -> tuple[fx.Node, str, list[fx.Node]] 
         for g, s in ((a.args[0], a.args[1]), (a.args[1], a.args[0])):
             if (isinstance(s, fx.Node) and s.target == aten.sigmoid.default and s.args[0] is g
                     and isinstance(g, fx.Node)):
-                s_dead = _dead_detaches(s, a)
-                if s_dead is not None:
-                    return g, "silu", [s, *s_dead, a, *dead]
+                return g, "silu", [s, *_dead_detaches(s, a), a, *dead]
     return None
 
 
