@@ -14,6 +14,7 @@
   differs from it where bf16 rounding decides near-ties (random weights give them everywhere).
 - qwen3train: BASELINES.md's training step (B1 S4096, loss = mean of the squared last hidden
   state, forward + backward; solforge optimizes with --mode train) and its peak memory.
+Variant "solforge-nocompact" is solforge with SOLFORGE_COMPACT=0 (no compact.py pass), for A/B.
 
 Writes one JSON file with device, versions, date, command and every number.
 """
@@ -224,7 +225,7 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
     out: dict[str, Any] = {"variant": variant, "mode": mode, "batch": batch, "seq": seq}
     t0 = time.time()
-    if variant == "solforge":
+    if variant.startswith("solforge"):
         from solforge.api import optimize
 
         with torch.no_grad() if mode == "fwd" else torch.enable_grad():
@@ -327,7 +328,10 @@ def main() -> int:
                 continue
             cmd = [sys.executable, __file__, "--one", v, "--batch", str(batch), "--seq", str(seq),
                    "--budget", str(a.budget), "--mode", mode]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+            env = os.environ.copy()
+            if v == "solforge-nocompact":  # solforge without compact.py's pass (SOLFORGE_COMPACT=0)
+                env["SOLFORGE_COMPACT"] = "0"
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             row = json.loads(lines[-1][7:]) if lines else {"variant": v, "error": proc.stderr[-2000:]}
             print(json.dumps(row), flush=True)

@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 
 from solforge.capture import SolforgeBackend, compile_with
+from solforge.compact import recompose_linear
 from solforge.plan import find_matches, rewrite
 from solforge.records import Workload
 from solforge.tune import family_module
@@ -35,6 +36,7 @@ class IntegrationStats:
     replaced: dict[str, int] = field(default_factory=dict)  # workload key -> regions replaced
     untuned: dict[str, int] = field(default_factory=dict)  # shapes never tuned: heuristic config
     graphs: int = 0
+    linears: int = 0  # decomposed nn.Linear calls put back as one aten.linear (compact.py)
 
     @property
     def total(self) -> int:
@@ -74,6 +76,8 @@ class Integrator:
             chosen.append(m)
             configs.append(self._with_backward(m.workload, config) if self.train else config)
         rewrite(gm, chosen, configs)
+        # fewer ops for the host to dispatch (the training forward was host-bound): compact.py
+        self.stats.linears += recompose_linear(gm)
         return gm
 
     def _with_backward(self, workload: Workload, config: str) -> str:
