@@ -19,6 +19,9 @@ the logits are the model's returned output in Hugging Face (they must stay intac
 needs the incoming dloss anyway (a loss divided by num_items_in_batch, loss scaling), and a separate
 gradient buffer would be held from forward to backward. The cost is one extra read of the logits
 (1.2 GB at 4096 x 151936 bf16, ~0.4 ms on an H100), and the forward alone stays at one read.
+The backward kernel is tuned as its own family, cross_entropy_bwd (kernels/cross_entropy_bwd.py,
+over the forward's space): in training the op's config string is "FWD|BWD" and the backward op runs
+BWD ("" = `heuristic`).
 """
 
 from __future__ import annotations

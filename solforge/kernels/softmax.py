@@ -12,7 +12,9 @@ Variants:
   online   one row per program in BLOCK-wide chunks: pass 1 keeps a running max and rescaled sum per
            lane (no cross-lane reduction per chunk), pass 2 re-reads x (from L2 when the row was
            just read) and writes y. For rows too long for registers (a vocabulary-sized softmax).
-The backward, dx = y * (dy - sum(dy * y)), has the same three shapes of kernel.
+The backward, dx = y * (dy - sum(dy * y)), has the same three shapes of kernel. It is tuned as
+its own family, softmax_bwd (kernels/softmax_bwd.py, from `bwd_space`): in training the op's config
+string is "FWD|BWD" and the backward op runs BWD ("" = `bwd_heuristic`).
 """
 
 from __future__ import annotations
