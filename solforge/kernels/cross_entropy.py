@@ -19,10 +19,14 @@ the logits are the model's returned output in Hugging Face (they must stay intac
 needs the incoming dloss anyway (a loss divided by num_items_in_batch, loss scaling), and a separate
 gradient buffer would be held from forward to backward. The cost is one extra read of the logits
 (1.2 GB at 4096 x 151936 bf16, ~0.4 ms on an H100), and the forward alone stays at one read.
+The backward kernel is tuned as its own family, cross_entropy_bwd (kernels/cross_entropy_bwd.py,
+over the forward's space): in training the op's config string is "FWD|BWD" and the backward op runs
+BWD ("" = `heuristic`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -245,13 +249,21 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: i
 
 def cross_entropy_bwd(dloss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, *,
                       ignore_index: int = -100, reduction: str = "mean", dx_dtype: torch.dtype | None = None,
-                      config: Config | None = None) -> torch.Tensor:
-    """dlogits (shaped like logits, dx_dtype or logits.dtype) from the forward's saved `lse`."""
+                      config: Config | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """dlogits (shaped like logits, dx_dtype or logits.dtype) from the forward's saved `lse`.
+    `out` (shaped like logits, dx_dtype, viewable as (rows, V)) is written in place when given
+    (the cross_entropy_bwd family, kernels/cross_entropy_bwd.py, tunes this)."""
     if reduction not in REDUCTIONS:
         raise _bad(f"reduction {reduction!r}: one of {REDUCTIONS}")
     x2, t = _rows(logits, target)
     n_rows, V = x2.shape
-    dx = torch.empty_like(logits, dtype=dx_dtype or logits.dtype, memory_format=torch.contiguous_format)
+    dx_dtype = dx_dtype or logits.dtype
+    if out is None:
+        dx = torch.empty_like(logits, dtype=dx_dtype, memory_format=torch.contiguous_format)
+    elif out.shape != logits.shape or out.dtype != dx_dtype or out.device != logits.device:
+        raise _bad(f"backward: out must be {dx_dtype} {tuple(logits.shape)} on {logits.device}")
+    else:
+        dx = out
     if not (n_rows and V):
         return dx.zero_()
     scale = dloss.detach().to(torch.float32)
@@ -265,6 +277,8 @@ def cross_entropy_bwd(dloss: torch.Tensor, logits: torch.Tensor, target: torch.T
         raise _bad(f"dloss of a {reduction} reduction must be one value; got {tuple(dloss.shape)}")
     kw = _launch_plan(n_rows, V, x2.dtype, config, x2.device.type)
     dx2 = dx.view(-1, V)
+    if dx2.stride(-1) != 1 and V > 1:
+        raise _bad("backward: out's last dim must be contiguous")
     _launch(_ce_bwd_kernel, (n_rows,),
             (x2, t, lse, scale, dx2, V, x2.stride(0), dx2.stride(0), 1 if reduction == "none" else 0, ignore_index),
             kw)
@@ -285,8 +299,9 @@ _LIB.define("cross_entropy_bwd(Tensor dloss, Tensor logits, Tensor target, Tenso
 
 def _op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, out_dtype: torch.dtype,
         config: str) -> tuple[torch.Tensor, torch.Tensor]:
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
     return forward(logits, target, ignore_index=ignore_index, reduction=reduction, out_dtype=out_dtype,
-                   config=Config.decode(config) if config else None)
+                   config=Config.decode(fwd) if fwd else None)
 
 
 def _bwd_op(dloss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor, ignore_index: int,
@@ -318,14 +333,18 @@ cross_entropy_bwd_op = torch.ops.solforge.cross_entropy_bwd.default
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
-    logits, target, ignore_index, reduction, _out_dtype, _config = inputs
+    logits, target, ignore_index, reduction, _out_dtype, config = inputs
     ctx.save_for_backward(logits, target, output[1])
     ctx.ignore_index, ctx.reduction = ignore_index, reduction
+    # the backward's config: the part after "|" (tuned as family cross_entropy_bwd,
+    # kernels/cross_entropy_bwd.py; "" = the heuristic, also for a plain "FWD" string)
+    ctx.bwd_config = config.partition("|")[2]
 
 
 def _backward(ctx: Any, dloss: torch.Tensor, _dlse: torch.Tensor | None) -> tuple[Any, ...]:
     logits, target, lse = ctx.saved_tensors
-    dx = cross_entropy_bwd_op(dloss, logits, target, lse, ctx.ignore_index, ctx.reduction, logits.dtype, "")
+    dx = cross_entropy_bwd_op(dloss, logits, target, lse, ctx.ignore_index, ctx.reduction, logits.dtype,
+                              ctx.bwd_config)
     return dx, None, None, None, None, None
 
 
@@ -392,6 +411,13 @@ def heuristic(workload: Workload) -> Config:
     _rows, V = _dims(workload)
     block = min(8192, triton.next_power_of_2(V))
     return Config("online", block, max(1, min(32, block // (32 * 16))))
+
+
+def backward_workload(workload: Workload) -> Workload:
+    """The workload of this call's backward (family cross_entropy_bwd, kernels/cross_entropy_bwd.py):
+    the forward's, renamed. The kernel depends on (rows, V) and the logits' dtype; the reduction
+    (one dloss or one a row), ignore_index and out_dtype (dloss's dtype) shape its inputs."""
+    return dataclasses.replace(workload, family=f"{FAMILY}_bwd")
 
 
 def _workload(rows: int, V: int, dtype: torch.dtype, tdtype: torch.dtype, ignore_index: int, reduction: str,

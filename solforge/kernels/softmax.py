@@ -12,11 +12,14 @@ Variants:
   online   one row per program in BLOCK-wide chunks: pass 1 keeps a running max and rescaled sum per
            lane (no cross-lane reduction per chunk), pass 2 re-reads x (from L2 when the row was
            just read) and writes y. For rows too long for registers (a vocabulary-sized softmax).
-The backward, dx = y * (dy - sum(dy * y)), has the same three shapes of kernel.
+The backward, dx = y * (dy - sum(dy * y)), has the same three shapes of kernel. It is tuned as
+its own family, softmax_bwd (kernels/softmax_bwd.py, from `bwd_space`): in training the op's config
+string is "FWD|BWD" and the backward op runs BWD ("" = `bwd_heuristic`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -280,19 +283,25 @@ def softmax(x: torch.Tensor, *, out_dtype: torch.dtype | None = None, config: Co
 
 
 def softmax_bwd(dy: torch.Tensor, y: torch.Tensor, *, dx_dtype: torch.dtype | None = None,
-                config: Config | None = None) -> torch.Tensor:
+                config: Config | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """dx = y * (dy - sum(dy * y)) over the last dim (see `softmax_bwd_ref`), in dx_dtype (default
     y.dtype). The config is a forward Config evaluated on y's shape, from `bwd_space` (default:
-    `bwd_heuristic`)."""
+    `bwd_heuristic`). `out` (shaped like y, dx_dtype) is written in place when given (the
+    softmax_bwd family, kernels/softmax_bwd.py, tunes this)."""
     dx_dtype = dx_dtype or y.dtype
     _check(y, dx_dtype)
     if dy.shape != y.shape or dy.dtype not in _SUPPORTED:
         raise _bad(f"backward: dy {dy.dtype} {tuple(dy.shape)} must be shaped like y {tuple(y.shape)}")
-    dx = torch.empty_like(y, dtype=dx_dtype, memory_format=torch.contiguous_format)
+    if out is None:
+        dx = torch.empty_like(y, dtype=dx_dtype, memory_format=torch.contiguous_format)
+    elif out.shape != y.shape or out.dtype != dx_dtype or out.device != y.device:
+        raise _bad(f"backward: out must be {dx_dtype} {tuple(y.shape)} on {y.device}")
+    else:
+        dx = out
     if y.numel() == 0:
         return dx
     N = y.shape[-1]
-    y2, dy2, dx2 = _rows_view(y, N), _rows_view(dy, N), dx.view(-1, N)
+    y2, dy2, dx2 = _rows_view(y, N), _rows_view(dy, N), _out_rows(dx, N)
     n_rows = y2.shape[0]
     kind, grid, kw = _launch_plan(n_rows, N, y.dtype, dx_dtype, config, y.device.type, True)
     if kind == "online":
@@ -321,7 +330,8 @@ _LIB.define("softmax_bwd(Tensor dy, Tensor y, ScalarType dx_dtype, str config) -
 
 
 def _op(x: torch.Tensor, out_dtype: torch.dtype, config: str) -> torch.Tensor:
-    return softmax(x, out_dtype=out_dtype, config=Config.decode(config) if config else None)
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
+    return softmax(x, out_dtype=out_dtype, config=Config.decode(fwd) if fwd else None)
 
 
 def _bwd_op(dy: torch.Tensor, y: torch.Tensor, dx_dtype: torch.dtype, config: str) -> torch.Tensor:
@@ -349,11 +359,14 @@ softmax_bwd_op = torch.ops.solforge.softmax_bwd.default
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
     ctx.save_for_backward(output)
     ctx.x_dtype = inputs[0].dtype
+    # the backward's config: the part after "|" (tuned as family softmax_bwd, kernels/softmax_bwd.py;
+    # "" = bwd_heuristic, also for a plain "FWD" string of inference or an older database)
+    ctx.bwd_config = inputs[2].partition("|")[2]
 
 
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
     (y,) = ctx.saved_tensors
-    return softmax_bwd_op(dy, y, ctx.x_dtype, ""), None, None
+    return softmax_bwd_op(dy, y, ctx.x_dtype, ctx.bwd_config), None, None
 
 
 torch.library.register_autograd("solforge::softmax", _backward, setup_context=_setup)
@@ -493,6 +506,13 @@ def bwd_heuristic(workload: Workload) -> Config:
     if workload.device != "cuda":  # the interpreter pays per program, not per SM: fewest programs
         r = min(max(1, 2048 // width), triton.next_power_of_2(max(rows, 1)))
     return _fit(Config("rows" if r > 1 else "row", width, r, _warps_for(r * width, 8)), workload)
+
+
+def backward_workload(workload: Workload) -> Workload:
+    """The workload of this call's backward (family softmax_bwd, kernels/softmax_bwd.py): the same
+    (rows, N), x's dtype (dx's) and the output's (y's and dy's), which are what the backward kernel
+    depends on."""
+    return dataclasses.replace(workload, family=f"{FAMILY}_bwd")
 
 
 def _workload(rows: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype, device: str) -> Workload:
