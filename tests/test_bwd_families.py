@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import torch
+from bwd_helpers import bwd_of as _bwd
+from bwd_helpers import with_config as _launch
 from conftest import DEVICE, requires_gpu
 from wrong_launchers import half_written as _half_written
 from wrong_launchers import scaled_last as _scaled_last
@@ -63,16 +65,6 @@ FORWARD = {
     "gelu-nobias-fp32": _gelu(7, 37, FP32, "none", bias=False),
     "gelu-bias-fp32": _gelu(33, 100, FP32, "none"),
 }
-
-
-def _bwd(fwd: Workload) -> tuple[ModuleType, Workload]:
-    wl = family_module(fwd.family).backward_workload(fwd)
-    return family_module(wl.family), wl
-
-
-def _launch(fam: ModuleType, config: Any) -> Callable[..., Any]:
-    launcher = launcher_of(fam)
-    return lambda *a, **kw: launcher(*a, config=config, **kw)
 
 
 @pytest.mark.parametrize("name", list(FORWARD))

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from bwd_helpers import bwd_of as _bwd
+from bwd_helpers import with_config as _launch
 from conftest import DEVICE, requires_gpu
 from torch import nn
 from wrong_launchers import half_written as _half_written
@@ -59,17 +61,6 @@ FORWARD = {
     "ce-bf16-none-bf16out": _ce(9, 1300, reduction="none", out_dtype=BF16),
     "ce-fp16-mean-int32-ignore0": _ce(6, 1030, FP16, ignore_index=0, tdtype=torch.int32, out_dtype=FP16),
 }
-
-
-def _bwd(fwd: Workload) -> tuple[ModuleType, Workload]:
-    wl = family_module(fwd.family).backward_workload(fwd)
-    assert wl is not None
-    return family_module(wl.family), wl
-
-
-def _launch(fam: ModuleType, config: Any) -> Callable[..., Any]:
-    launcher = launcher_of(fam)
-    return lambda *a, **kw: launcher(*a, config=config, **kw)
 
 
 @pytest.mark.parametrize("name", list(FORWARD))

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from bwd_helpers import bwd_of as _bwd
+from bwd_helpers import with_config as _launch
 from conftest import DEVICE, requires_gpu
 from wrong_launchers import half_written as _half_written
 from wrong_launchers import scaled_last as _scaled_last
@@ -64,17 +66,6 @@ FORWARD = {
     "add_layernorm-weight-bias-bf16": _ln(7, 130, add=True),
     "add_layernorm-bias-fp32": _ln(5, 72, FP32, add=True, weight=False),
 }
-
-
-def _bwd(fwd: Workload) -> tuple[ModuleType, Workload]:
-    wl = family_module(fwd.family).backward_workload(fwd)
-    assert wl is not None
-    return family_module(wl.family), wl
-
-
-def _launch(fam: ModuleType, config: Any) -> Callable[..., Any]:
-    launcher = launcher_of(fam)
-    return lambda *a, **kw: launcher(*a, config=config, **kw)
 
 
 @pytest.mark.parametrize("name", list(FORWARD))

@@ -1,0 +1,24 @@
+"""Shared by the backward-family tests (test_bwd_families.py, test_norm_bwd.py,
+test_ce_softmax_bwd.py): a forward workload's backward family, and its launcher bound to a config."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from solforge.records import Workload
+from solforge.tune import family_module, launcher_of
+
+
+def bwd_of(fwd: Workload) -> tuple[ModuleType, Workload]:
+    """(the backward family's module, the backward workload) of a forward workload."""
+    wl = family_module(fwd.family).backward_workload(fwd)
+    assert wl is not None
+    return family_module(wl.family), wl
+
+
+def with_config(fam: ModuleType, config: Any) -> Callable[..., Any]:
+    """The family's launcher with `config` bound, as the verifier calls a candidate."""
+    launcher = launcher_of(fam)
+    return lambda *a, **kw: launcher(*a, config=config, **kw)
