@@ -5,12 +5,16 @@ to ATen, finds the same regions the planner found, and replaces each by one call
 `torch.library` op with the tuned config. The model's code is not touched; it is called exactly
 like the original and returns the same structure.
 
-Training (`train=True`): a family whose kernel module has `backward_workload` (rope, swiglu, gelu, the norms)
-gets the config string "FWD|BWD": FWD for its forward kernel, BWD for the `<family>_bwd` op its
-autograd backward calls, each an encoded Config ("" = that kernel's heuristic). The op decodes
+Training (`train=True`): a family whose kernel module has `backward_workload` (rope, swiglu, gelu,
+the norms, softmax, cross_entropy) gets the config string "FWD|BWD": FWD for its forward kernel,
+BWD for the `<family>_bwd` op its autograd backward calls, each an encoded Config ("" = that
+kernel's heuristic). The op decodes
 the part before "|" and its `setup_context` keeps the part after it for the backward. BWD is the
 winner of the backward workload (`backward_workload(match.workload)`, tuned like any other), or ""
 where it was not tuned. Inference strings have no "|".
+
+After the rewrite, every graph is compacted for host time (compact.py: the decomposed nn.Linear
+calls become one aten.linear each).
 """
 
 from __future__ import annotations
