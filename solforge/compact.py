@@ -63,17 +63,15 @@ def _linear_parts(mm: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node | None, fx.Nod
         bias = None
     elif mm.target == aten.addmm.default and len(mm.args) == 3 and not mm.kwargs:
         bias, a, t = mm.args
-        if not isinstance(bias, fx.Node) or _shape(bias) is None or len(_shape(bias) or ()) != 1:
-            return None
     else:
         return None
     if not (isinstance(t, fx.Node) and t.target == aten.t.default and isinstance(a, fx.Node)):
         return None
     w = t.args[0]
-    ws, as_, ms = _shape(w), _shape(a), _shape(mm)
-    if ws is None or as_ is None or ms is None or len(ws) != 2 or len(as_) != 2 or as_[1] != ws[1]:
+    ws, as_ = _shape(w), _shape(a)
+    if ws is None or as_ is None or len(ws) != 2 or len(as_) != 2 or as_[1] != ws[1]:
         return None
-    if bias is not None and _shape(bias) != (ws[0],):
+    if bias is not None and _shape(bias) != (ws[0],):  # a 1-D bias of the output width only
         return None
     # nn.Linear on an N-D x: a flattens x's leading dims, the result is viewed back to them
     x = a.args[0] if a.target in _VIEWS else None

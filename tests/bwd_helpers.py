@@ -22,3 +22,14 @@ def with_config(fam: ModuleType, config: Any) -> Callable[..., Any]:
     """The family's launcher with `config` bound, as the verifier calls a candidate."""
     launcher = launcher_of(fam)
     return lambda *a, **kw: launcher(*a, config=config, **kw)
+
+
+def assert_sampled_configs_verify(fwd: Workload, device: str) -> None:
+    """The backward family of `fwd` verifies with its heuristic and ~6 configs spread over its space."""
+    from solforge.tune.verify import verify
+
+    fam, wl = bwd_of(fwd)
+    space = fam.space(wl)
+    for c in [fam.heuristic(wl), *space[:: max(1, len(space) // 6)]]:
+        v = verify(fam, wl, with_config(fam, c), device=device)
+        assert v.passed, f"{c.encode()} on {wl.key}: {v.reason}"

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from bwd_helpers import assert_sampled_configs_verify
 from bwd_helpers import bwd_of as _bwd
 from bwd_helpers import with_config as _launch
 from conftest import DEVICE, requires_gpu
@@ -315,11 +316,7 @@ QWEN3_4B = {
 @requires_gpu
 @pytest.mark.parametrize("name", list(QWEN3_4B))
 def test_gpu_backward_families_verify_at_qwen3_4b_shapes(name: str) -> None:
-    fam, wl = _bwd(QWEN3_4B[name])
-    space = fam.space(wl)
-    for c in [fam.heuristic(wl), *space[:: max(1, len(space) // 6)]]:
-        v = verify(fam, wl, _launch(fam, c), device="cuda")
-        assert v.passed, f"{c.encode()} on {wl.key}: {v.reason}"
+    assert_sampled_configs_verify(QWEN3_4B[name], "cuda")
 
 
 @pytest.mark.gpu

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from bwd_helpers import assert_sampled_configs_verify
 from bwd_helpers import bwd_of as _bwd
 from bwd_helpers import with_config as _launch
 from conftest import DEVICE, requires_gpu
@@ -391,11 +392,7 @@ GPU_FORWARD = {
 @requires_gpu
 @pytest.mark.parametrize("name", list(GPU_FORWARD))
 def test_gpu_backward_families_verify_at_model_shapes(name: str) -> None:
-    fam, wl = _bwd(GPU_FORWARD[name])
-    space = fam.space(wl)
-    for c in [fam.heuristic(wl), *space[:: max(1, len(space) // 6)]]:
-        v = verify(fam, wl, _launch(fam, c), device="cuda")
-        assert v.passed, f"{c.encode()} on {wl.key}: {v.reason}"
+    assert_sampled_configs_verify(GPU_FORWARD[name], "cuda")
 
 
 @pytest.mark.gpu
