@@ -13,8 +13,14 @@
   next to eager bf16's own says whether a variant is less accurate than the original or only
   differs from it where bf16 rounding decides near-ties (random weights give them everywhere).
 - qwen3train: BASELINES.md's training step (B1 S4096, loss = mean of the squared last hidden
-  state, forward + backward; solforge optimizes with --mode train) and its peak memory.
-Variant "solforge-nocompact" is solforge with SOLFORGE_COMPACT=0 (no compact.py pass), for A/B.
+  state, forward + backward; solforge optimizes with --mode train), its peak memory, the SM clock
+  and board power during the timing (`during_do_bench`), and a profile of two steps run back to
+  back (`steady_profile`: summed kernel time against the device time they spanned, idle gaps by
+  size).
+Variants for A/B, each solforge with one pass turned off by its environment switch (ENV_VARIANTS):
+"solforge-nocompact" (SOLFORGE_COMPACT=0: no compact.py), "solforge-nolinears" (SOLFORGE_LINEARS=0:
+no linears.py) and "solforge-nograd-in-place" (SOLFORGE_GRAD_IN_PLACE=0: linears.py's op, but
+every weight gradient handed back to autograd's AccumulateGrad).
 
 Writes one JSON file with device, versions, date, command and every number.
 """
@@ -36,6 +42,9 @@ import torch
 EPS = 1e-6
 # BASELINES.md's q/k-norm row says 1048576 x 128 but its speed of light (88.9 us) is 524288 x 128,
 # Qwen3-4B's q-norm at B2 S8192: both are timed.
+# solforge with one pass switched off (read by the pass's module at import, so one process each)
+ENV_VARIANTS = {"solforge-nocompact": {"SOLFORGE_COMPACT": "0"}, "solforge-nolinears": {"SOLFORGE_LINEARS": "0"},
+                "solforge-nograd-in-place": {"SOLFORGE_GRAD_IN_PLACE": "0"}}
 RMSNORM_SHAPES = [(16384, 2560), (1048576, 128), (524288, 128), (1, 2560), (32768, 4096)]
 
 
@@ -201,6 +210,76 @@ def rmsnorm_row(rows: int, H: int, LigerRMSNorm: Any, tune_budget: float = 30.0)
     return row
 
 
+class GpuSampler:
+    """SM clock and board power sampled by nvidia-smi every 100 ms while the block runs: whether a
+    variant's kernels ran at power-capped clocks. Means over the samples; empty if nvidia-smi is
+    missing."""
+
+    def __enter__(self) -> GpuSampler:
+        import tempfile
+
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
+        try:
+            self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "100"],
+                stdout=self.log, stderr=subprocess.DEVNULL)
+        except OSError:
+            self.proc = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+
+    def summary(self) -> dict[str, float]:
+        rows = []
+        for line in open(self.log.name):
+            try:
+                rows.append(tuple(float(v) for v in line.split(",")))
+            except ValueError:
+                continue
+        rows = rows[5:]  # the first half second: clocks still settling
+        if not rows:
+            return {}
+        return {"sm_clock_mhz": round(sum(r[0] for r in rows) / len(rows), 1),
+                "power_w": round(sum(r[1] for r in rows) / len(rows), 1), "samples": len(rows)}
+
+
+def steady_profile(step: Any, n: int = 2) -> dict[str, Any]:
+    """Device time of `n` steps run back to back with no sync, as do_bench runs them, after three
+    unprofiled steps queued the device ahead (torch.profiler, CUDA activity only): the kernels'
+    summed time against the span from the first one's start to the last one's end, and the idle
+    gaps between consecutive kernels by size. Small gaps everywhere are the device's own
+    kernel-to-kernel latency; large ones are where it waited for the host."""
+    for _ in range(3):
+        step()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        torch.cuda.synchronize()
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    if not spans:
+        return {}
+    busy = sum(b - a for a, b in spans)
+    edges = (2.0, 5.0, 20.0, 100.0, float("inf"))
+    hist = {e: [0, 0.0] for e in edges}
+    end = spans[0][0]
+    for a, b in spans:
+        if a > end:
+            gap = a - end
+            edge = next(e for e in edges if gap <= e)
+            hist[edge][0] += 1
+            hist[edge][1] += gap
+        end = max(end, b)
+    span = end - spans[0][0]
+    return {"steps": n, "kernels_per_step": round(len(spans) / n), "kernel_ms_per_step": round(busy / n / 1e3, 2),
+            "span_ms_per_step": round(span / n / 1e3, 2),
+            "gaps_per_step": {f"<={e:g}us" if e != float("inf") else ">100us":
+                              {"count": round(c / n), "ms": round(t / n / 1e3, 2)} for e, (c, t) in hist.items()}}
+
+
 def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str = "fwd") -> dict[str, Any]:
     """One variant of the Qwen3-4B body, forward (mode fwd) or training step (mode train), in this process."""
     from transformers import Qwen3ForCausalLM
@@ -250,9 +329,16 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
         torch.cuda.synchronize()
         out["first_call_s"] = round(time.time() - t1, 1)
         torch.cuda.reset_peak_memory_stats()
-        out["train_step_ms"] = round(float(__import__("triton").testing.do_bench(
-            step, warmup=500, rep=2000, return_mode="median")), 2)
+        with GpuSampler() as gpu:
+            out["train_step_ms"] = round(float(__import__("triton").testing.do_bench(
+                step, warmup=500, rep=2000, return_mode="median")), 2)
         out["peak_GB"] = round(torch.cuda.max_memory_allocated() / 1e9, 1)
+        out["during_do_bench"] = gpu.summary()
+        if variant.startswith("solforge"):
+            from solforge.linears import COUNTERS
+
+            out["weight_grads"] = {"accumulated_in_gemm": COUNTERS.in_place, "handed_to_autograd": COUNTERS.handed_back}
+        out["steady_profile"] = steady_profile(step)
         return out
     with torch.inference_mode():
         t1 = time.time()
@@ -328,9 +414,7 @@ def main() -> int:
                 continue
             cmd = [sys.executable, __file__, "--one", v, "--batch", str(batch), "--seq", str(seq),
                    "--budget", str(a.budget), "--mode", mode]
-            env = os.environ.copy()
-            if v == "solforge-nocompact":  # solforge without compact.py's pass (SOLFORGE_COMPACT=0)
-                env["SOLFORGE_COMPACT"] = "0"
+            env = {**os.environ, **ENV_VARIANTS.get(v, {})}
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             row = json.loads(lines[-1][7:]) if lines else {"variant": v, "error": proc.stderr[-2000:]}

@@ -14,7 +14,9 @@ winner of the backward workload (`backward_workload(match.workload)`, tuned like
 where it was not tuned. Inference strings have no "|".
 
 After the rewrite, every graph is compacted for host time (compact.py: the decomposed nn.Linear
-calls become one aten.linear each).
+calls become one aten.linear each). In a training graph those linears then become
+`solforge::linears` calls, one per group sharing an input (linears.py): their backward sums the
+input gradients and accumulates the weight gradients into `.grad` inside the GEMMs.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch.fx as fx
 
 from solforge.capture import SolforgeBackend, compile_with
 from solforge.compact import recompose_linear
+from solforge.linears import group_linears
 from solforge.plan import find_matches, rewrite
 from solforge.records import Workload
 from solforge.tune import family_module
@@ -41,6 +44,7 @@ class IntegrationStats:
     untuned: dict[str, int] = field(default_factory=dict)  # shapes never tuned: heuristic config
     graphs: int = 0
     linears: int = 0  # decomposed nn.Linear calls put back as one aten.linear (compact.py)
+    grouped: int = 0  # linears of training graphs turned into solforge::linears calls (linears.py)
 
     @property
     def total(self) -> int:
@@ -82,6 +86,8 @@ class Integrator:
         rewrite(gm, chosen, configs)
         # fewer ops for the host to dispatch (the training forward was host-bound): compact.py
         self.stats.linears += recompose_linear(gm)
+        # training graphs: gradient sums and accumulation inside the GEMMs (linears.py)
+        self.stats.grouped += group_linears(gm)
         return gm
 
     def _with_backward(self, workload: Workload, config: str) -> str:

@@ -1,0 +1,203 @@
+"""Training graphs: linear layers whose backward saves the gradient adds.
+
+Two kinds of adds in a training step are not arithmetic the model asked for, only how autograd
+combines the pieces of a gradient (Qwen3-4B B1 S4096: 507 bf16 add kernels, 10.0 ms of the
+step's 186.6 ms of kernel time, -qwen3-4b-train-profile-s7.json):
+
+- Gradient accumulation. When a weight's `.grad` already holds a tensor (gradient accumulation
+  over micro-batches, `zero_grad(set_to_none=False)`, or BASELINES.md's timed step, which never
+  zeroes it), autograd's AccumulateGrad computes dW = gᵀx into a new tensor, then adds it to
+  `.grad`: 3 passes over a weight-sized tensor after the GEMM (398 of those 507 adds).
+- Sibling linears on one input (q/k/v, gate/up): autograd sums their three or two input
+  gradients with separate add kernels (108 more).
+
+cuBLAS can do both inside the GEMM (C = A·B + C, beta = 1, as Megatron-LM's "gradient
+accumulation fusion" does). `group_linears` rewrites each group of `aten.linear` calls that share
+their input x (after compact.py made them one op each) into one `solforge::linears` op; its
+backward computes
+
+    dx = g1·W1, then dx += g2·W2 ... in the GEMMs (addmm_)
+    .grad += gᵀ·x in the GEMM (addmm_ into .grad), and hands autograd no gradient for W
+
+The second happens only where the result is exactly what AccumulateGrad would have stored and
+nothing else could tell the difference (`accumulates_in_place`): `.grad` is a plain dense
+contiguous tensor of the weight's shape and dtype, the weight is a leaf with no tensor hooks
+(those must see the gradient), no double backward (create_graph), autograd will run the weight's
+AccumulateGrad in this backward (not `autograd.grad`, not `backward(inputs=...)` without it), and
+torch.distributed is not initialized (DDP and FSDP hook parameters' gradients). Anywhere else the
+gradient goes back to autograd as eager's linear would hand it. After `zero_grad()` (set_to_none,
+PyTorch's default) `.grad` is None and the fused path never runs: nothing to add to.
+
+What stays the same: autograd's hooks on the weight's AccumulateGrad node and the post-accumulate
+hooks still run after the backward (they see `.grad` already updated; node pre-hooks see None as
+the incoming gradient). Numerics: the sum is rounded to the weight's dtype once, after fp32
+accumulation in the GEMM, instead of twice (dW, then .grad + dW), so it differs from eager's in
+the last bits.
+
+SOLFORGE_LINEARS=0 in the environment (read at import) turns the rewrite off;
+SOLFORGE_GRAD_IN_PLACE=0 keeps the rewrite but always hands dW back to autograd.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.autograd.graph import get_gradient_edge
+
+aten = torch.ops.aten
+
+_OFF = ("0", "false", "off", "")
+ENABLED = os.environ.get("SOLFORGE_LINEARS", "1") not in _OFF
+IN_PLACE = os.environ.get("SOLFORGE_GRAD_IN_PLACE", "1") not in _OFF
+
+
+@dataclass
+class Counters:
+    """How many weight gradients were accumulated into `.grad` by the GEMM, and how many went back
+    to autograd (process-wide; tests and benchmarks read them)."""
+
+    in_place: int = 0
+    handed_back: int = 0
+
+
+COUNTERS = Counters()
+
+
+def accumulates_in_place(w: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether `w.grad += dW` may be done here, with dW of `dtype`, instead of by autograd
+    (module docstring). Called inside the backward."""
+    if not IN_PLACE or not w.is_leaf or w._backward_hooks or torch.is_grad_enabled():
+        return False
+    grad = w.grad
+    if grad is None or type(grad) is not torch.Tensor or grad.layout != torch.strided \
+            or grad.requires_grad or grad.dtype != dtype or grad.dtype != w.dtype \
+            or grad.shape != w.shape or grad.device != w.device or not grad.is_contiguous():
+        return False
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False
+    try:
+        return bool(torch._C._will_engine_execute_node(get_gradient_edge(w).node))
+    except RuntimeError:  # autograd.grad(): the gradient is returned to the caller, not accumulated
+        return False
+
+
+# ----------------------------------------------------------------------------------------------
+# The op. Registered with the Library API like the kernel families' ops (kernels/rmsnorm.py says
+# why). `biases` is empty (no linear of the group has a bias) or one per weight.
+
+_LIB = torch.library.Library("solforge", "FRAGMENT")
+_LIB.define("linears(Tensor x, Tensor[] weights, Tensor[] biases) -> Tensor[]")
+
+
+def _linears(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    if biases:
+        return [torch.nn.functional.linear(x, w, b) for w, b in zip(weights, biases, strict=True)]
+    return [torch.nn.functional.linear(x, w) for w in weights]
+
+
+_LIB.impl("linears", _linears, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("solforge::linears")
+def _linears_fake(x: torch.Tensor, weights: Sequence[torch.Tensor],
+                  biases: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [x.new_empty((*x.shape[:-1], w.shape[0])) for w in weights]
+
+
+linears_op = torch.ops.solforge.linears
+
+
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    x, weights, biases = inputs
+    ctx.save_for_backward(x, *weights)
+    ctx.bias = bool(biases)
+    ctx.set_materialize_grads(False)  # an output nobody read gets None, not a GEMM on zeros
+
+
+def _backward(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[Any, ...]:
+    x, *weights = ctx.saved_tensors
+    need_x, need_w, need_b = ctx.needs_input_grad  # bool, one per weight, one per bias
+    x2 = x.reshape(-1, x.shape[-1])
+    g2 = [None if g is None else g.reshape(-1, g.shape[-1]) for g in grads]
+    dx = None
+    if need_x:
+        for g, w in zip(g2, weights, strict=True):
+            if g is not None:  # the input gradients summed by the GEMMs (beta = 1), no add kernels
+                dx = torch.mm(g, w) if dx is None else dx.addmm_(g, w)
+        dx = None if dx is None else dx.view(x.shape)
+    dws: list[torch.Tensor | None] = []
+    for i, (g, w) in enumerate(zip(g2, weights, strict=True)):
+        if g is None or not need_w[i]:
+            dws.append(None)
+        elif accumulates_in_place(w, g.dtype):
+            w.grad.addmm_(g.t(), x2)  # .grad += gᵀx in the GEMM; autograd gets no dW to add
+            COUNTERS.in_place += 1
+            dws.append(None)
+        else:
+            dws.append(torch.mm(g.t(), x2))
+            COUNTERS.handed_back += 1
+    dbs: list[torch.Tensor | None] = []
+    if ctx.bias:
+        dbs = [None if g is None or not need_b[i] else g.sum(0) for i, g in enumerate(g2)]
+    return dx, dws, dbs
+
+
+torch.library.register_autograd("solforge::linears", _backward, setup_context=_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# The graph pass
+
+
+def _trainable_weight(n: object) -> bool:
+    """A weight fed straight from a graph input that carries a gradient (a parameter)."""
+    return isinstance(n, fx.Node) and n.op == "placeholder" and bool(n.meta.get("requires_grad"))
+
+
+def group_linears(gm: fx.GraphModule) -> int:
+    """Rewrite the `aten.linear` calls of a training graph whose weight is a trainable graph input
+    into `solforge::linears` calls, one per group of linears that read the same x (and all have a
+    bias or none has). Returns how many linears it rewrote; does nothing when not ENABLED or when
+    the graph was captured without autograd (inference)."""
+    if not ENABLED or not gm.meta.get("grad_enabled", False):
+        return 0
+    graph = gm.graph
+    groups: dict[tuple[fx.Node, bool], list[fx.Node]] = {}
+    for n in graph.nodes:
+        if n.op != "call_function" or n.target != aten.linear.default or n.kwargs:
+            continue
+        x, w, *rest = n.args
+        bias = rest[0] if rest else None
+        if not isinstance(x, fx.Node) or not _trainable_weight(w) \
+                or (bias is not None and not (isinstance(bias, fx.Node) and bias.op == "placeholder")):
+            continue
+        groups.setdefault((x, bias is not None), []).append(n)
+    done = 0
+    for (x, has_bias), nodes in groups.items():
+        weights = [n.args[1] for n in nodes]
+        biases = [n.args[2] for n in nodes] if has_bias else []
+        with graph.inserting_before(nodes[0]):  # x and the weights are defined before the first
+            call = graph.call_function(linears_op.default, (x, weights, biases))
+            call.meta.update({k: nodes[0].meta[k] for k in ("nn_module_stack", "stack_trace")
+                              if k in nodes[0].meta})
+            vals = [n.meta.get("val") for n in nodes]
+            if all(isinstance(v, torch.Tensor) for v in vals):
+                call.meta["val"] = vals
+        # each linear's value becomes one item of the call; getitems placed where the linears were
+        for i, n in enumerate(nodes):
+            with graph.inserting_before(n):
+                item = graph.call_function(operator.getitem, (call, i))
+            item.meta.update(n.meta)
+            n.replace_all_uses_with(item)
+            graph.erase_node(n)
+        done += len(nodes)
+    if done:
+        graph.lint()
+        gm.recompile()
+    return done

@@ -1,0 +1,198 @@
+"""solforge::linears (linears.py): sibling linears in one op whose backward sums the input
+gradients and accumulates weight gradients into .grad inside the GEMMs. Every test compares with
+eager nn.Linear, and the counters show which path the backward took."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+from conftest import requires_gpu
+
+from solforge import linears
+from solforge.integrate import integrate
+from solforge.linears import COUNTERS, linears_op
+
+
+class Block(nn.Module):
+    """q/k/v-like siblings on one input, gate/up-like siblings with biases, one single linear."""
+
+    def __init__(self, d: int = 24, bias: bool = False) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(d, 32, bias=False), nn.Linear(d, 8, bias=False), nn.Linear(d, 8, bias=False)
+        self.gate, self.up = nn.Linear(d, 40, bias=bias), nn.Linear(d, 40, bias=bias)
+        self.o = nn.Linear(40, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        h = torch.cat([q, k, v], -1)[..., :24] + x
+        return self.o(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+def _counts() -> tuple[int, int]:
+    return COUNTERS.in_place, COUNTERS.handed_back
+
+
+def _grads(m: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}
+
+
+def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float = 1e-5) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=tol, atol=tol, msg=k)
+
+
+def test_op_matches_linear_values_and_gradients() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 7, dtype=torch.float64, requires_grad=True)
+    ws = [torch.randn(4, 7, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    bs = [torch.randn(4, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    outs = linears_op(x, ws, bs)
+    ref = [torch.nn.functional.linear(x, w, b) for w, b in zip(ws, bs, strict=True)]
+    for o, r in zip(outs, ref, strict=True):
+        torch.testing.assert_close(o, r)
+    # one output unused: its weight gets no gradient, the others are exact
+    gs = [torch.randn_like(o) for o in outs]
+    got = torch.autograd.grad(outs[0], [x, ws[0], bs[0]], gs[0], retain_graph=True)
+    exp = torch.autograd.grad(ref[0], [x, ws[0], bs[0]], gs[0])
+    for a, b in zip(got, exp, strict=True):
+        torch.testing.assert_close(a, b)
+    assert torch.autograd.gradcheck(lambda x, *w: linears_op(x, list(w), []), (x, *ws))
+
+
+def test_integrated_block_accumulates_into_grad_like_eager() -> None:
+    torch.manual_seed(1)
+    ref = Block(bias=True)
+    opt_model = copy.deepcopy(ref)
+    optimized, stats = integrate(opt_model, {}, train=True)
+    x = torch.randn(3, 6, 24)
+    before = _counts()
+    for step in range(3):  # .grad never zeroed: steps 2 and 3 accumulate
+        ref(x * (step + 1)).square().mean().backward()
+        optimized(x * (step + 1)).square().mean().backward()
+        _close(_grads(opt_model), _grads(ref))
+    assert stats.grouped == 6  # q/k/v, gate/up, o
+    in_place, handed_back = (a - b for a, b in zip(_counts(), before, strict=True))
+    assert (handed_back, in_place) == (6, 12)  # the first step has no .grad to add to
+
+
+def test_zero_grad_set_to_none_hands_the_gradient_back() -> None:
+    torch.manual_seed(2)
+    ref = Block()
+    opt_model = copy.deepcopy(ref)
+    optimized, _ = integrate(opt_model, {}, train=True)
+    x = torch.randn(2, 4, 24)
+    before = _counts()
+    for _ in range(2):
+        for m, f in ((ref, ref), (opt_model, optimized)):
+            m.zero_grad()
+            f(x).sum().backward()
+    _close(_grads(opt_model), _grads(ref))
+    assert _counts()[0] == before[0]
+
+
+def test_autograd_grad_and_backward_inputs_leave_grad_alone() -> None:
+    torch.manual_seed(3)
+    ref = Block()
+    opt_model = copy.deepcopy(ref)
+    optimized, _ = integrate(opt_model, {}, train=True)
+    x = torch.randn(2, 4, 24, requires_grad=True)
+    ref(x).sum().backward()
+    optimized(x).sum().backward()
+    held = _grads(opt_model)
+    before = _counts()
+    # autograd.grad returns the weight's gradient to the caller
+    got = torch.autograd.grad(optimized(x).sum(), [opt_model.q.weight, opt_model.up.weight])
+    exp = torch.autograd.grad(ref(x).sum(), [ref.q.weight, ref.up.weight])
+    for a, b in zip(got, exp, strict=True):
+        torch.testing.assert_close(a, b)
+    # backward(inputs=[x]) must not touch any weight's .grad
+    optimized(x).sum().backward(inputs=[x])
+    _close(_grads(opt_model), held)
+    assert _counts()[0] == before[0]
+
+
+def test_hooks_see_the_gradient() -> None:
+    torch.manual_seed(4)
+    ref = Block()
+    opt_model = copy.deepcopy(ref)
+    optimized, _ = integrate(opt_model, {}, train=True)
+    x = torch.randn(2, 4, 24)
+    seen: list[torch.Tensor] = []
+    opt_model.q.weight.register_hook(lambda g: seen.append(g.clone()))
+    after_acc: list[torch.Tensor] = []
+    opt_model.k.weight.register_post_accumulate_grad_hook(lambda p: after_acc.append(p.grad.clone()))
+    for _ in range(2):
+        ref(x).sum().backward()
+        optimized(x).sum().backward()
+    _close(_grads(opt_model), _grads(ref))
+    # the tensor hook got each step's gradient (its weight is never accumulated in place)
+    assert len(seen) == 2 and all(g is not None for g in seen)
+    torch.testing.assert_close(seen[0] + seen[1], opt_model.q.weight.grad)
+    # the post-accumulate hook saw .grad after each step's accumulation
+    assert len(after_acc) == 2
+    torch.testing.assert_close(after_acc[1], ref.k.weight.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(after_acc[0] * 2, ref.k.weight.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_switch_off_hands_every_gradient_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linears, "IN_PLACE", False)
+    torch.manual_seed(5)
+    ref = Block()
+    opt_model = copy.deepcopy(ref)
+    optimized, _ = integrate(opt_model, {}, train=True)
+    x = torch.randn(2, 4, 24)
+    before = _counts()
+    for _ in range(2):
+        ref(x).sum().backward()
+        optimized(x).sum().backward()
+    _close(_grads(opt_model), _grads(ref))
+    assert _counts()[0] == before[0]
+
+
+def test_inference_graphs_are_not_rewritten() -> None:
+    ref = Block()
+    optimized, stats = integrate(copy.deepcopy(ref), {}, train=False)
+    x = torch.randn(2, 4, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(optimized(x), ref(x))
+    assert stats.grouped == 0 and stats.linears > 0
+
+
+def test_frozen_weights_are_left_to_aten() -> None:
+    ref = Block()
+    for p in ref.q.parameters():
+        p.requires_grad_(False)
+    opt_model = copy.deepcopy(ref)
+    optimized, stats = integrate(opt_model, {}, train=True)
+    x = torch.randn(2, 4, 24)
+    ref(x).sum().backward()
+    optimized(x).sum().backward()
+    _close(_grads(opt_model), _grads(ref))
+    assert stats.grouped == 5
+
+
+@requires_gpu
+def test_bf16_accumulation_on_gpu() -> None:
+    """Two bf16 steps without zeroing: .grad accumulated by the GEMM against eager's mm + add,
+    both against an fp32 reference of the same sum."""
+    torch.manual_seed(6)
+    ref = Block(d=256).cuda().to(torch.bfloat16)
+    opt_model = copy.deepcopy(ref)
+    exact = copy.deepcopy(ref).float()
+    optimized, _ = integrate(opt_model, {}, train=True)
+    x = torch.randn(4, 512, 256, device="cuda", dtype=torch.bfloat16)
+    before = _counts()
+    for _ in range(2):
+        ref(x).float().square().mean().backward()
+        optimized(x).float().square().mean().backward()
+        exact(x.float()).square().mean().backward()
+    assert _counts()[0] - before[0] == 6
+    for (k, p), q, e in zip(opt_model.named_parameters(), ref.parameters(), exact.parameters(), strict=True):
+        scale = e.grad.abs().max().item()
+        err_ours = (p.grad.float() - e.grad).abs().max().item() / scale
+        err_eager = (q.grad.float() - e.grad).abs().max().item() / scale
+        assert err_ours <= max(2 * err_eager, 1e-2), (k, err_ours, err_eager)
