@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -211,9 +213,10 @@ def rmsnorm_row(rows: int, H: int, LigerRMSNorm: Any, tune_budget: float = 30.0)
 
 
 class GpuSampler:
-    """SM clock and board power sampled by nvidia-smi every 100 ms while the block runs: whether a
-    variant's kernels ran at power-capped clocks. Means over the samples; empty if nvidia-smi is
-    missing."""
+    """SM clock, board power and utilization (the share of each sample period in which a kernel
+    ran) sampled by nvidia-smi every 100 ms while the block runs: whether a variant's kernels ran
+    at power-capped clocks, and whether the device sat idle waiting for the host. Means over the
+    samples; empty if nvidia-smi is missing."""
 
     def __enter__(self) -> GpuSampler:
         import tempfile
@@ -221,7 +224,8 @@ class GpuSampler:
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
         try:
             self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "100"],
+                ["nvidia-smi", "--query-gpu=clocks.sm,power.draw,utilization.gpu", "--format=csv,noheader,nounits",
+                 "-lms", "100"],
                 stdout=self.log, stderr=subprocess.DEVNULL)
         except OSError:
             self.proc = None
@@ -243,15 +247,24 @@ class GpuSampler:
         if not rows:
             return {}
         return {"sm_clock_mhz": round(sum(r[0] for r in rows) / len(rows), 1),
-                "power_w": round(sum(r[1] for r in rows) / len(rows), 1), "samples": len(rows)}
+                "power_w": round(sum(r[1] for r in rows) / len(rows), 1),
+                "utilization_pct": round(sum(r[2] for r in rows) / len(rows), 1), "samples": len(rows)}
+
+
+def spread(times: list[float]) -> dict[str, Any]:
+    """How a do_bench timing's samples spread: a few slow ones (pauses) or all of them slow."""
+    q = statistics.quantiles(times, n=10) if len(times) > 1 else times * 9
+    return {"n": len(times), "min_ms": round(min(times), 2), "p10_ms": round(q[0], 2), "p90_ms": round(q[-1], 2),
+            "max_ms": round(max(times), 2)}
 
 
 def steady_profile(step: Any, n: int = 2) -> dict[str, Any]:
     """Device time of `n` steps run back to back with no sync, as do_bench runs them, after three
     unprofiled steps queued the device ahead (torch.profiler, CUDA activity only): the kernels'
     summed time against the span from the first one's start to the last one's end, and the idle
-    gaps between consecutive kernels by size. Small gaps everywhere are the device's own
-    kernel-to-kernel latency; large ones are where it waited for the host."""
+    gaps between consecutive kernels by size. Small gaps are the device's own kernel-to-kernel
+    latency. The profiler slows the host (it records every launch), so large gaps here can be its
+    own doing: GpuSampler's utilization says whether the unprofiled timing left the device idle."""
     for _ in range(3):
         step()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -330,10 +343,19 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
         out["first_call_s"] = round(time.time() - t1, 1)
         torch.cuda.reset_peak_memory_stats()
         with GpuSampler() as gpu:
-            out["train_step_ms"] = round(float(__import__("triton").testing.do_bench(
-                step, warmup=500, rep=2000, return_mode="median")), 2)
+            times = sorted(__import__("triton").testing.do_bench(step, warmup=500, rep=2000, return_mode="all"))
+        out["train_step_ms"] = round(statistics.median(times), 2)
         out["peak_GB"] = round(torch.cuda.max_memory_allocated() / 1e9, 1)
-        out["during_do_bench"] = gpu.summary()
+        out["during_do_bench"] = {**gpu.summary(), **spread(times)}
+        # the same step again with everything alive now frozen out of Python's cycle collector: a
+        # slower first timing that this fixes was the collector scanning what tuning left behind
+        out["gc_objects"] = len(gc.get_objects())
+        gc.collect()
+        gc.freeze()
+        times = sorted(__import__("triton").testing.do_bench(step, warmup=200, rep=2000, return_mode="all"))
+        out["train_step_ms_gc_frozen"] = round(statistics.median(times), 2)
+        out["gc_frozen_spread"] = spread(times)
+        gc.unfreeze()
         if variant.startswith("solforge"):
             from solforge.linears import COUNTERS
 
