@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import gc
 import json
 import os
 import statistics
@@ -251,6 +250,11 @@ class GpuSampler:
                 "utilization_pct": round(sum(r[2] for r in rows) / len(rows), 1), "samples": len(rows)}
 
 
+# caching-allocator counters (torch.cuda.memory_stats): cudaMalloc retries after freeing cached
+# blocks, and the device-wide syncs they cost
+ALLOC_COUNTS = ("num_alloc_retries", "num_sync_all_streams", "num_device_alloc", "num_device_free")
+
+
 def spread(times: list[float]) -> dict[str, Any]:
     """How a do_bench timing's samples spread: a few slow ones (pauses) or all of them slow."""
     q = statistics.quantiles(times, n=10) if len(times) > 1 else times * 9
@@ -342,20 +346,22 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
         torch.cuda.synchronize()
         out["first_call_s"] = round(time.time() - t1, 1)
         torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_stats()
         with GpuSampler() as gpu:
             times = sorted(__import__("triton").testing.do_bench(step, warmup=500, rep=2000, return_mode="all"))
+        after = torch.cuda.memory_stats()
         out["train_step_ms"] = round(statistics.median(times), 2)
         out["peak_GB"] = round(torch.cuda.max_memory_allocated() / 1e9, 1)
         out["during_do_bench"] = {**gpu.summary(), **spread(times)}
-        # the same step again with everything alive now frozen out of Python's cycle collector: a
-        # slower first timing that this fixes was the collector scanning what tuning left behind
-        out["gc_objects"] = len(gc.get_objects())
-        gc.collect()
-        gc.freeze()
+        out["allocator_during_do_bench"] = {k: after.get(k, 0) - before.get(k, 0) for k in ALLOC_COUNTS}
+        # the same step again after the caching allocator gave its free blocks back: a slower
+        # first timing that this fixes was allocation retries (each frees cached blocks, a sync)
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_stats()
         times = sorted(__import__("triton").testing.do_bench(step, warmup=200, rep=2000, return_mode="all"))
-        out["train_step_ms_gc_frozen"] = round(statistics.median(times), 2)
-        out["gc_frozen_spread"] = spread(times)
-        gc.unfreeze()
+        after = torch.cuda.memory_stats()
+        out["train_step_ms_after_empty_cache"] = round(statistics.median(times), 2)
+        out["after_empty_cache"] = {**spread(times), **{k: after.get(k, 0) - before.get(k, 0) for k in ALLOC_COUNTS}}
         if variant.startswith("solforge"):
             from solforge.linears import COUNTERS
 

@@ -30,7 +30,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.q(x), self.k(x), self.v(x)
-        h = torch.cat([q, k * v], -1)[..., : self.d] + x
+        h = torch.cat([q[..., : self.d // 2], k * v], -1) + x  # every weight gets a gradient
         return self.o(torch.nn.functional.silu(self.gate(h)) * self.up(h))
 
 
