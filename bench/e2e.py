@@ -20,7 +20,9 @@
 Variants for A/B, each solforge with one pass turned off by its environment switch (ENV_VARIANTS):
 "solforge-nocompact" (SOLFORGE_COMPACT=0: no compact.py), "solforge-nolinears" (SOLFORGE_LINEARS=0:
 no linears.py) and "solforge-nograd-in-place" (SOLFORGE_GRAD_IN_PLACE=0: linears.py's op, but
-every weight gradient handed back to autograd's AccumulateGrad).
+every weight gradient handed back to autograd's AccumulateGrad). "solforge-profile" runs optimize's
+profile stage even when the kernel database knows every kernel (as a first run does), and
+"solforge-profile-teardown" does too with TEARDOWN_CUPTI=1 (Kineto then finalizes CUPTI after it).
 
 Writes one JSON file with device, versions, date, command and every number.
 """
@@ -45,7 +47,8 @@ EPS = 1e-6
 # Qwen3-4B's q-norm at B2 S8192: both are timed.
 # solforge with one pass switched off (read by the pass's module at import, so one process each)
 ENV_VARIANTS = {"solforge-nocompact": {"SOLFORGE_COMPACT": "0"}, "solforge-nolinears": {"SOLFORGE_LINEARS": "0"},
-                "solforge-nograd-in-place": {"SOLFORGE_GRAD_IN_PLACE": "0"}}
+                "solforge-nograd-in-place": {"SOLFORGE_GRAD_IN_PLACE": "0"},
+                "solforge-profile-teardown": {"TEARDOWN_CUPTI": "1"}}
 RMSNORM_SHAPES = [(16384, 2560), (1048576, 128), (524288, 128), (1, 2560), (32768, 4096)]
 
 
@@ -326,7 +329,8 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
 
         with torch.no_grad() if mode == "fwd" else torch.enable_grad():
             f, rep = optimize(body, (ids,), budget=budget, is_language_model=False,
-                              mode="inference" if mode == "fwd" else "train")
+                              mode="inference" if mode == "fwd" else "train",
+                              profile="on" if "-profile" in variant else "auto")
         out["optimize_s"] = round(time.time() - t0, 1)
         out["regions"] = [{"workload": r.workload, "count": r.count, "baseline_us": r.baseline_us,
                            "best_us": r.best_us, "speedup": r.speedup, "config": r.config} for r in rep.regions]
