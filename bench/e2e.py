@@ -265,6 +265,18 @@ def spread(times: list[float]) -> dict[str, Any]:
             "max_ms": round(max(times), 2)}
 
 
+def kernel_kind(name: str) -> str:
+    """GEMM, attention, solforge (its Triton kernels are named _<family>..._kernel) or other."""
+    n = name.lower()
+    if any(k in n for k in ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas")):
+        return "gemm"
+    if any(k in n for k in ("flash", "fmha", "attention", "cudnn")):
+        return "attention"
+    if n.startswith("_") and "kernel" in n:
+        return "solforge"
+    return "other"
+
+
 def steady_profile(step: Any, n: int = 2) -> dict[str, Any]:
     """Device time of `n` steps run back to back with no sync, as do_bench runs them, after three
     unprofiled steps queued the device ahead (torch.profiler, CUDA activity only): the kernels'
@@ -278,26 +290,39 @@ def steady_profile(step: Any, n: int = 2) -> dict[str, Any]:
         for _ in range(n):
             step()
         torch.cuda.synchronize()
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA)
-    if not spans:
+    events = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                    if e.device_type == torch.autograd.DeviceType.CUDA)
+    if not events:
         return {}
-    busy = sum(b - a for a, b in spans)
     edges = (2.0, 5.0, 20.0, 100.0, float("inf"))
     hist = {e: [0, 0.0] for e in edges}
-    end = spans[0][0]
-    for a, b in spans:
+    by_kind: dict[str, float] = {}
+    other: dict[str, float] = {}
+    big: list[tuple[float, str, str]] = []
+    end, prev = events[0][0], ""
+    for a, b, name in events:
+        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + (b - a)
+        if kernel_kind(name) == "other":
+            other[name] = other.get(name, 0.0) + (b - a)
         if a > end:
             gap = a - end
             edge = next(e for e in edges if gap <= e)
             hist[edge][0] += 1
             hist[edge][1] += gap
-        end = max(end, b)
-    span = end - spans[0][0]
-    return {"steps": n, "kernels_per_step": round(len(spans) / n), "kernel_ms_per_step": round(busy / n / 1e3, 2),
+            big.append((gap, prev, name))
+        if b > end:
+            end, prev = b, name
+    span = end - events[0][0]
+    big.sort(reverse=True)
+    top_other = sorted(other.items(), key=lambda kv: -kv[1])[:8]
+    return {"steps": n, "kernels_per_step": round(len(events) / n),
+            "kernel_ms_per_step": round(sum(by_kind.values()) / n / 1e3, 2),
             "span_ms_per_step": round(span / n / 1e3, 2),
+            "by_kind_ms_per_step": {k: round(v / n / 1e3, 2) for k, v in sorted(by_kind.items())},
+            "top_other_ms_per_step": {k[:100]: round(v / n / 1e3, 2) for k, v in top_other},
             "gaps_per_step": {f"<={e:g}us" if e != float("inf") else ">100us":
-                              {"count": round(c / n), "ms": round(t / n / 1e3, 2)} for e, (c, t) in hist.items()}}
+                              {"count": round(c / n), "ms": round(t / n / 1e3, 2)} for e, (c, t) in hist.items()},
+            "largest_gaps": [{"us": round(g, 1), "after": p[:80], "before": q[:80]} for g, p, q in big[:8]]}
 
 
 def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str = "fwd") -> dict[str, Any]:
@@ -422,6 +447,7 @@ def main() -> int:
     p.add_argument("--seq", type=int, default=8192)
     p.add_argument("--budget", type=float, default=180.0, help="solforge tuning budget for qwen3 (s)")
     p.add_argument("--out", default=None)
+    p.add_argument("--variant-timeout", type=float, default=1800.0, help="seconds allowed to each qwen3 variant")
     p.add_argument("--mode", default="fwd", help=argparse.SUPPRESS)  # internal, with --one
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one qwen3 variant
     a = p.parse_args()
@@ -447,7 +473,11 @@ def main() -> int:
             cmd = [sys.executable, __file__, "--one", v, "--batch", str(batch), "--seq", str(seq),
                    "--budget", str(a.budget), "--mode", mode]
             env = {**os.environ, **ENV_VARIANTS.get(v, {})}
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.variant_timeout)
+            except subprocess.TimeoutExpired as e:
+                out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+                proc = subprocess.CompletedProcess(cmd, -9, out, f"timed out after {a.variant_timeout} s")
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             row = json.loads(lines[-1][7:]) if lines else {"variant": v, "error": proc.stderr[-2000:]}
             print(json.dumps(row), flush=True)

@@ -22,16 +22,8 @@ from typing import Any
 
 import torch
 
-
-def kind(name: str) -> str:
-    n = name.lower()
-    if any(k in n for k in ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas")):
-        return "gemm"
-    if any(k in n for k in ("flash", "fmha", "attention", "cudnn")):
-        return "attention"
-    if n.startswith("_") and "kernel" in n:  # solforge's Triton kernels are named _<family>..._kernel
-        return "solforge"
-    return "other"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e import kernel_kind, provenance  # noqa: E402
 
 
 def profile(fn: Any, top: int) -> dict[str, Any]:
@@ -57,7 +49,7 @@ def profile(fn: Any, top: int) -> dict[str, Any]:
     total = sum(v[0] for v in by_name.values())
     kinds: dict[str, float] = defaultdict(float)
     for name, (us, _) in by_name.items():
-        kinds[kind(name)] += us
+        kinds[kernel_kind(name)] += us
     rows = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
     # GPU idle between the first kernel's start and the last one's end: where the host was late
     spans.sort()
@@ -157,9 +149,6 @@ def main() -> int:
     with torch.enable_grad() if a.train else torch.no_grad():
         f, rep = optimize(body, (ids,), budget=a.budget, is_language_model=False,
                           mode="train" if a.train else "inference")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from e2e import provenance
-
     out: dict[str, Any] = {**provenance(), "train": a.train, "batch": a.batch, "seq": a.seq,
                            "regions": [{"workload": r.workload, "count": r.count, "best_us": r.best_us,
                                         "source": r.source} for r in rep.regions]}
