@@ -12,6 +12,7 @@
   Variant "fp32" runs eager in fp32: each variant's argmax agreement with it (`argmax_agree_vs_fp32`)
   next to eager bf16's own says whether a variant is less accurate than the original or only
   differs from it where bf16 rounding decides near-ties (random weights give them everywhere).
+  Like qwen3train, it records clocks and power during the timing and a steady-state profile.
 - qwen3train: BASELINES.md's training step (B1 S4096, loss = mean of the squared last hidden
   state, forward + backward; solforge optimizes with --mode train), its peak memory, the SM clock
   and board power during the timing (`during_do_bench`), and a profile of two steps run back to
@@ -402,9 +403,12 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
         h = f(ids).last_hidden_state
         torch.cuda.synchronize()
         out["first_call_s"] = round(time.time() - t1, 1)
-        ms = float(__import__("triton").testing.do_bench(lambda: f(ids), warmup=300, rep=1500,
-                                                          return_mode="median"))
-        out["fwd_ms"] = round(ms, 2)
+        with GpuSampler() as gpu:
+            times = sorted(__import__("triton").testing.do_bench(lambda: f(ids), warmup=300, rep=1500,
+                                                                 return_mode="all"))
+        out["fwd_ms"] = round(statistics.median(times), 2)
+        out["during_do_bench"] = {**gpu.summary(), **spread(times)}
+        out["steady_profile"] = steady_profile(lambda: f(ids))
         out["checksum"] = float(h.float().abs().mean())
         # next-token argmax through the (tied) lm_head, to compare every variant with eager
         logits = model.lm_head(h)
