@@ -71,10 +71,13 @@ def variant(name: str, budget: float, steps: int) -> dict[str, Any]:
     if name.startswith("solforge"):
         import solforge.compact
         import solforge.integrate
+        import solforge.linears
         from solforge.api import optimize
 
         # solforge-nocompact: without compact.py's pass, to measure what it saves in the same process
         solforge.compact.ENABLED = name != "solforge-nocompact"
+        # solforge-nolinears: without linears.py's pass (the training linears stay aten.linear)
+        solforge.linears.ENABLED = name != "solforge-nolinears"
         counted = [0]
         real = solforge.compact.recompose_linear
 
@@ -99,7 +102,8 @@ def variant(name: str, budget: float, steps: int) -> dict[str, Any]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", default="eager,solforge",
-                   help="eager, solforge, solforge-nocompact (without compact.py's pass)")
+                   help="eager, solforge, solforge-nocompact (without compact.py's pass), "
+                        "solforge-nolinears (without linears.py's)")
     p.add_argument("--budget", type=float, default=60.0)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--out")

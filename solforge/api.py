@@ -333,6 +333,10 @@ def optimize(
         planned = sum(g.count for g in groups if g.workload in winners and g.forward is None)
         if stats.total < planned:
             notes.append(f"integration replaced {stats.total} of {planned} planned regions")
+        if stats.grouped:
+            notes.append(f"{stats.grouped} linear layers run as solforge::linears: their backward sums sibling "
+                         "input gradients and adds weight gradients to an existing .grad inside the GEMMs "
+                         "(SOLFORGE_LINEARS=0 turns this off)")
         if prof is not None:
             rep.stage("profile", "the optimized model, the same way")
             prof_after = _profile_stage(
