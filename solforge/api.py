@@ -334,7 +334,7 @@ def optimize(
         if stats.total < planned:
             notes.append(f"integration replaced {stats.total} of {planned} planned regions")
         if stats.grouped:
-            notes.append(f"{stats.grouped} linear layers run as solforge::linears: their backward sums sibling "
+            notes.append(f"{stats.grouped} linear layers run through linears.py: their backward sums sibling "
                          "input gradients and adds weight gradients to an existing .grad inside the GEMMs "
                          "(SOLFORGE_LINEARS=0 turns this off)")
         if prof is not None:

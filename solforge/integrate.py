@@ -15,7 +15,7 @@ where it was not tuned. Inference strings have no "|".
 
 After the rewrite, every graph is compacted for host time (compact.py: the decomposed nn.Linear
 calls become one aten.linear each). In a training graph those linears then become
-`solforge::linears` calls, one per group sharing an input (linears.py): their backward sums the
+`linears.linears` calls, one per group sharing an input (linears.py): their backward sums the
 input gradients and accumulates the weight gradients into `.grad` inside the GEMMs.
 """
 
@@ -44,7 +44,7 @@ class IntegrationStats:
     untuned: dict[str, int] = field(default_factory=dict)  # shapes never tuned: heuristic config
     graphs: int = 0
     linears: int = 0  # decomposed nn.Linear calls put back as one aten.linear (compact.py)
-    grouped: int = 0  # linears of training graphs turned into solforge::linears calls (linears.py)
+    grouped: int = 0  # linears of training graphs turned into linears.linears calls (linears.py)
 
     @property
     def total(self) -> int:

@@ -13,8 +13,8 @@ step's 186.6 ms of kernel time, -qwen3-4b-train-profile-s7.json):
 
 cuBLAS can do both inside the GEMM (C = A·B + C, beta = 1, as Megatron-LM's "gradient
 accumulation fusion" does). `group_linears` rewrites each group of `aten.linear` calls that share
-their input x (after compact.py made them one op each) into one `solforge::linears` op; its
-backward computes
+their input x (after compact.py made them one op each) into one `linears` call (an autograd
+Function); its backward computes
 
     dx = g1·W1, then dx += g2·W2 ... in the GEMMs (addmm_)
     .grad += gᵀ·x in the GEMM (addmm_ into .grad), and hands autograd no gradient for W
@@ -88,43 +88,25 @@ def accumulates_in_place(w: torch.Tensor, dtype: torch.dtype) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
-# The op. Registered with the Library API like the kernel families' ops (kernels/rmsnorm.py says
-# why). `biases` is empty (no linear of the group has a bias) or one per weight.
-
-_LIB = torch.library.Library("solforge", "FRAGMENT")
-_LIB.define("linears(Tensor x, Tensor[] weights, Tensor[] biases) -> Tensor[]")
-
-
-def _linears(x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    if biases:
-        return [torch.nn.functional.linear(x, w, b) for w, b in zip(weights, biases, strict=True)]
-    return [torch.nn.functional.linear(x, w) for w in weights]
-
-
-_LIB.impl("linears", _linears, "CompositeExplicitAutograd")
-
-
-@torch.library.register_fake("solforge::linears")
-def _linears_fake(x: torch.Tensor, weights: Sequence[torch.Tensor],
-                  biases: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    return [x.new_empty((*x.shape[:-1], w.shape[0])) for w in weights]
-
-
-linears_op = torch.ops.solforge.linears
+# The call the graph makes. A torch.autograd.Function applied straight from the graph, not a
+# torch.library op: the training forward is nearly host-bound (compact.py), and on the CPU box
+# (2026-11-22, bench/linears_host.py) a forward of three linears took 55 µs as a custom op with
+# register_autograd (pytree handling of Tensor[] on every call), 21 µs as a custom op with its own
+# Autograd kernel, 15.5 µs as this Function, and 15.4 µs as three aten.linear calls. An opaque op
+# would buy nothing here: what the backward does to `.grad` is outside any traced graph anyway,
+# and a trace through this Function sees the aten.linear calls it makes.
 
 
 class _Linears(torch.autograd.Function):
-    """The op's autograd: the forward runs the op below autograd, the backward is the module
-    docstring's. Registered as the op's Autograd kernel directly rather than through
-    torch.library.register_autograd, whose Tensor[] handling (pytree flattening on every call)
-    cost 55 µs a forward of three linears against 17 µs this way and 7 µs for three aten.linear
-    calls (2-core CPU, 2026-11-22): the training forward is nearly host-bound (compact.py)."""
+    """Forward: one aten.linear per weight. Backward: the module docstring's."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, n_bias: int, *params: torch.Tensor) -> tuple[torch.Tensor, ...]:
         weights = params[: len(params) - n_bias]
-        with torch._C._AutoDispatchBelowAutograd():  # the op's own kernel: tracing still sees the op
-            outs = linears_op(x, list(weights), list(params[len(weights):]))
+        if n_bias:
+            outs = [torch.nn.functional.linear(x, w, b) for w, b in zip(weights, params[len(weights):], strict=True)]
+        else:
+            outs = [torch.nn.functional.linear(x, w) for w in weights]
         ctx.save_for_backward(x, *weights)
         ctx.n_bias = n_bias
         ctx.set_materialize_grads(False)  # an output nobody read gets None, not a GEMM on zeros
@@ -158,12 +140,11 @@ class _Linears(torch.autograd.Function):
         return (dx, None, *dws, *dbs)
 
 
-def _linears_autograd(keyset: Any, x: torch.Tensor, weights: Sequence[torch.Tensor],
-                      biases: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    return list(_Linears.apply(x, len(biases), *weights, *biases))
-
-
-_LIB.impl("linears", _linears_autograd, "Autograd", with_keyset=True)
+def linears(x: torch.Tensor, weights: Sequence[torch.Tensor],
+            biases: Sequence[torch.Tensor] = ()) -> tuple[torch.Tensor, ...]:
+    """`F.linear(x, w, b)` for each weight (and bias: `biases` is empty or one per weight), with
+    the backward of the module docstring. What the rewritten graph calls."""
+    return _Linears.apply(x, len(biases), *weights, *biases)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -177,7 +158,7 @@ def _trainable_weight(n: object) -> bool:
 
 def group_linears(gm: fx.GraphModule) -> int:
     """Rewrite the `aten.linear` calls of a training graph whose weight is a trainable graph input
-    into `solforge::linears` calls, one per group of linears that read the same x (and all have a
+    into `linears` calls, one per group of linears that read the same x (and all have a
     bias or none has). Returns how many linears it rewrote; does nothing when not ENABLED or when
     the graph was captured without autograd (inference)."""
     if not ENABLED or not gm.meta.get("grad_enabled", False):
@@ -198,7 +179,7 @@ def group_linears(gm: fx.GraphModule) -> int:
         weights = [n.args[1] for n in nodes]
         biases = [n.args[2] for n in nodes] if has_bias else []
         with graph.inserting_before(nodes[0]):  # x and the weights are defined before the first
-            call = graph.call_function(linears_op.default, (x, weights, biases))
+            call = graph.call_function(linears, (x, weights, biases))
             call.meta.update({k: nodes[0].meta[k] for k in ("nn_module_stack", "stack_trace")
                               if k in nodes[0].meta})
             vals = [n.meta.get("val") for n in nodes]

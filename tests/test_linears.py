@@ -1,4 +1,4 @@
-"""solforge::linears (linears.py): sibling linears in one op whose backward sums the input
+"""linears.py: sibling linears in one op whose backward sums the input
 gradients and accumulates weight gradients into .grad inside the GEMMs. Every test compares with
 eager nn.Linear, and the counters show which path the backward took."""
 
@@ -13,9 +13,9 @@ import torch
 import torch.nn as nn
 from conftest import requires_gpu
 
-from solforge import linears
+import solforge.linears
 from solforge.integrate import IntegrationStats, integrate
-from solforge.linears import COUNTERS, linears_op
+from solforge.linears import COUNTERS, linears
 
 
 class Block(nn.Module):
@@ -58,7 +58,7 @@ def test_op_matches_linear_values_and_gradients() -> None:
     x = torch.randn(2, 5, 7, dtype=torch.float64, requires_grad=True)
     ws = [torch.randn(4, 7, dtype=torch.float64, requires_grad=True) for _ in range(3)]
     bs = [torch.randn(4, dtype=torch.float64, requires_grad=True) for _ in range(3)]
-    outs = linears_op(x, ws, bs)
+    outs = linears(x, ws, bs)
     ref = [torch.nn.functional.linear(x, w, b) for w, b in zip(ws, bs, strict=True)]
     for o, r in zip(outs, ref, strict=True):
         torch.testing.assert_close(o, r)
@@ -68,7 +68,7 @@ def test_op_matches_linear_values_and_gradients() -> None:
     exp = torch.autograd.grad(ref[0], [x, ws[0], bs[0]], gs[0])
     for a, b in zip(got, exp, strict=True):
         torch.testing.assert_close(a, b)
-    assert torch.autograd.gradcheck(lambda x, *w: linears_op(x, list(w), []), (x, *ws))
+    assert torch.autograd.gradcheck(lambda x, *w: linears(x, w), (x, *ws))
 
 
 def test_integrated_block_accumulates_into_grad_like_eager() -> None:
@@ -147,7 +147,7 @@ def test_hooks_see_the_gradient() -> None:
 
 
 def test_switch_off_hands_every_gradient_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(linears, "IN_PLACE", False)
+    monkeypatch.setattr(solforge.linears, "IN_PLACE", False)
     torch.manual_seed(5)
     ref = Block()
     opt_model = copy.deepcopy(ref)
