@@ -39,6 +39,14 @@ def _integrate(model: nn.Module, train: bool = True) -> tuple[Callable[..., Any]
     return integrate(model, {}, families=(), train=train)
 
 
+def _pair(seed: int, **block: Any) -> tuple[Block, Block, Callable[..., Any], IntegrationStats]:
+    """An eager Block, its copy, and the copy integrated with linears.py."""
+    torch.manual_seed(seed)
+    ref = Block(**block)
+    opt_model = copy.deepcopy(ref)
+    return ref, opt_model, *_integrate(opt_model)
+
+
 def _counts() -> tuple[int, int]:
     return COUNTERS.in_place, COUNTERS.handed_back
 
@@ -72,10 +80,7 @@ def test_op_matches_linear_values_and_gradients() -> None:
 
 
 def test_integrated_block_accumulates_into_grad_like_eager() -> None:
-    torch.manual_seed(1)
-    ref = Block(bias=True)
-    opt_model = copy.deepcopy(ref)
-    optimized, stats = _integrate(opt_model)
+    ref, opt_model, optimized, stats = _pair(1, bias=True)
     x = torch.randn(3, 6, 24)
     before = _counts()
     for step in range(3):  # .grad never zeroed: steps 2 and 3 accumulate
@@ -88,10 +93,7 @@ def test_integrated_block_accumulates_into_grad_like_eager() -> None:
 
 
 def test_zero_grad_set_to_none_hands_the_gradient_back() -> None:
-    torch.manual_seed(2)
-    ref = Block()
-    opt_model = copy.deepcopy(ref)
-    optimized, _ = _integrate(opt_model)
+    ref, opt_model, optimized, _ = _pair(2)
     x = torch.randn(2, 4, 24)
     before = _counts()
     for _ in range(2):
@@ -103,10 +105,7 @@ def test_zero_grad_set_to_none_hands_the_gradient_back() -> None:
 
 
 def test_autograd_grad_and_backward_inputs_leave_grad_alone() -> None:
-    torch.manual_seed(3)
-    ref = Block()
-    opt_model = copy.deepcopy(ref)
-    optimized, _ = _integrate(opt_model)
+    ref, opt_model, optimized, _ = _pair(3)
     x = torch.randn(2, 4, 24, requires_grad=True)
     ref(x).sum().backward()
     optimized(x).sum().backward()
@@ -124,10 +123,7 @@ def test_autograd_grad_and_backward_inputs_leave_grad_alone() -> None:
 
 
 def test_hooks_see_the_gradient() -> None:
-    torch.manual_seed(4)
-    ref = Block()
-    opt_model = copy.deepcopy(ref)
-    optimized, _ = _integrate(opt_model)
+    ref, opt_model, optimized, _ = _pair(4)
     x = torch.randn(2, 4, 24)
     seen: list[torch.Tensor] = []
     opt_model.q.weight.register_hook(lambda g: seen.append(g.clone()))
@@ -148,10 +144,7 @@ def test_hooks_see_the_gradient() -> None:
 
 def test_switch_off_hands_every_gradient_back(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(solforge.linears, "IN_PLACE", False)
-    torch.manual_seed(5)
-    ref = Block()
-    opt_model = copy.deepcopy(ref)
-    optimized, _ = _integrate(opt_model)
+    ref, opt_model, optimized, _ = _pair(5)
     x = torch.randn(2, 4, 24)
     before = _counts()
     for _ in range(2):
