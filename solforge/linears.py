@@ -160,6 +160,13 @@ def _trainable_weight(n: object) -> bool:
     return isinstance(n, fx.Node) and n.op == "placeholder" and bool(n.meta.get("requires_grad"))
 
 
+def _same_dtype(*nodes: fx.Node | None) -> bool:
+    """x, weight and bias all of one known dtype: the backward's mm calls need it (a mixed-dtype
+    linear, under autocast say, is left to aten)."""
+    vals = [n.meta.get("val") for n in nodes if n is not None]
+    return all(isinstance(v, torch.Tensor) for v in vals) and len({v.dtype for v in vals}) == 1
+
+
 def group_linears(gm: fx.GraphModule) -> int:
     """Rewrite the `aten.linear` calls of a training graph whose weight is a trainable graph input
     into `linears` calls, one per group of linears that read the same x (and all have a
@@ -168,6 +175,7 @@ def group_linears(gm: fx.GraphModule) -> int:
     if not ENABLED or not gm.meta.get("grad_enabled", False):
         return 0
     graph = gm.graph
+    # (a graph never switches grad mode inside where that would matter: capture.GradModeLost)
     groups: dict[tuple[fx.Node, bool], list[fx.Node]] = {}
     for n in graph.nodes:
         if n.op != "call_function" or n.target != aten.linear.default or n.kwargs:
@@ -175,7 +183,8 @@ def group_linears(gm: fx.GraphModule) -> int:
         x, w, *rest = n.args
         bias = rest[0] if rest else None
         if not isinstance(x, fx.Node) or not _trainable_weight(w) \
-                or (bias is not None and not (isinstance(bias, fx.Node) and bias.op == "placeholder")):
+                or (bias is not None and not (isinstance(bias, fx.Node) and bias.op == "placeholder")) \
+                or not _same_dtype(x, w, bias):
             continue
         groups.setdefault((x, bias is not None), []).append(n)
     done = 0

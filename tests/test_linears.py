@@ -197,3 +197,4 @@ def test_bf16_accumulation_on_gpu() -> None:
         err_ours = (p.grad.float() - e.grad).abs().max().item() / scale
         err_eager = (q.grad.float() - e.grad).abs().max().item() / scale
         assert err_ours <= max(2 * err_eager, 1e-2), (k, err_ours, err_eager)
+

@@ -26,7 +26,7 @@ from solforge.capture.cache import LoweringCache
 from solforge.capture.canonical import restore_causal_attention
 from solforge.capture.cse import eliminate_common_subexpressions
 
-__all__ = ["CapturedGraph", "LoweringCache", "Rewrite", "SolforgeBackend", "capture", "compile_with",
+__all__ = ["CapturedGraph", "GradModeLost", "LoweringCache", "Rewrite", "SolforgeBackend", "capture", "compile_with",
            "few_full_collections", "lower_to_aten", "module_path", "op_name"]
 
 Rewrite = Callable[[fx.GraphModule, int], fx.GraphModule]
@@ -52,13 +52,41 @@ def op_name(target: Any) -> str:
     return name
 
 
+class GradModeLost(Exception):
+    """The graph switches grad mode (a `torch.no_grad()` or `enable_grad()` block inside it) around
+    ops on tensors that require grad. An ATen lowering keeps no trace of the switch (make_fx records
+    ops, not grad mode), so the lowered graph would record gradients the model does not: such a
+    graph runs as dynamo gave it."""
+
+
+class _GradModeInterpreter(fx.Interpreter):
+    """Runs a dynamo graph while make_fx traces it, noting whether any op runs in another grad
+    mode than the graph's own on a tensor that requires grad (`lost`). A no_grad block over
+    buffers only (a rotary embedding's cos/sin, say) changes nothing and is not noted."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.mode = torch.is_grad_enabled()
+        self.lost: str | None = None
+
+    def run_node(self, n: fx.Node) -> Any:
+        if self.lost is None and n.op in ("call_function", "call_method", "call_module") \
+                and torch.is_grad_enabled() != self.mode:
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+            if any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves):
+                self.lost = n.format_node() or n.name
+        return super().run_node(n)
+
+
 def lower_to_aten(gm: fx.GraphModule, example_inputs: Sequence[Any],
                   cache: LoweringCache | None = None) -> fx.GraphModule:
     """Trace a dynamo graph down to ATen ops (below autograd, no decompositions of core ops).
 
     Executed eagerly, the result is still differentiable: each ATen op goes through autograd.
     With a `cache`, a graph lowered before (by any process, same key: see cache.py) is read back
-    instead of traced again; any cache problem falls back to tracing.
+    instead of traced again; any cache problem falls back to tracing. Raises GradModeLost for a
+    graph whose grad-mode switches matter (the lowering would lose them).
     """
     fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
     key = cache.key(gm, example_inputs) if cache is not None else None
@@ -67,9 +95,14 @@ def lower_to_aten(gm: fx.GraphModule, example_inputs: Sequence[Any],
         fake_inputs = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
         # preserve_node_meta carries nn_module_stack / stack_trace from dynamo's nodes to ATen nodes,
         # so a region can be named by its module path (model.layers.3.self_attn.q_norm).
+        interp = _GradModeInterpreter(gm)
         with fake_mode, preserve_node_meta():
             # run through an Interpreter: it sets the current node's meta for each op it traces
-            aten = make_fx(lambda *a: fx.Interpreter(gm).run(*a), tracing_mode="real")(*fake_inputs)
+            aten = make_fx(lambda *a: interp.run(*a), tracing_mode="real")(*fake_inputs)
+        if interp.lost is not None:
+            raise GradModeLost(f"a grad-mode switch inside the graph (torch.no_grad / enable_grad) covers "
+                               f"ops on tensors that require grad ({interp.lost[:120]}); the lowering would "
+                               "lose it")
         if cache is not None and key is not None:
             cache.save(key, aten)
     # Which inputs carry a gradient and whether autograd was on: make_fx's values lose both, and a
