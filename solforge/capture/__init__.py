@@ -61,8 +61,9 @@ class GradModeLost(Exception):
 
 class _GradModeInterpreter(fx.Interpreter):
     """Runs a dynamo graph while make_fx traces it, noting whether any op runs in another grad
-    mode than the graph's own on a tensor that requires grad (`lost`). A no_grad block over
-    buffers only (a rotary embedding's cos/sin, say) changes nothing and is not noted."""
+    mode than the graph's own with a floating result computed from a tensor that requires grad
+    (`lost`): there the two modes differ. A no_grad block over buffers only (a rotary embedding's
+    cos/sin) or one that only compares (`x > 0`) changes nothing and is not noted."""
 
     def __init__(self, gm: fx.GraphModule) -> None:
         super().__init__(gm)
@@ -70,13 +71,17 @@ class _GradModeInterpreter(fx.Interpreter):
         self.lost: str | None = None
 
     def run_node(self, n: fx.Node) -> Any:
-        if self.lost is None and n.op in ("call_function", "call_method", "call_module") \
-                and torch.is_grad_enabled() != self.mode:
+        switched = self.lost is None and n.op in ("call_function", "call_method", "call_module") \
+            and torch.is_grad_enabled() != self.mode
+        if switched:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
             leaves = torch.utils._pytree.tree_leaves((args, kwargs))
-            if any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves):
-                self.lost = n.format_node() or n.name
-        return super().run_node(n)
+            switched = any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves)
+        result = super().run_node(n)
+        if switched and any(isinstance(t, torch.Tensor) and t.dtype.is_floating_point
+                            for t in torch.utils._pytree.tree_leaves(result)):
+            self.lost = n.format_node() or n.name
+        return result
 
 
 def lower_to_aten(gm: fx.GraphModule, example_inputs: Sequence[Any],
