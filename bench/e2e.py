@@ -236,10 +236,14 @@ class GpuSampler:
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait()
+        self.log.close()
 
     def summary(self) -> dict[str, float]:
+        log = Path(self.log.name)
+        lines = log.read_text().splitlines()
+        log.unlink(missing_ok=True)
         rows = []
-        for line in open(self.log.name):
+        for line in lines:
             try:
                 rows.append(tuple(float(v) for v in line.split(",")))
             except ValueError:
@@ -300,8 +304,9 @@ def steady_profile(step: Any, n: int = 2) -> dict[str, Any]:
     big: list[tuple[float, str, str]] = []
     end, prev = events[0][0], ""
     for a, b, name in events:
-        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + (b - a)
-        if kernel_kind(name) == "other":
+        kind = kernel_kind(name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + (b - a)
+        if kind == "other":
             other[name] = other.get(name, 0.0) + (b - a)
         if a > end:
             gap = a - end
