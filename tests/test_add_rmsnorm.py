@@ -226,7 +226,13 @@ def test_backward_config_strings() -> None:
     assert BwdConfig.decode("bwd:r=2:p=2:w=4") == BwdConfig(2, 2, 4)
     c = BwdConfig(1, 4, 8, split=1, stages=2, evict=1)
     assert c.encode() == "bwd:r=1:p=4:w=8:t=1:s=2:e=1" and BwdConfig.decode(c.encode()) == c
-    assert BwdConfig(split=1).blocks(2560) == (2048, 512) and BwdConfig(split=1).blocks(3000) == (2048, 1024)
+    # the tail: the power of two past the main block, widened to one pass of its layout (8 bf16 or 4
+    # fp32 values x 32 lanes x warps); as wide as the main block means no split
+    split = BwdConfig(split=1)
+    assert BwdConfig(split=1, num_warps=2).blocks(2560) == (2048, 512) and split.blocks(3000) == (2048, 1024)
+    assert split.blocks(2560) == (2048, 1024) and split.blocks(2560, vec=4) == (2048, 512)
+    assert BwdConfig(split=1, num_warps=8).blocks(2560) == (4096, 0)
+    assert BwdConfig(split=1, num_warps=1).blocks(768) == (512, 256)
     assert BwdConfig(split=1).blocks(128) == (128, 0) and BwdConfig().blocks(2560) == (4096, 0)
     with pytest.raises(ValueError, match="backward config"):
         BwdConfig.decode("bwd:r=1:q=2")

@@ -54,18 +54,27 @@ def _ln(rows: int, H: int, dtype: torch.dtype = BF16, *, add: bool = False, weig
     return dataclasses.replace(wl, device=device)
 
 
-# forward workloads whose backward is checked: odd sizes (100 = 64 + 64 and 130 = 128 + 2 split,
-# 33 and 48 one masked block), with and without the residual gradient, weight, bias, rounding
+# forward workloads whose backward is checked: odd sizes, with and without the residual gradient,
+# weight, bias, rounding. The block split needs a tail narrower than the main block once widened to
+# one pass of its layout (BwdConfig.blocks: 8 bf16 values x 32 lanes x 2+ warps = 512): 1100 = 1024
+# + 512 and 1300 = 1024 + 512 split; 100, 130, 80 (bf16) and 72 (fp32) no longer can; 33 and 48 are
+# one masked block. The split's rmsnorm case does not round before the weight: under the
+# interpreter (which truncates casts) a 1100-wide row flips enough ulps of n for dw to fail the
+# rounding tolerance by a hair with the kernels before this split too (0.0384 against 0.0361).
 FORWARD = {
-    "rmsnorm-weight-rbw-bf16": _rms(13, 100),
+    "rmsnorm-weight-bf16": _rms(13, 1100, rbw=False),
+    "rmsnorm-weight-rbw-bf16-small": _rms(13, 100),
     "rmsnorm-noweight-bf16-fp32out": _rms(9, 48, weight=False, rbw=False, out_dtype=FP32),
-    "add_rmsnorm-weight-bf16": _rms(7, 130, add=True, rbw=False),
+    "add_rmsnorm-weight-bf16": _rms(7, 1300, add=True, rbw=False),
     "add_rmsnorm-weight-rbw-fp32": _rms(11, 72, FP32, add=True),
-    "layernorm-weight-bias-bf16": _ln(11, 80),
+    "layernorm-weight-bias-bf16": _ln(11, 1100),
+    "layernorm-weight-bias-bf16-small": _ln(11, 80),
     "layernorm-plain-fp32": _ln(9, 33, FP32, weight=False, bias=False),
-    "add_layernorm-weight-bias-bf16": _ln(7, 130, add=True),
+    "add_layernorm-weight-bias-bf16": _ln(7, 1300, add=True),
     "add_layernorm-bias-fp32": _ln(5, 72, FP32, add=True, weight=False),
 }
+SPLITS = {"rmsnorm-weight-bf16", "add_rmsnorm-weight-bf16", "layernorm-weight-bias-bf16",
+          "add_layernorm-weight-bias-bf16"}
 
 
 @pytest.mark.parametrize("name", list(FORWARD))
@@ -79,7 +88,10 @@ def test_norm_backward_family_verifies_heuristic_and_sampled_configs(name: str) 
     assert all(fam.is_valid(c, wl) for c in space)
     assert {c.stages for c in space} == {1, 2} and {c.evict for c in space} == {0, 1}
     split = [c for c in space if (c.split if norm == "rmsnorm" else c.block_t)]
-    assert bool(split) == (wl.shapes[0][-1] != 48), wl.key  # 48: one 64-lane block, no split below 64
+    assert bool(split) == (name in SPLITS), wl.key
+    # a split's tail is one pass of the main block's layout: 512 lanes on 2 warps, none on 4+ at 1024
+    assert all(c.num_warps == 2 and (c.blocks(wl.shapes[0][-1]) if norm == "rmsnorm" else c.split(0)) == (1024, 512)
+               for c in split), wl.key
     rng = random.Random(name)
     for c in [fam.heuristic(wl), *rng.sample(space, 2), *(rng.sample(split, 1) if split else [])]:
         v = verify(fam, wl, _launch(fam, c), device=DEVICE)
@@ -117,7 +129,7 @@ def _without_ds(fam: ModuleType) -> Callable[..., Any]:
 
 
 @pytest.mark.parametrize("name,wrong,reason", [
-    ("rmsnorm-weight-rbw-bf16", _scaled_last, "output 1"),
+    ("rmsnorm-weight-rbw-bf16-small", _scaled_last, "output 1"),
     ("add_rmsnorm-weight-bf16", _one_percent_off, "output 1"),
     ("layernorm-weight-bias-bf16", _one_percent_off, "output 2"),
     ("add_rmsnorm-weight-bf16", _without_ds, "output 0"),
@@ -134,7 +146,7 @@ def test_a_wrong_norm_backward_launcher_fails_verification(name: str, wrong: Cal
 
 
 def test_norm_backward_workloads_key_what_the_kernels_depend_on() -> None:
-    r = RB.workload_from(FORWARD["rmsnorm-weight-rbw-bf16"])
+    r = RB.workload_from(FORWARD["rmsnorm-weight-rbw-bf16-small"])
     assert r is not None and r.family == "rmsnorm_bwd" and r.shapes == ((13, 100), (100,))
     assert r.params == (("ds", False), ("eps", EPS), ("out_dtype", "bf16"), ("round_before_weight", True))
     add = _rms(13, 100, add=True)
@@ -143,7 +155,7 @@ def test_norm_backward_workloads_key_what_the_kernels_depend_on() -> None:
                                              _rms(13, 100, FP32), _rms(14, 100), _rms(13, 96), add,
                                              _rms(13, 100, out_dtype=FP32))}
     assert len(keys) == 8 and None not in keys
-    ln = L.backward_workload(FORWARD["layernorm-weight-bias-bf16"])
+    ln = L.backward_workload(FORWARD["layernorm-weight-bias-bf16-small"])
     assert ln is not None and ln.family == "layernorm_bwd" and ln.shapes == ((11, 80), (80,))
     assert dict(ln.params) == {"bias_grad": True, "ds": False, "eps": 1e-5, "out_dtype": "bf16", "weight": True}
     assert [k for k, _ in ln.params] == sorted(dict(ln.params))
@@ -161,19 +173,26 @@ def test_norm_backward_heuristics_are_what_the_ops_run() -> None:
     """`heuristic(workload)` is the op's default (bwd_heuristic of the shape, with ds for layernorm),
     and keeps the H100-swept values."""
     dev = "cuda"
-    for rows, H, want in ((16384, 2560, RB.BwdConfig(2, 1, 16, 0, 2, 1)), (4096, 2560, RB.BwdConfig(2, 1, 16, 0, 2, 1)),
-                          (524288, 128, RB.BwdConfig(8, 8, 2, 0, 2, 0))):
-        for add in (False, True):
-            fam, wl = _bwd(_rms(rows, H, add=add, device=dev))
-            assert fam.heuristic(wl) == RB.bwd_heuristic(rows, H, dev) == want and fam.is_valid(want, wl)
-            assert want in fam.space(wl)
-    for add, want in ((False, LB.BwdConfig(1, 2, 8, 4096, 0, 2, 1)), (True, LB.BwdConfig(1, 2, 8, 4096, 0, 2, 1))):
+    split, rule = RB.BwdConfig(2, 2, 4, 1, 2, 0), RB.BwdConfig(2, 1, 16, 0, 2, 1)
+    for rows, H, add, want in ((16384, 2560, False, split), (4096, 2560, False, split), (16384, 2560, True, rule),
+                               (4096, 2560, True, rule), (16384, 4096, False, RB.BwdConfig(2, 1, 16, 0, 2, 1)),
+                               (16384, 3072, False, split),
+                               (524288, 128, False, RB.BwdConfig(8, 8, 2, 0, 2, 0)),
+                               (524288, 128, True, RB.BwdConfig(8, 8, 2, 0, 2, 0))):
+        fam, wl = _bwd(_rms(rows, H, add=add, device=dev))
+        assert fam.heuristic(wl) == RB.bwd_heuristic(rows, H, dev, add) == want and fam.is_valid(want, wl), (H, add)
+        assert want in fam.space(wl)
+    assert split.blocks(2560) == (2048, 1024) and split.blocks(2560, vec=4) == (2048, 512)
+    for add, want in ((False, LB.BwdConfig(2, 2, 4, 2048, 1024, 2, 0)), (True, LB.BwdConfig(1, 2, 8, 4096, 0, 2, 1))):
         fam, wl = _bwd(_ln(16384, 2560, add=add, device=dev))
         assert fam.heuristic(wl) == LB.bwd_heuristic(16384, 2560, dev, ds=add) == want and fam.is_valid(want, wl)
-    # the rmsnorm space at H = 2560: the register budget of bench/bwd_sweep.py, both block layouts
+        assert want in fam.space(wl)
+    # the rmsnorm space at H = 2560: the register budget (96 values a thread); a split only where
+    # its tail (one pass of the main block's layout) is narrower than the main block
     space = RB.space(_bwd(_rms(16384, 2560, device=dev))[1])
-    assert len(space) == 240 and {c.split for c in space} == {0, 1} and {c.rows for c in space} == {1, 2, 4}
-    assert all(c.rows * sum(c.blocks(2560)) // (32 * c.num_warps) * c.stages <= 64 for c in space)
+    assert len(space) == 230 and {c.split for c in space} == {0, 1} and {c.rows for c in space} == {1, 2, 4}
+    assert {(c.num_warps, c.blocks(2560)) for c in space if c.split} == {(2, (2048, 512)), (4, (2048, 1024))}
+    assert all(c.rows * sum(c.blocks(2560)) // (32 * c.num_warps) * c.stages <= 96 for c in space)
 
 
 @pytest.fixture

@@ -76,6 +76,18 @@ def sm_count(device: torch.device) -> int:
     return 4
 
 
+@functools.cache
+def pdl(device: torch.device) -> bool:
+    """Whether kernels on `device` may use programmatic dependent launch (Hopper and later): a
+    kernel launched with `launch_pdl=True` may be scheduled before the kernel ahead of it in the
+    stream has finished, and must `gdc_wait()` before reading what that kernel wrote; the one
+    ahead may call `gdc_launch_dependents()` to let it start early. Off for the interpreter, and
+    with SOLFORGE_PDL=0 in the environment (read at the first call)."""
+    if os.environ.get("SOLFORGE_PDL", "1").lower() in ("0", "false", "off", ""):
+        return False
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def enabled() -> bool:
     """Whether launches may take the direct path (Triton 3.6, no interpreter, not switched off)."""
     return _ON

@@ -32,10 +32,11 @@ from typing import Any, ClassVar
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
-from solforge.kernels.launch import Meta, sm_count
+from solforge.kernels.launch import Meta, pdl, sm_count
 from solforge.kernels.launch import launch as _launch
-from solforge.kernels.reduce import sum3, sum_rows
+from solforge.kernels.reduce import fold, sum3, sum_rows
 from solforge.kernels.rmsnorm import _ld, _load_weight, _st, _tile_load
 from solforge.kernels.rmsnorm_bwd import sum_tolerance
 from solforge.numerics import Tolerance, input_generator, parse_dtype, tolerance
@@ -69,34 +70,41 @@ def layernorm_bwd_ref(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | 
 
 
 @triton.jit
-def _bwd_piece(dy, x, mean, rstd, w, c1, c2, ds_ptrs, dx_ptrs, m, cols, H, COL_MASK: tl.constexpr,
-               HAS_WEIGHT: tl.constexpr, HAS_DS: tl.constexpr):
-    """dx of one block of a tile, stored; returns the block's (dw, db) contributions [1, width]."""
+def _bwd_piece(dy, x, mean, rstd, w, c1, c2, ds, ds_ptrs, dx_ptrs, m, cols, H, COL_MASK: tl.constexpr,
+               HAS_WEIGHT: tl.constexpr, HAS_DS: tl.constexpr, PRE_DS: tl.constexpr):
+    """dx of one block of a tile, stored; returns the block's (dw, db) contributions [1, width].
+    PRE_DS: `ds` holds the block's residual gradient, loaded with the tile; otherwise it is loaded
+    here from ds_ptrs."""
     d = x - mean
     if COL_MASK:
         d = tl.where(cols < H, d, 0.0)
     n = d * rstd
     dn = dy * w if HAS_WEIGHT else dy
     dx = rstd * (dn - c2 - n * c1)
-    if HAS_DS:  # loaded last, so that its registers are not live during the reductions
-        dx += _ld(ds_ptrs, m, cols, H, COL_MASK, "").to(tl.float32)
+    if HAS_DS:
+        dx += (ds if PRE_DS else _ld(ds_ptrs, m, cols, H, COL_MASK, "")).to(tl.float32)
     _st(dx_ptrs, dx, m, cols, H, COL_MASK)
     return tl.sum(dy * n, axis=0)[None, :], tl.sum(dy, axis=0)[None, :]
 
 
 @triton.jit
-def _bwd_load(dy_ptr, x_ptr, tile, n_rows, H, s_dy, s_x, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
-              BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr, EVICT: tl.constexpr):
-    """x and dy of one tile in their own dtypes, main block and tail (0.0 without a tail)."""
+def _bwd_load(dy_ptr, x_ptr, ds_ptr, tile, n_rows, H, s_dy, s_x, s_ds, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+              BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr, EVICT: tl.constexpr, LOAD_DS: tl.constexpr):
+    """x and dy (and with LOAD_DS the residual gradient ds) of one tile in their own dtypes, main
+    block and tail (0.0 without a tail, or without LOAD_DS)."""
     x, xt = _tile_load(x_ptr, tile * ROWS, n_rows, H, s_x, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
     dy, dyt = _tile_load(dy_ptr, tile * ROWS, n_rows, H, s_dy, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
-    return x, xt, dy, dyt
+    ds = 0.0
+    dst = 0.0
+    if LOAD_DS:
+        ds, dst = _tile_load(ds_ptr, tile * ROWS, n_rows, H, s_ds, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
+    return x, xt, dy, dyt, ds, dst
 
 
 @triton.jit
-def _bwd_tile(tile, x, xt, dy, dyt, ds_ptr, dx_ptr, w, wt, n_rows, H, s_ds, s_dx, eps,
+def _bwd_tile(tile, x, xt, dy, dyt, ds, dst, ds_ptr, dx_ptr, w, wt, n_rows, H, s_ds, s_dx, eps,
               ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr,
-              HAS_WEIGHT: tl.constexpr, HAS_DS: tl.constexpr):
+              HAS_WEIGHT: tl.constexpr, HAS_DS: tl.constexpr, PRE_DS: tl.constexpr):
     """dx for one tile of ROWS rows from its loaded x and dy; returns its contributions to dw and db
     for the main block and the tail (0.0 without a tail). Rows past the end load zeros: n = 0 and
     dy = 0 there, so they add nothing and store nothing."""
@@ -106,12 +114,13 @@ def _bwd_tile(tile, x, xt, dy, dyt, ds_ptr, dx_ptr, w, wt, n_rows, H, s_ds, s_dx
     cols = tl.arange(0, BLOCK_H)[None, :]
     x = x.to(tl.float32)
     dy = dy.to(tl.float32)
-    tot = tl.sum(x, axis=1)
     if BLOCK_T > 0:
         tcols = BLOCK_H + tl.arange(0, BLOCK_T)[None, :]
         xt = xt.to(tl.float32)
         dyt = dyt.to(tl.float32)
-        tot += tl.sum(xt, axis=1)
+        tot = tl.sum(fold(x, xt, ROWS, BLOCK_H, BLOCK_T), axis=1)
+    else:
+        tot = tl.sum(x, axis=1)
     mean = (tot / H)[:, None]
     d = x - mean
     if BLOCK_T == 0 and not EVEN_H:  # masked lanes hold -mean now; they must not count
@@ -119,27 +128,26 @@ def _bwd_tile(tile, x, xt, dy, dyt, ds_ptr, dx_ptr, w, wt, n_rows, H, s_ds, s_dx
     # the three sums that need the mean, in one reduction: sum(d^2) for rstd, and for
     # c1 = mean(dn * n), c2 = mean(dn) over the whole row (both blocks), with n = d * rstd
     dn = dy * w if HAS_WEIGHT else dy
-    ss, c1, c2 = sum3(d * d, dn * d, dn, 1)
     if BLOCK_T > 0:
         dt = xt - mean
         if not EVEN_H:
             dt = tl.where(tcols < H, dt, 0.0)
         dnt = dyt * wt if HAS_WEIGHT else dyt
-        sst, c1t, c2t = sum3(dt * dt, dnt * dt, dnt, 1)
-        ss += sst
-        c1 += c1t
-        c2 += c2t
+        ss, c1, c2 = sum3(fold(d * d, dt * dt, ROWS, BLOCK_H, BLOCK_T),
+                          fold(dn * d, dnt * dt, ROWS, BLOCK_H, BLOCK_T), fold(dn, dnt, ROWS, BLOCK_H, BLOCK_T), 1)
+    else:
+        ss, c1, c2 = sum3(d * d, dn * d, dn, 1)
     rstd1 = tl.rsqrt(ss / H + eps)
     rstd = rstd1[:, None]
     c1 = (c1 * rstd1 / H)[:, None]
     c2 = (c2 / H)[:, None]
-    pw, pb = _bwd_piece(dy, x, mean, rstd, w, c1, c2, ds_ptr + r64 * s_ds + cols, dx_ptr + r64 * s_dx + cols, m,
-                        cols, H, BLOCK_T == 0 and not EVEN_H, HAS_WEIGHT, HAS_DS)
+    pw, pb = _bwd_piece(dy, x, mean, rstd, w, c1, c2, ds, ds_ptr + r64 * s_ds + cols, dx_ptr + r64 * s_dx + cols,
+                        m, cols, H, BLOCK_T == 0 and not EVEN_H, HAS_WEIGHT, HAS_DS, PRE_DS)
     pwt = 0.0
     pbt = 0.0
     if BLOCK_T > 0:
-        pwt, pbt = _bwd_piece(dyt, xt, mean, rstd, wt, c1, c2, ds_ptr + r64 * s_ds + tcols,
-                              dx_ptr + r64 * s_dx + tcols, m, tcols, H, not EVEN_H, HAS_WEIGHT, HAS_DS)
+        pwt, pbt = _bwd_piece(dyt, xt, mean, rstd, wt, c1, c2, dst, ds_ptr + r64 * s_ds + tcols,
+                              dx_ptr + r64 * s_dx + tcols, m, tcols, H, not EVEN_H, HAS_WEIGHT, HAS_DS, PRE_DS)
     return pw, pb, pwt, pbt
 
 
@@ -148,16 +156,21 @@ def _bwd_step(i, pid, n_progs, cur, acc, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n
               eps, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr,
               HAS_WEIGHT: tl.constexpr, WANT_DW: tl.constexpr, WANT_DB: tl.constexpr, HAS_DS: tl.constexpr,
               STAGES: tl.constexpr, EVICT: tl.constexpr):
-    """Tile i of this program. STAGES == 2: `cur` holds this tile's x and dy, already loaded, and
-    the next tile's loads are issued before this one's reductions (two tiles in flight)."""
+    """Tile i of this program. STAGES == 2: `cur` holds this tile's x and dy (and ds), already
+    loaded, and the next tile's loads are issued before this one's reductions (two tiles in
+    flight). ds comes with the tile then: loaded only where dx needs it (one stage), its latency
+    stood between every tile's reductions and its store (add_layernorm_bwd at 76% of the copy rate
+    when rmsnorm_bwd, which loads it with the tile, reached 86%)."""
     tile = pid + i * n_progs
-    x, xt, dy, dyt = cur
+    x, xt, dy, dyt, ds, dst = cur
     if STAGES > 1:
-        cur = _bwd_load(dy_ptr, x_ptr, tile + n_progs, n_rows, H, s_dy, s_x, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
+        cur = _bwd_load(dy_ptr, x_ptr, ds_ptr, tile + n_progs, n_rows, H, s_dy, s_x, s_ds, ROWS, BLOCK_H, BLOCK_T,
+                        EVEN_H, EVICT, HAS_DS)
     else:
-        x, xt, dy, dyt = _bwd_load(dy_ptr, x_ptr, tile, n_rows, H, s_dy, s_x, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
-    pw, pb, pwt, pbt = _bwd_tile(tile, x, xt, dy, dyt, ds_ptr, dx_ptr, w, wt, n_rows, H, s_ds, s_dx, eps, ROWS,
-                                 BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, HAS_DS)
+        x, xt, dy, dyt, ds, dst = _bwd_load(dy_ptr, x_ptr, ds_ptr, tile, n_rows, H, s_dy, s_x, s_ds, ROWS, BLOCK_H,
+                                            BLOCK_T, EVEN_H, EVICT, False)
+    pw, pb, pwt, pbt = _bwd_tile(tile, x, xt, dy, dyt, ds, dst, ds_ptr, dx_ptr, w, wt, n_rows, H, s_ds, s_dx, eps,
+                                 ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, HAS_DS, HAS_DS and STAGES > 1)
     dw, db, dwt, dbt = acc
     if WANT_DW:
         dw += pw
@@ -178,18 +191,21 @@ def _layernorm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, part_ptr, n_rows
                           n_iter, db_off, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
                           TW: tl.constexpr, EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, WANT_DW: tl.constexpr,
                           WANT_DB: tl.constexpr, HAS_DS: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr,
-                          INTERP: tl.constexpr):
+                          PDL: tl.constexpr, INTERP: tl.constexpr):
     """A grid-stride loop over row tiles; dw and db accumulate in registers, one partial row each per
     program, stored at part_ptr + pid * H (dw) and part_ptr + db_off + pid * H (db).
-    TW: the tail accumulators' width (BLOCK_T, or 1 as a placeholder without a tail)."""
+    TW: the tail accumulators' width (BLOCK_T, or 1 as a placeholder without a tail). PDL: the
+    partial rows' sum (reduce.sum_rows, launched with programmatic dependent launch) may start
+    once every program is past its loop; it waits for this kernel's writes itself."""
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
     w, wt = _load_weight(w_ptr, H, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT)
     acc = (tl.zeros([1, BLOCK_H], dtype=tl.float32), tl.zeros([1, BLOCK_H], dtype=tl.float32),
            tl.zeros([1, TW], dtype=tl.float32), tl.zeros([1, TW], dtype=tl.float32))
-    cur = (0.0, 0.0, 0.0, 0.0)
+    cur = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     if STAGES > 1:
-        cur = _bwd_load(dy_ptr, x_ptr, pid, n_rows, H, s_dy, s_x, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
+        cur = _bwd_load(dy_ptr, x_ptr, ds_ptr, pid, n_rows, H, s_dy, s_x, s_ds, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT,
+                        HAS_DS)
     if INTERP:
         # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
         # (triton-lang/triton#9171, see kernels/rmsnorm.py); a while loop works there.
@@ -204,6 +220,8 @@ def _layernorm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, part_ptr, n_rows
             cur, acc = _bwd_step(i, pid, n_progs, cur, acc, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n_rows, H, s_dy,
                                  s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, WANT_DW, WANT_DB,
                                  HAS_DS, STAGES, EVICT)
+    if PDL:
+        gdc_launch_dependents()
     dw, db, dwt, dbt = acc
     on = tl.full([1, 1], 1, tl.int1)
     cols = tl.arange(0, BLOCK_H)[None, :]
@@ -319,44 +337,55 @@ def bwd_is_valid(c: BwdConfig, n_rows: int, H: int) -> bool:
     return c.rows * (bh + bt) // (32 * c.num_warps) <= _BWD_MAX_PER_THREAD
 
 
-def bwd_space(n_rows: int, H: int) -> list[BwdConfig]:
-    """Block split x rows per tile (up to 16K elements) x warps (4 to 64 values of x a thread) x
-    programs per SM (1, 2, 4, 8) x (one stage; two; two with evict_first loads): ~180 configs at
-    H = 2560, fewer where rows are few."""
+def bwd_space(n_rows: int, H: int, vec: int = 8) -> list[BwdConfig]:
+    """Block split x warps x rows per tile (up to 16K elements; 4 to 64 values of x a thread) x
+    programs per SM (1, 2, 3, 4, 8) x (one stage; two; two with evict_first loads): ~180 configs
+    at H = 2560. A split's tail is widened to one pass of the main block's layout (`vec` values of
+    the dtype x 32 lanes x warps, as rmsnorm_bwd.BwdConfig.blocks does, for the same reason); where
+    that reaches the main block's width there is no split for those warps."""
     out = []
     for bh, bt in blocks(H):
-        width = bh + bt
-        r = 1
-        while r * width <= 16384 and r <= max(32 if width < 1024 else 8, 1) and r <= triton.next_power_of_2(n_rows):
-            for w in (2, 4, 8, 16):
+        for w in (2, 4, 8, 16):
+            tail = max(bt, vec * 32 * w) if bt else 0
+            if bt and tail >= bh:
+                continue
+            width = bh + tail
+            r = 1
+            while r * width <= 16384 and r <= max(32 if width < 1024 else 8, 1) and r <= triton.next_power_of_2(n_rows):
                 per = r * width // (32 * w)
-                if per < 4 or per > _BWD_MAX_PER_THREAD:
-                    continue
-                out += [BwdConfig(r, p, w, bh, bt, st, e) for p in (1, 2, 4, 8) for st, e in ((1, 0), (2, 0), (2, 1))]
-            r *= 2
+                if 4 <= per <= _BWD_MAX_PER_THREAD:
+                    out += [BwdConfig(r, p, w, bh if bt else 0, tail, st, e) for p in (1, 2, 3, 4, 8)
+                            for st, e in ((1, 0), (2, 0), (2, 1))]
+                r *= 2
     return [c for c in out if bwd_is_valid(c, n_rows, H)]
 
 
 def bwd_heuristic(n_rows: int, H: int, device: torch.device | str, ds: bool = False) -> BwdConfig:
-    """Measured on the H100 (bf16, H = 2560), for rows of 1024+, with or without a residual
-    gradient (`ds`, add_layernorm): one power-of-two block, one row a tile, 2 programs per SM, 8
-    warps, the next tile loaded ahead, evict_first.
-    - Without ds: 113.8 / 39.7 us at 16384 / 4096 rows, the best of bench/ln_sweep.py
-      (-ln-bwd-sweep-s6.json; 2.21 TB/s at 16384), against 126.5 / 49.4 for the earlier heuristic.
-    - With ds: the best at 16384 rows once the row sums were taken in one reduction, in three runs
-      of bench/pair_ab.py (-pair-ab-s7.json: 146.9 us against 154.7 for two rows a tile on 16
-      warps, the choice before, which ln_sweep had found best with separate sums). 4096 rows were
-      not measured reliably on those hosts.
-    Shorter rows keep rmsnorm_bwd's earlier tiling (tiles of ~8K elements, 8 programs per SM), now
-    with the next tile loaded ahead: not swept. (`ds` no longer changes the choice; it stays in the
-    signature for the callers that pass it.)"""
+    """Measured on the H100 (bf16, H = 2560, 16384 rows):
+    - Without the residual gradient (`ds`), rows of up to 3072 that split: two rows a tile, the
+      tail widened to one pass of 4 warps' layout (2560 = 2048 + 1024), 2 programs per SM, the next
+      tile loaded ahead: 100.3 us against 109.1 for the rule below (session 9,
+      bench/bwd_tail_probe.py, bench/results/2026-11-23-h100-session9.md).
+    - Otherwise, rows of 1024+: one power-of-two block, one row a tile, 2 programs per SM, 8 warps,
+      the next tile loaded ahead, evict_first. Without ds that was the best of bench/ln_sweep.py
+      (-ln-bwd-sweep-s6.json: 113.8 / 39.7 us at 16384 / 4096 rows). With ds, the best at 16384
+      rows once the row sums were taken in one reduction, in three runs of bench/pair_ab.py
+      (-pair-ab-s7.json: 146.9 us), and still in session 9, where the split configs measured
+      147.7-193.9 (the fourth tensor's registers).
+    Shorter rows keep rmsnorm_bwd's earlier tiling (tiles of ~8K elements, 8 programs per SM), with
+    the next tile loaded ahead and no split: not swept."""
     pow2 = triton.next_power_of_2(H)
-    if pow2 >= 1024:
+    bh, bt = blocks(H)[0]
+    if pow2 >= 1024 and not ds and bt and max(bt, 1024) < bh and bh + max(bt, 1024) <= 3072:
+        c = BwdConfig(2, 2, 4, bh, max(bt, 1024), 2, 0)  # the tail one pass of 4 warps' layout (bwd_space)
+    elif pow2 >= 1024:
         c = BwdConfig(1, 2, max(1, min(16, pow2 // 512)), pow2, 0, 2, 1)
     else:
-        bh, bt = blocks(H)[0]
         rows = max(1, min(32, 8192 // pow2))
-        c = BwdConfig(rows, 8, 4 if rows * (bh + bt) <= 8192 else 8, bh, bt, 2, 0)
+        w = 4 if rows * (bh + bt) <= 8192 else 8
+        if bt and max(bt, 8 * 32 * w) >= bh:  # no tail as wide as a pass of the main block's layout (bwd_space)
+            bh, bt = 0, 0
+        c = BwdConfig(rows, 8, w, bh, bt, 2, 0)
     while not bwd_is_valid(c, n_rows, H) and c.num_warps < 32:
         c = dataclasses.replace(c, num_warps=c.num_warps * 2)
     return c
@@ -388,7 +417,7 @@ def _plan(n_rows: int, H: int, device: torch.device, has_ds: bool, want_dw: bool
     return grid, triton.cdiv(n_tiles, grid), Meta(
         ROWS=c.rows, BLOCK_H=bh, BLOCK_T=bt, TW=max(bt, 1), EVEN_H=H == bh + bt, HAS_WEIGHT=want_dw,
         WANT_DW=want_dw, WANT_DB=bias_grad, HAS_DS=has_ds, STAGES=c.stages, EVICT="evict_first" if c.evict else "",
-        INTERP=_INTERPRETED, num_warps=c.num_warps)
+        PDL=pdl(device), INTERP=_INTERPRETED, num_warps=c.num_warps)
 
 
 def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
@@ -486,7 +515,8 @@ def heuristic(workload: Workload) -> BwdConfig:
 
 def space(workload: Workload) -> list[BwdConfig]:
     """The heuristic, then `bwd_space` (block split x rows x warps x programs per SM x stages/evict)."""
-    return [c for c in dict.fromkeys([heuristic(workload), *bwd_space(*_dims(workload))]) if is_valid(c, workload)]
+    vec = 16 // parse_dtype(workload.dtypes[0]).itemsize
+    return [c for c in dict.fromkeys([heuristic(workload), *bwd_space(*_dims(workload), vec)]) if is_valid(c, workload)]
 
 
 def workload_from(forward: Workload) -> Workload | None:

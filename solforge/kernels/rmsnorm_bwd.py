@@ -33,11 +33,12 @@ from typing import Any, ClassVar
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from solforge.kernels import rmsnorm as _rms
-from solforge.kernels.launch import Meta, sm_count
+from solforge.kernels.launch import Meta, pdl, sm_count
 from solforge.kernels.launch import launch as _launch
-from solforge.kernels.reduce import sum2, sum_rows
+from solforge.kernels.reduce import fold, sum2, sum_rows
 from solforge.kernels.rmsnorm import _load_weight, _st, _tile_load
 from solforge.numerics import Tolerance, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
@@ -91,22 +92,24 @@ def _bwd_compute(x, xt, dy, dyt, ds, dst, w, wt, dx_ptr, row0, n_rows, H, s_dx, 
     xf = x.to(tl.float32)
     dyf = dy.to(tl.float32)
     dn = dyf * w if HAS_WEIGHT else dyf
-    # mean(dn * n) = rstd * mean(dn * x): both sums of the row in one reduction
-    ss, dot = sum2(xf * xf, dn * xf, 1)
+    # mean(dn * n) = rstd * mean(dn * x): both sums of the row in one reduction. With a tail, the
+    # main block's products are first folded onto the tail's width (BwdConfig.blocks makes the tail
+    # one pass of the main block's layout, so the fold adds values a thread already holds), and one
+    # reduction covers the row: one round of shared memory and barriers a tile, not two.
     if BLOCK_T > 0:
         xtf = xt.to(tl.float32)
         dytf = dyt.to(tl.float32)
         dnt = dytf * wt if HAS_WEIGHT else dytf
-        sst, dott = sum2(xtf * xtf, dnt * xtf, 1)
-        ss += sst
-        dot += dott
+        ss, dot = sum2(fold(xf * xf, xtf * xtf, ROWS, BLOCK_H, BLOCK_T),
+                       fold(dn * xf, dnt * xtf, ROWS, BLOCK_H, BLOCK_T), 1)
+    else:
+        ss, dot = sum2(xf * xf, dn * xf, 1)
     rstd1 = tl.rsqrt(ss / H + eps)
     rstd = rstd1[:, None]
-    n = xf * rstd
-    if BLOCK_T > 0:
-        nt = xtf * rstd
-    c = (dot * rstd1 / H)[:, None]
-    dx = rstd * (dn - n * c)
+    # dx = rstd * (dn - n * mean(dn * n)) = rstd * dn - k * x, k = rstd^3 * mean(dn * x): two
+    # operations a value (n is formed only for dw)
+    k = (dot * (rstd1 * rstd1 * rstd1) / H)[:, None]
+    dx = rstd * dn - k * xf
     if HAS_DS:
         dx += ds.to(tl.float32)
     _st(ptrs + cols, dx, m, cols, H, BLOCK_T == 0 and not EVEN_H)
@@ -114,14 +117,16 @@ def _bwd_compute(x, xt, dy, dyt, ds, dst, w, wt, dx_ptr, row0, n_rows, H, s_dx, 
     dwt = 0.0
     if HAS_WEIGHT:
         # Hugging Face rounds n to x's dtype before the weight multiply: the weight sees that value
+        n = xf * rstd
         dw = tl.sum(dyf * (n.to(x.dtype).to(tl.float32) if ROUND else n), axis=0)[None, :]
     if BLOCK_T > 0:
         tcols = BLOCK_H + tl.arange(0, BLOCK_T)[None, :]
-        dxt = rstd * (dnt - nt * c)
+        dxt = rstd * dnt - k * xtf
         if HAS_DS:
             dxt += dst.to(tl.float32)
         _st(ptrs + tcols, dxt, m, tcols, H, not EVEN_H)
         if HAS_WEIGHT:
+            nt = xtf * rstd
             dwt = tl.sum(dytf * (nt.to(x.dtype).to(tl.float32) if ROUND else nt), axis=0)[None, :]
     return dw, dwt
 
@@ -154,9 +159,12 @@ def _bwd_step(i, pid, n_progs, cur, dw, dwt, w, wt, dy_ptr, x_ptr, ds_ptr, dx_pt
 def _rmsnorm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, dw_ptr, n_rows, H, s_dy, s_x, s_ds, s_dx, eps,
                         n_iter, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
                         TW: tl.constexpr, EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr,
-                        HAS_DS: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr, INTERP: tl.constexpr):
+                        HAS_DS: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
+                        INTERP: tl.constexpr):
     """A grid-stride loop over row tiles; dw accumulates in registers, one partial row per program.
-    TW: the tail accumulator's width (BLOCK_T, or 1 as a placeholder without a tail)."""
+    TW: the tail accumulator's width (BLOCK_T, or 1 as a placeholder without a tail). PDL: the
+    partial rows' sum (reduce.sum_rows, launched with programmatic dependent launch) may start
+    once every program is past its loop; it waits for this kernel's writes itself."""
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
     w, wt = _load_weight(w_ptr, H, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT)
@@ -178,6 +186,8 @@ def _rmsnorm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, dw_ptr, n_rows, H,
             cur, dw, dwt = _bwd_step(i, pid, n_progs, cur, dw, dwt, w, wt, dy_ptr, x_ptr, ds_ptr, dx_ptr, n_rows, H,
                                      s_dy, s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, ROUND,
                                      HAS_DS, STAGES, EVICT)
+    if PDL:
+        gdc_launch_dependents()
     if HAS_WEIGHT:
         on = tl.full([1, 1], 1, tl.int1)
         cols = tl.arange(0, BLOCK_H)[None, :]
@@ -224,13 +234,20 @@ class BwdConfig:
     def items(self) -> tuple[tuple[str, Any], ...]:
         return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
 
-    def blocks(self, H: int) -> tuple[int, int]:
-        """(main block, tail block) for rows of H."""
+    def blocks(self, H: int, vec: int = 8) -> tuple[int, int]:
+        """(main block, tail block) for rows of H; `vec`: values of the dtype in a 16-byte load (8
+        for bf16/fp16, 4 for fp32). The tail is at least one pass of the main block's layout (vec
+        values x 32 lanes x warps: 1024 on 4 warps in bf16), not only the power of two past the
+        main block: a narrower tail gets a layout of its own, and Triton converted the whole main
+        tile to it through shared memory (SASS at 2560 = 2048 + 512 on 8 warps: 19 barriers a tile
+        against 3), which is why the split never paid before. Where that tail would be as wide as
+        the main block, there is no split."""
         pow2 = triton.next_power_of_2(H)
         if not self.split or pow2 == H or H < 64:
             return pow2, 0
         main = pow2 // 2
-        return main, triton.next_power_of_2(H - main)
+        tail = max(triton.next_power_of_2(H - main), vec * 32 * self.num_warps)
+        return (main, tail) if tail < main else (pow2, 0)
 
 
 @functools.lru_cache(maxsize=256)
@@ -243,18 +260,25 @@ def _decode(text: str) -> BwdConfig:
         raise ValueError(f"bad rmsnorm backward config {text!r} (e.g. 'bwd:r=4:p=4:w=8')") from e
 
 
-def bwd_heuristic(n_rows: int, H: int, device: torch.device | str) -> BwdConfig:
+def bwd_heuristic(n_rows: int, H: int, device: torch.device | str, ds: bool = False) -> BwdConfig:
     """What the op runs with config "" (`heuristic` is this for a workload). The next tile loaded
-    ahead (stages 2), ~16 values of each tensor a thread. From
-    bench/bwd_sweep.py on the H100 (bf16, 2026-11-22, bench/results/...-rmsnorm-bwd-sweep-s6.json):
-    - rows of 1024+: 8K-value tiles on 16 warps, one program per SM, evict_first loads. At 2560:
-      16384 rows with the residual gradient 133.7 us (best 133.2; the one-stage r=2 p=2 w=4 used
-      before: 160.2), without it 111.1 (best 109.6; before 134.4), 4096 rows 42.9 (best; before 56.9);
-    - short rows: 1K-value tiles on 2 warps, 8 programs per SM: 524288 x 128 196.8 us (best;
-      before 228.5).
-    The block split (2560 = 2048 + 512) was within 1-2% either way, so it stays off here."""
+    ahead (stages 2). On the H100 (bf16, 16384 x 2560, bench/results/2026-11-23-h100-session9.md):
+    - without the residual gradient (`ds`), rows of up to 3072 that split (2560 = 2048 + a 1024
+      tail on 4 warps, BwdConfig.blocks): two rows a tile, 2 programs per SM, 97.3 us with the
+      weight-gradient sum launched early (reduce.sum_rows, programmatic dependent launch), against
+      105.8 for the rule below; one row on 3 programs per SM measured 98.3, and 4096 rows 32.8 us
+      against 33.0 (bench/bwd_tail_probe.py);
+    - otherwise, rows of 1024+: 8K-value tiles on 16 warps, one program per SM, evict_first loads
+      (bench/bwd_sweep.py, -rmsnorm-bwd-sweep-s6.json): with ds 133.7 us at 16384 x 2560 (best of
+      that sweep 133.2), and 129.6 in session 9, where the split configs measured 131.4-148.6 (the
+      fourth tensor's registers); 4096 rows 42.9 (best);
+    - short rows: 1K-value tiles on 2 warps, 8 programs per SM: 524288 x 128 196.8 us (best)."""
     block = triton.next_power_of_2(H)
     if block >= 1024:
+        split = BwdConfig(2, 2, 4, 1, 2, 0)
+        bh, bt = split.blocks(H)
+        if not ds and bt and bh + bt <= 3072:
+            return split
         rows = max(1, 8192 // block)
         return BwdConfig(rows, 1, max(4, min(16, rows * block // 512)), 0, 2, 1)
     return BwdConfig(max(1, min(32, 1024 // block)), 8, 2, 0, 2, 0)
@@ -262,16 +286,16 @@ def bwd_heuristic(n_rows: int, H: int, device: torch.device | str) -> BwdConfig:
 
 @functools.lru_cache(maxsize=4096)
 def _plan(n_rows: int, H: int, device: torch.device, has_weight: bool, rbw: bool, has_ds: bool,
-          config: BwdConfig | None) -> tuple[int, int, dict[str, Any]]:
+          config: BwdConfig | None, vec: int = 8) -> tuple[int, int, dict[str, Any]]:
     """Grid, loop trip count and constexprs of one shape and config: cached, so a call pays a
     lookup rather than the heuristic and the Config and kwargs building."""
-    c = config or bwd_heuristic(n_rows, H, device)
+    c = config or bwd_heuristic(n_rows, H, device, has_ds)
     n_tiles = triton.cdiv(n_rows, c.rows)
     grid = min(n_tiles, c.progs * sm_count(device))
-    bh, bt = c.blocks(H)
+    bh, bt = c.blocks(H, vec)
     meta = Meta(ROWS=c.rows, BLOCK_H=bh, BLOCK_T=bt, TW=max(bt, 1), EVEN_H=(bh + bt == H), HAS_WEIGHT=has_weight,
                 ROUND=rbw, HAS_DS=has_ds, STAGES=c.stages, EVICT="evict_first" if c.evict else "",
-                INTERP=_INTERPRETED, num_warps=c.num_warps)
+                PDL=has_weight and pdl(device), INTERP=_INTERPRETED, num_warps=c.num_warps)
     return grid, triton.cdiv(n_tiles, grid), meta
 
 
@@ -309,7 +333,8 @@ def rmsnorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, 
         if not has_w:
             return (dx.view(x.shape),)
         return dx.view(x.shape), (out[1].zero_() if out is not None else torch.zeros(H, device=x.device))
-    grid, n_iter, meta = _plan(n_rows, H, x.device, has_w, round_before_weight, ds2 is not None, config)
+    grid, n_iter, meta = _plan(n_rows, H, x.device, has_w, round_before_weight, ds2 is not None, config,
+                               16 // x.element_size())
     dw = torch.empty((grid, H), dtype=torch.float32, device=x.device) if has_w else dx
     w = weight.contiguous() if has_w else dx  # type: ignore[union-attr]
     _launch(_rmsnorm_bwd_kernel, (grid,),
@@ -353,9 +378,11 @@ rmsnorm_bwd_op = torch.ops.solforge.rmsnorm_bwd.default
 
 Config = BwdConfig
 _WARPS = (1, 2, 4, 8, 16, 32)
-# bench/bwd_sweep.py's register budget, from its H100 sweeps: fp32 values of one row tile a thread
-# holds, times the tiles in flight (stages), at most 64; tiles of at most 16K elements.
-_MAX_PER_THREAD = 64
+# The register budget: values of one row tile a thread holds, times the tiles in flight (stages),
+# at most 96; tiles of at most 16K elements. bench/bwd_sweep.py's sweeps set 64; session 9's best
+# config at 2560 (two rows of 2048 + 1024 on 4 warps, two stages: 96) compiled to 255 registers
+# with no spills.
+_MAX_PER_THREAD = 96
 _MAX_TILE = 16384
 
 
@@ -367,40 +394,48 @@ def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def _vec(workload: Workload) -> int:
+    """Values of the workload's dtype in a 16-byte load (BwdConfig.blocks)."""
+    return 16 // parse_dtype(workload.dtypes[0]).itemsize
+
+
 def is_valid(config: BwdConfig, workload: Workload) -> bool:
     """Known knob values, and the tile within the register budget (bench/bwd_sweep.py's filter). A
-    block split is only valid where it changes the blocks (H not a power of two, 64+)."""
+    block split is only valid where it changes the blocks (H not a power of two, 64+, and a tail
+    narrower than the main block)."""
     c = config
     _n, H = _dims(workload)
     if not (_pow2(c.rows) and c.progs >= 1 and c.num_warps in _WARPS and c.split in (0, 1) and c.stages in (1, 2)
             and c.evict in (0, 1)):
         return False
-    if c.split and c.blocks(H) == BwdConfig().blocks(H):
+    blocks = c.blocks(H, _vec(workload))
+    if c.split and blocks[1] == 0:
         return False
-    tile = c.rows * sum(c.blocks(H))
+    tile = c.rows * sum(blocks)
     return tile <= _MAX_TILE and tile // (32 * c.num_warps) * c.stages <= _MAX_PER_THREAD
 
 
 def heuristic(workload: Workload) -> BwdConfig:
     """What the op runs with config "": `bwd_heuristic` of the workload's shape."""
     n_rows, H = _dims(workload)
-    return bwd_heuristic(n_rows, H, workload.device)
+    return bwd_heuristic(n_rows, H, workload.device, bool(workload.param("ds", False)))
 
 
 def space(workload: Workload) -> list[BwdConfig]:
-    """The heuristic, then rows per tile (up to 8 for rows of 1024+, 32 below; no more than the
-    workload has) x warps (4+ values of a tile a thread) x block split x stages x programs per SM
-    (1, 2, 4, 8) x evict_first, within the register budget: 240 configs at H = 2560."""
+    """The heuristic, then block split x warps x rows per tile (up to 8 for rows of 1024+, 32 below;
+    no more than the workload has; 4+ values of a tile a thread) x stages x programs per SM
+    (1, 2, 3, 4, 8) x evict_first, within the register budget: 230 configs at H = 2560 in bf16."""
     n_rows, H = _dims(workload)
+    vec = _vec(workload)
     out = [heuristic(workload)]
     for split in (0, 1):
-        width = sum(BwdConfig(split=split).blocks(H))
-        r = 1
-        while r * width <= _MAX_TILE and r <= (32 if width < 1024 else 8) and r <= triton.next_power_of_2(n_rows):
-            for w in (2, 4, 8, 16):
+        for w in (2, 4, 8, 16):
+            width = sum(BwdConfig(split=split, num_warps=w).blocks(H, vec))
+            r = 1
+            while r * width <= _MAX_TILE and r <= (32 if width < 1024 else 8) and r <= triton.next_power_of_2(n_rows):
                 if r * width // (32 * w) >= 4:
-                    out += [BwdConfig(r, p, w, split, st, e) for st in (1, 2) for p in (1, 2, 4, 8) for e in (0, 1)]
-            r *= 2
+                    out += [BwdConfig(r, p, w, split, st, e) for st in (1, 2) for p in (1, 2, 3, 4, 8) for e in (0, 1)]
+                r *= 2
     return [c for c in dict.fromkeys(out) if is_valid(c, workload)]  # unique, in order
 
 
