@@ -28,12 +28,12 @@ far ahead there, a sync would stall it):
    (CPU: a row's tokens added in token order; CUDA: a stable radix sort of the ids, then sums over
    each run of equal ids, or for N <= 3072 sums over chunks of 32 consecutive tokens), never from
    the id's value, so each compact row is bit for bit the row eager's dense gradient has for that
-   id. Group g past the last real group (their count is only known on the device) is a row of
-   zeros.
-3. For each group, `row = .grad[id] + compact[g]` (the add eager's AccumulateGrad does, one rounding
-   in .grad's dtype), then written back with `index_copy_`. The groups past the last real one are
-   pointed at the last real group (same id, same compact row), so the rows written more than once
-   are written with identical bits: the result does not depend on the order of the writes.
+   id. The rows past the last group are zeros and never read.
+3. For each token in sorted order, `.grad[id] + compact[group]` (the add eager's AccumulateGrad
+   does, one rounding in .grad's dtype), written back to row id with `index_copy_`. The tokens of
+   one id compute the same bits from the same inputs, so a row written more than once gets the same
+   value each time: the result does not depend on the order of the writes. (One entry per token,
+   not per group: the number of groups is only known on the device.)
 4. `padding_idx >= 0`: eager gives the padding row nothing. dy's rows of padding tokens are set to
    +0.0 first (a `where`), so the padding row becomes `.grad[p] + 0.0`, as eager's `+= dense` does.
 
@@ -90,13 +90,11 @@ def accumulate_rows(grad: torch.Tensor, dy: torch.Tensor, ids: torch.Tensor, pad
     group = torch.cumsum(first, 0) - 1  # non-decreasing: 0 .. G-1 in sorted order
     relabelled = torch.empty_like(group).scatter_(0, perm, group)  # perm is a permutation: no clashes
     compact = aten.embedding_dense_backward(dy, relabelled.view(ids.shape), n, -1, False)
-    # group g's first position in sorted order; g >= G (past the last group) finds n, clamped to the
-    # last position, so those groups point at the last real group's id and its compact row
-    arange = torch.arange(n, dtype=group.dtype, device=group.device)
-    start = torch.searchsorted(group, arange).clamp_max_(n - 1)
-    rows = sorted_ids[start].long()
-    src = group[start]
-    new = grad.index_select(0, rows).add_(compact.index_select(0, src))
+    # one entry per token in sorted order: its id's row, its group's compact row. The tokens of one
+    # id compute the same bits and write them to the same row, so the order of the writes does not
+    # matter; the compact rows past the last group (all zeros) are never read.
+    rows = sorted_ids.long()
+    new = grad.index_select(0, rows).add_(compact.index_select(0, group))
     grad.index_copy_(0, rows, new)
 
 
