@@ -109,14 +109,18 @@ class _Embedding(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, weight: torch.Tensor, ids: torch.Tensor, padding_idx: int,
                 scale_grad_by_freq: bool, sparse: bool) -> torch.Tensor:
-        ctx.save_for_backward(weight, ids)
+        ctx.save_for_backward(ids)
+        # the weight itself, not saved: eager's embedding saves only the ids, so an in-place update
+        # of the weight between forward and backward (an EMA, say) must not fail the version check
+        ctx.weight = weight
         ctx.args = (weight.shape[0], padding_idx, scale_grad_by_freq, sparse)
         ctx.set_materialize_grads(False)
         return aten.embedding(weight, ids, padding_idx, scale_grad_by_freq, sparse)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        weight, ids = ctx.saved_tensors
+        (ids,) = ctx.saved_tensors
+        weight = ctx.weight
         num_weights, padding_idx, scale_grad_by_freq, sparse = ctx.args
         none = (None, None, None, None)
         if dy is None or not ctx.needs_input_grad[0]:

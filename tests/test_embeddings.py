@@ -197,6 +197,24 @@ def test_backward_has_no_op_that_waits_for_the_device() -> None:
             assert all(i is None or i.dtype != torch.bool for i in args[1]), "boolean-mask indexing"
 
 
+def test_weight_changed_in_place_before_backward_like_eager() -> None:
+    """Eager's embedding saves only the ids: updating the weight in place between forward and
+    backward is allowed there, so it must be here too."""
+    w = torch.randn(V, H, requires_grad=True)
+    ref = w.detach().clone().requires_grad_(True)
+    w.grad = torch.randn(V, H)
+    ref.grad = w.grad.clone()
+    ids = _ids(92)
+    dy = _dy(92, ids, torch.float32)
+    outs = embedding(w, ids), F.embedding(ids, ref)
+    with torch.no_grad():
+        w.mul_(0.5)
+        ref.mul_(0.5)
+    outs[0].backward(dy)
+    outs[1].backward(dy)
+    _same_bits(w.grad, ref.grad)
+
+
 # ---------------------------------------------------------------------------------------------
 # where the gradient must go back to autograd
 
