@@ -14,7 +14,8 @@ graph input into an `embedding` call (an autograd Function). Its backward, where
 linears.py: a plain dense `.grad` of the weight's dtype, no tensor hooks, AccumulateGrad will run,
 no double backward, no torch.distributed), adds the gradient into `.grad` touching only the rows
 of the tokens present and hands autograd None for the weight. Anywhere else it returns eager's
-own gradient, `aten.embedding_dense_backward` with the same arguments.
+own gradient, `aten.embedding_backward` with the same arguments (what autograd's formula for
+`aten.embedding` calls; `aten.embedding_dense_backward` for a dense weight).
 
 The in-place path is bit for bit eager's, and it never waits for the device (no `.item()`, no
 `nonzero`, no `unique` with a data-dependent size: the backward is device-bound and the host runs
@@ -26,9 +27,10 @@ far ahead there, a sync would stall it):
 2. `compact = aten.embedding_dense_backward(dy, relabelled, N, -1, False)`: N x H instead of V x H.
    Both ATen implementations compute each row from which tokens share it and in what order they come
    (CPU: a row's tokens added in token order; CUDA: a stable radix sort of the ids, then sums over
-   each run of equal ids, or for N <= 3072 sums over chunks of 32 consecutive tokens), never from
-   the id's value, so each compact row is bit for bit the row eager's dense gradient has for that
-   id. The rows past the last group are zeros and never read.
+   each run of equal ids, or for N <= 3072 sums over chunks of 32 consecutive tokens; read in
+   PyTorch's source, checked by the GPU test), never from the id's value, so each compact row is
+   bit for bit the row eager's dense gradient has for that id. The rows past the last group are
+   zeros and never read.
 3. For each token in sorted order, `.grad[id] + compact[group]` (the add eager's AccumulateGrad
    does, one rounding in .grad's dtype), written back to row id with `index_copy_`. The tokens of
    one id compute the same bits from the same inputs, so a row written more than once gets the same
