@@ -20,8 +20,9 @@
   size).
 Variants for A/B, each solforge with one pass turned off by its environment switch (ENV_VARIANTS):
 "solforge-nocompact" (SOLFORGE_COMPACT=0: no compact.py), "solforge-nolinears" (SOLFORGE_LINEARS=0:
-no linears.py) and "solforge-nograd-in-place" (SOLFORGE_GRAD_IN_PLACE=0: linears.py's op, but
-every weight gradient handed back to autograd's AccumulateGrad). "solforge-profile" runs optimize's
+no linears.py), "solforge-nograd-in-place" (SOLFORGE_GRAD_IN_PLACE=0: linears.py's and
+embeddings.py's ops, but every weight gradient handed back to autograd's AccumulateGrad) and "solforge-noembedding"
+(SOLFORGE_EMBEDDING=0: no embeddings.py). "solforge-profile" runs optimize's
 profile stage even when the kernel database knows every kernel (as a first run does).
 
 Writes one JSON file with device, versions, date, command and every number.
@@ -45,7 +46,8 @@ import torch
 EPS = 1e-6
 # solforge with one pass switched off (read by the pass's module at import, so one process each)
 ENV_VARIANTS = {"solforge-nocompact": {"SOLFORGE_COMPACT": "0"}, "solforge-nolinears": {"SOLFORGE_LINEARS": "0"},
-                "solforge-nograd-in-place": {"SOLFORGE_GRAD_IN_PLACE": "0"}}
+                "solforge-nograd-in-place": {"SOLFORGE_GRAD_IN_PLACE": "0"},
+                "solforge-noembedding": {"SOLFORGE_EMBEDDING": "0"}}
 # BASELINES.md's q/k-norm row says 1048576 x 128 but its speed of light (88.9 us) is 524288 x 128,
 # Qwen3-4B's q-norm at B2 S8192: both are timed.
 RMSNORM_SHAPES = [(16384, 2560), (1048576, 128), (524288, 128), (1, 2560), (32768, 4096)]

@@ -337,6 +337,10 @@ def optimize(
             notes.append(f"{stats.grouped} linear layers run through linears.py: their backward sums sibling "
                          "input gradients and adds weight gradients to an existing .grad inside the GEMMs "
                          "(SOLFORGE_LINEARS=0 turns this off)")
+        if stats.embeddings:
+            notes.append(f"{stats.embeddings} embedding(s) run through embeddings.py: their backward adds the gradient "
+                         "to an existing .grad only in the rows of the tokens present, with eager's values "
+                         "(SOLFORGE_EMBEDDING=0 turns this off)")
         if prof is not None:
             rep.stage("profile", "the optimized model, the same way")
             prof_after = _profile_stage(

@@ -16,7 +16,9 @@ where it was not tuned. Inference strings have no "|".
 After the rewrite, every graph is compacted for host time (compact.py: the decomposed nn.Linear
 calls become one aten.linear each). In a training graph those linears then become
 `linears.linears` calls, one per group sharing an input (linears.py): their backward sums the
-input gradients and accumulates the weight gradients into `.grad` inside the GEMMs.
+input gradients and accumulates the weight gradients into `.grad` inside the GEMMs. Their
+embeddings become `embeddings.embedding` calls, whose backward adds into `.grad` only the rows of
+the tokens present (embeddings.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch.fx as fx
 
 from solforge.capture import SolforgeBackend, compile_with
 from solforge.compact import recompose_linear
+from solforge.embeddings import rewrite_embeddings
 from solforge.linears import group_linears
 from solforge.plan import find_matches, rewrite
 from solforge.records import Workload
@@ -45,6 +48,7 @@ class IntegrationStats:
     graphs: int = 0
     linears: int = 0  # decomposed nn.Linear calls put back as one aten.linear (compact.py)
     grouped: int = 0  # linears of training graphs turned into linears.linears calls (linears.py)
+    embeddings: int = 0  # embeddings of training graphs turned into embeddings.embedding calls
 
     @property
     def total(self) -> int:
@@ -88,6 +92,8 @@ class Integrator:
         self.stats.linears += recompose_linear(gm)
         # training graphs: gradient sums and accumulation inside the GEMMs (linears.py)
         self.stats.grouped += group_linears(gm)
+        # and their embeddings: the gradient added into .grad row by row (embeddings.py)
+        self.stats.embeddings += rewrite_embeddings(gm)
         return gm
 
     def _with_backward(self, workload: Workload, config: str) -> str:
