@@ -1,4 +1,4 @@
-"""Device time of an embedding's forward + backward with `.grad` held: eager vs embeddings.py.
+"""An embedding's forward + backward with `.grad` held, eager vs embeddings.py: bits and elapsed time.
 
     python bench/embedding_bwd.py [--vocab 151936] [--hidden 2560] [--tokens 2048,4096,8192] [--out FILE]
 
@@ -6,8 +6,11 @@ Qwen3-4B's table (151936 x 2560 bf16) by default. Eager: `F.embedding` then `bac
 `embedding_dense_backward` fills and writes a V x H gradient that AccumulateGrad adds to `.grad`.
 embeddings.py: `embedding(...)` then `backward`, which adds into `.grad` only the rows of the
 tokens present. Ids drawn uniformly from the vocabulary. Both start from the same `.grad`, and the
-first step of each is compared bit for bit (`bits_equal`). Medians of triton's do_bench, in µs.
-JSON to --out.
+first step of each is compared bit for bit (`bits_equal`). Medians of triton's do_bench, in µs:
+elapsed time from an idle host, so embeddings.py's dozen small launches from an autograd Function
+show as host time here (H100, 2026-11-23: 834.9 against eager's 1272.8 at 4096 tokens). In a
+training step the host runs ahead of the device there; its device time is in bench/e2e.py's steady
+profile (bench/results/2026-11-23-h100-session9.md). JSON to --out.
 """
 
 from __future__ import annotations
