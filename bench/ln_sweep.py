@@ -145,7 +145,7 @@ def case_calls(kind: str, rows: int, H: int) -> tuple[list[Any], Callable[[Any],
                 return f"{name} off by {float((got - want).abs().max()):.3g}"
         return ""
 
-    return L.bwd_space(rows, H), call_b, check_b, L.bwd_heuristic(rows, H, x.device)
+    return L.bwd_space(rows, H), call_b, check_b, L.bwd_heuristic(rows, H, x.device, ds=res)
 
 
 def _cases() -> list[tuple[str, int, int]]:

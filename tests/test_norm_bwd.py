@@ -183,7 +183,7 @@ def test_norm_backward_heuristics_are_what_the_ops_run() -> None:
         assert fam.heuristic(wl) == RB.bwd_heuristic(rows, H, dev, add) == want and fam.is_valid(want, wl), (H, add)
         assert want in fam.space(wl)
     assert split.blocks(2560) == (2048, 1024) and split.blocks(2560, vec=4) == (2048, 512)
-    for add, want in ((False, LB.BwdConfig(2, 2, 4, 2048, 1024, 2, 0)), (True, LB.BwdConfig(1, 2, 8, 4096, 0, 2, 1))):
+    for add, want in ((False, LB.BwdConfig(2, 2, 4, 2048, 1024, 2, 0)), (True, LB.BwdConfig(1, 2, 4, 4096, 0, 2, 1))):
         fam, wl = _bwd(_ln(16384, 2560, add=add, device=dev))
         assert fam.heuristic(wl) == LB.bwd_heuristic(16384, 2560, dev, ds=add) == want and fam.is_valid(want, wl)
         assert want in fam.space(wl)

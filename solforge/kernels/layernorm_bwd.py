@@ -354,20 +354,21 @@ def bwd_heuristic(n_rows: int, H: int, device: torch.device | str, ds: bool = Fa
       tail widened to one pass of 4 warps' layout (2560 = 2048 + 1024), 2 programs per SM, the next
       tile loaded ahead: 100.3 us against 109.1 for the rule below (session 9,
       bench/bwd_tail_probe.py, bench/results/2026-11-23-h100-session9.md).
-    - Otherwise, rows of 1024+: one power-of-two block, one row a tile, 2 programs per SM, 8 warps,
-      the next tile loaded ahead, evict_first. Without ds that was the best of bench/ln_sweep.py
-      (-ln-bwd-sweep-s6.json: 113.8 / 39.7 us at 16384 / 4096 rows). With ds, the best at 16384
-      rows once the row sums were taken in one reduction, in three runs of bench/pair_ab.py
-      (-pair-ab-s7.json: 146.9 us), and still in session 9, where the split configs measured
-      147.7-193.9 (the fourth tensor's registers).
+    - Otherwise, rows of 1024+: one power-of-two block, one row a tile, 2 programs per SM, 8 warps
+      (4 with ds), the next tile loaded ahead, evict_first. Without ds that was the best of
+      bench/ln_sweep.py (-ln-bwd-sweep-s6.json: 113.8 / 39.7 us at 16384 / 4096 rows). With ds, 8
+      warps was the best at 16384 rows once the row sums were taken in one reduction, in three runs
+      of bench/pair_ab.py (-pair-ab-s7.json: 146.9 us); session 9's sweep of the whole space
+      (-ln-bwd-sweep-s9.json) put 4 warps first at both 16384 and 4096 rows (142.08 / 45.28 us
+      against 144.77 / 45.34), and the split configs behind (the fourth tensor's registers).
     Shorter rows keep rmsnorm_bwd's earlier tiling (tiles of ~8K elements, 8 programs per SM), with
     the next tile loaded ahead and no split: not swept."""
     pow2 = triton.next_power_of_2(H)
     bh, bt = blocks(H)[0]
     if pow2 >= 1024 and not ds and bt and max(bt, 1024) < bh and bh + max(bt, 1024) <= 3072:
         c = BwdConfig(2, 2, 4, bh, max(bt, 1024), 2, 0)  # the tail one pass of 4 warps' layout (bwd_space)
-    elif pow2 >= 1024:
-        c = BwdConfig(1, 2, max(1, min(16, pow2 // 512)), pow2, 0, 2, 1)
+    elif pow2 >= 1024:  # with ds half the warps (4 at 2560): 142.08 / 45.28 us against 144.77 / 45.34 on 8
+        c = BwdConfig(1, 2, max(1, min(16, pow2 // (1024 if ds else 512))), pow2, 0, 2, 1)
     else:
         rows = max(1, min(32, 8192 // pow2))
         w = 4 if rows * (bh + bt) <= 8192 else 8
