@@ -8,8 +8,10 @@ At 16384 x 2560 bf16, two calls each (ncu replays each kernel per section, resto
 - `torch.mul(x, dy, out=dx)`: the same traffic as rmsnorm_bwd without the residual gradient (read
   two, write one), with no reduction: what streaming alone reaches with that mix (a same-dtype
   `copy_` is a cudaMemcpy, not a kernel, so ncu does not see it);
-- rmsnorm_bwd (no residual gradient) and layernorm_bwd at their heuristic configs;
-- the TMA prototype of bench/tma_bwd_probe.py (R=1, 4 stages, 4 warps, 2 programs per SM, TMA store).
+- rmsnorm_bwd and layernorm_bwd at their heuristic configs, without and with the residual gradient
+  ds (add_rmsnorm's and add_layernorm's backward);
+- with --tma, the TMA prototype of bench/tma_bwd_probe.py (R=1, 4 stages, 4 warps, 2 programs per
+  SM, TMA store).
 `python bench/ncu_norm_bwd.py --summarize ncu.csv` prints duration, DRAM throughput and the
 leading warp stall reasons of each kernel.
 """
@@ -55,28 +57,32 @@ def summarize(path: str) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--summarize", metavar="CSV")
+    p.add_argument("--tma", action="store_true", help="also the TMA prototype")
     a = p.parse_args()
     if a.summarize:
         summarize(a.summarize)
         return 0
     import triton
-    from tma_bwd_probe import prototype
 
     from solforge.kernels import layernorm_bwd as LB
     from solforge.kernels import rmsnorm_bwd as RB
 
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, device="cuda", dtype=torch.int8))
     g = torch.Generator(device="cuda").manual_seed(0)
-    x, dy = (torch.randn(16384, 2560, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    x, dy, ds = (torch.randn(16384, 2560, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3))
     w = (1 + 0.1 * torch.randn(2560, device="cuda", generator=g)).to(torch.bfloat16)
     dx = torch.empty_like(x)
-    tma = prototype("rms", dy, x, w, 1e-6, R=1, NS=4, warps=4, progs=2, tma_store=True)
     cases = [
         lambda: torch.mul(x, dy, out=dx),
-        lambda: RB.rmsnorm_bwd(dy, x, w, 1e-6),
+        lambda: RB.rmsnorm_bwd(dy, x, w, 1e-6, round_before_weight=True),
         lambda: LB.layernorm_bwd(dy, x, w, 1e-5, bias_grad=True),
-        tma,
+        lambda: RB.rmsnorm_bwd(dy, x, w, 1e-6, round_before_weight=True, ds=ds),
+        lambda: LB.layernorm_bwd(dy, x, w, 1e-5, bias_grad=True, ds=ds),
     ]
+    if a.tma:
+        from tma_bwd_probe import prototype
+
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, device="cuda", dtype=torch.int8))
+        cases.append(prototype("rms", dy, x, w, 1e-6, R=1, NS=4, warps=4, progs=2, tma_store=True))
     for fn in cases:
         fn()
         fn()
