@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e import bench_us, provenance, write_json  # noqa: E402
@@ -41,15 +42,9 @@ class _Tail(RB.BwdConfig):
 
     tail: int = 0
 
-    def blocks(self, H: int) -> tuple[int, int]:
-        main = triton_pow2(H) // 2
-        return (main, self.tail) if self.tail else super().blocks(H)
-
-
-def triton_pow2(n: int) -> int:
-    import triton
-
-    return triton.next_power_of_2(n)
+    def blocks(self, H: int, vec: int = 8) -> tuple[int, int]:
+        main = triton.next_power_of_2(H) // 2
+        return (main, self.tail) if self.tail else super().blocks(H, vec)
 
 
 def rms_config(text: str) -> RB.BwdConfig:

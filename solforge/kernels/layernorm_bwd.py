@@ -38,7 +38,7 @@ from solforge.kernels.launch import Meta, pdl, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.reduce import fold, sum3, sum_rows
 from solforge.kernels.rmsnorm import _ld, _load_weight, _st, _tile_load
-from solforge.kernels.rmsnorm_bwd import sum_tolerance
+from solforge.kernels.rmsnorm_bwd import _vec, layout_tail, sum_tolerance
 from solforge.numerics import Tolerance, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 
@@ -334,8 +334,8 @@ def bwd_space(n_rows: int, H: int, vec: int = 8) -> list[BwdConfig]:
     out = []
     for bh, bt in blocks(H):
         for w in (2, 4, 8, 16):
-            tail = max(bt, vec * 32 * w) if bt else 0
-            if bt and tail >= bh:
+            tail = layout_tail(bh, bt, w, vec) if bt else 0
+            if bt and not tail:
                 continue
             width = bh + tail
             r = 1
@@ -365,14 +365,15 @@ def bwd_heuristic(n_rows: int, H: int, device: torch.device | str, ds: bool = Fa
     the next tile loaded ahead and no split: not swept."""
     pow2 = triton.next_power_of_2(H)
     bh, bt = blocks(H)[0]
-    if pow2 >= 1024 and not ds and bt and max(bt, 1024) < bh and bh + max(bt, 1024) <= 3072:
-        c = BwdConfig(2, 2, 4, bh, max(bt, 1024), 2, 0)  # the tail one pass of 4 warps' layout (bwd_space)
+    tail = layout_tail(bh, bt, 4) if bt else 0  # one pass of 4 warps' layout (bwd_space)
+    if pow2 >= 1024 and not ds and tail and bh + tail <= 3072:
+        c = BwdConfig(2, 2, 4, bh, tail, 2, 0)
     elif pow2 >= 1024:  # with ds half the warps (4 at 2560): 142.08 / 45.28 us against 144.77 / 45.34 on 8
         c = BwdConfig(1, 2, max(1, min(16, pow2 // (1024 if ds else 512))), pow2, 0, 2, 1)
     else:
         rows = max(1, min(32, 8192 // pow2))
         w = 4 if rows * (bh + bt) <= 8192 else 8
-        if bt and max(bt, 8 * 32 * w) >= bh:  # no tail as wide as a pass of the main block's layout (bwd_space)
+        if bt and not layout_tail(bh, bt, w):  # no tail as wide as a pass of the main block's layout (bwd_space)
             bh, bt = 0, 0
         c = BwdConfig(rows, 8, w, bh, bt, 2, 0)
     while not bwd_is_valid(c, n_rows, H) and c.num_warps < 32:
@@ -504,8 +505,8 @@ def heuristic(workload: Workload) -> BwdConfig:
 
 def space(workload: Workload) -> list[BwdConfig]:
     """The heuristic, then `bwd_space` (block split x rows x warps x programs per SM x stages/evict)."""
-    vec = 16 // parse_dtype(workload.dtypes[0]).itemsize
-    return [c for c in dict.fromkeys([heuristic(workload), *bwd_space(*_dims(workload), vec)]) if is_valid(c, workload)]
+    return [c for c in dict.fromkeys([heuristic(workload), *bwd_space(*_dims(workload), _vec(workload))])
+            if is_valid(c, workload)]
 
 
 def workload_from(forward: Workload) -> Workload | None:

@@ -246,8 +246,16 @@ class BwdConfig:
         if not self.split or pow2 == H or H < 64:
             return pow2, 0
         main = pow2 // 2
-        tail = max(triton.next_power_of_2(H - main), vec * 32 * self.num_warps)
-        return (main, tail) if tail < main else (pow2, 0)
+        tail = layout_tail(main, triton.next_power_of_2(H - main), self.num_warps, vec)
+        return (main, tail) if tail else (pow2, 0)
+
+
+def layout_tail(main: int, tail: int, num_warps: int, vec: int = 8) -> int:
+    """A split row's tail widened to at least one pass of the main block's layout (`vec` values of
+    the dtype a thread x 32 lanes x warps: BwdConfig.blocks says why), or 0 where that reaches the
+    main block's width (no split then). Shared with layernorm_bwd's space and heuristic."""
+    tail = max(tail, vec * 32 * num_warps)
+    return tail if tail < main else 0
 
 
 @functools.lru_cache(maxsize=256)
