@@ -115,6 +115,8 @@ def test_ray_runner_on_a_local_instance():
         assert "hung" in recs["hang"].error
         again = _by_mode(runner.measure([_cand("ok")]))  # fresh actors replaced the dead ones
         assert again["ok"].ok
+        got = runner.confirm([_cand("ok"), _cand("raise")])
+        assert got[0].ok and not got[1].ok and "cannot be built" in got[1].error
     finally:
         runner.close()
     assert not ray.is_initialized()
@@ -129,3 +131,29 @@ def test_bad_runner_specs():
         with pytest.raises(UserError, match="--gpus"):
             parse_gpus(text)
     assert parse_gpus("0,1") == [0, 1] and parse_gpus(None) is None
+
+
+def test_every_runner_confirms_finalists_in_order_with_failures_as_data():
+    ok, raises = _cand("ok"), _cand("raise")
+    for runner in (LocalRunner(DEVICE), ProcessRunner(DEVICE, timeout_s=30)):
+        try:
+            got = runner.confirm([ok, raises])
+            assert len(got) == 2 and got[0].ok and got[0].p50_us > 0, (runner.name, got)
+            assert got[0].meaningful == (DEVICE == "cuda")
+            assert not got[1].ok and "cannot be built" in got[1].error, (runner.name, got)
+        finally:
+            runner.close()
+
+
+def test_a_crash_while_confirming_costs_the_worker_not_the_tune():
+    runner = ProcessRunner("cpu", timeout_s=8)
+    try:
+        got = runner.confirm([_cand("ok"), _cand("segv")])
+        assert all(not r.ok and "killed the worker" in r.error for r in got), got
+        hung = runner.confirm([_cand("hang")])
+        assert not hung[0].ok and "hung" in hung[0].error
+        again = runner.confirm([_cand("ok")])  # a fresh worker
+        assert again[0].ok and runner.restarts == 2
+        assert next(iter(runner.measure([_cand("ok")]))).ok
+    finally:
+        runner.close()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from solforge.records import BuildResult, Candidate, RunResult, TuneResult, TuningRecord, Workload
-from solforge.tune.timing import time_kernel
+from solforge.tune.timing import confirm, time_kernel
 from solforge.tune.verify import verify
 
 if TYPE_CHECKING:
@@ -30,6 +30,12 @@ Progress = Callable[[TuningRecord], None]
 BATCH_PER_WORKER = 4
 # Evolutionary search stops after this many measurements in a row without a 1% improvement.
 PATIENCE = 48
+# Finalists timed again side by side at the end of a tune (confirm_finalists): the fastest few,
+# those within FINALIST_SPREAD of the fastest. The search times candidates minutes apart, on a GPU
+# whose clock, temperature and neighbours move meanwhile (and a database's records come from other
+# runs): close configs are ranked only when timed together.
+FINALISTS = 4
+FINALIST_SPREAD = 0.10
 
 
 def family_module(name: str) -> ModuleType:
@@ -88,6 +94,50 @@ def measure(family: ModuleType, cand: Candidate, *, device: str, seed: int = 0,
     return TuningRecord(cand, build, verdict, run)
 
 
+def confirm_times(cands: Sequence[Candidate], *, device: str, seed: int = 0) -> list[RunResult]:
+    """Time candidates of one workload side by side (timing.confirm: rounds, each timing every
+    candidate in turn, on one set of inputs). What a runner does for `Runner.confirm`; a candidate
+    that cannot run gets a RunResult with its error."""
+    fns: list[Callable[[], Any]] = []
+    inputs: dict[Workload, tuple[Any, Any]] = {}
+    for cand in cands:
+        family = family_module(cand.workload.family)
+        try:
+            if cand.workload not in inputs:
+                inputs[cand.workload] = family.make_inputs(cand.workload, seed=seed, device=device)
+            args, kwargs = inputs[cand.workload]
+            launcher, config = launcher_of(family), _config(family, cand)
+            fns.append(lambda launcher=launcher, config=config, args=args, kwargs=kwargs:
+                       launcher(*args, config=config, **kwargs))
+        except Exception as e:
+            msg = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            fns.append(lambda msg=msg: (_ for _ in ()).throw(RuntimeError(msg)))
+    return confirm(fns, device)
+
+
+def finalists(pool: Sequence[TuningRecord]) -> list[TuningRecord]:
+    """The verified GPU-timed records worth timing again together: up to FINALISTS, fastest first,
+    within FINALIST_SPREAD of the fastest. Fewer than two: nothing to confirm."""
+    ok = sorted((r for r in pool if r.ok and r.run is not None and r.run.meaningful), key=lambda r: r.time_us)
+    if not ok:
+        return []
+    top = [r for r in ok if r.time_us <= ok[0].time_us * (1 + FINALIST_SPREAD)][:FINALISTS]
+    return top if len(top) > 1 else []
+
+
+def confirm_finalists(pool: Sequence[TuningRecord], run: Runner) -> list[TuningRecord]:
+    """The finalists of `pool` with their runs replaced by their side-by-side times (provenance
+    ("search_us", the search's time) added), those whose confirmation failed left out; [] when
+    there is nothing to confirm. The winner is the fastest of these when there are any: only they
+    were timed together."""
+    final = finalists(pool)
+    if not final:
+        return []
+    times = run.confirm([r.candidate for r in final])
+    return [dataclasses.replace(r, run=t, provenance=(*r.provenance, ("search_us", r.time_us)))
+            for r, t in zip(final, times, strict=True) if t.ok and t.meaningful]
+
+
 def tune(workload: Workload, baseline: RunResult, *, device: str, budget_s: float,
          max_candidates: int | None = None, progress: Progress | None = None, runner: Runner | None = None,
          strategy: str = "auto", db: KernelDB | None = None, run_id: str = "", seed: int = 0,
@@ -129,16 +179,19 @@ def tune(workload: Workload, baseline: RunResult, *, device: str, budget_s: floa
                          batch=_batch(run),
                          patience=PATIENCE if strat.name == "evolutionary" else None,
                          progress=report, on_done=done.append)
+        mine = {r.candidate for r in records}
+        pool = records + [k for k in known if k.candidate not in mine]
+        confirmed = confirm_finalists(pool, run)
     finally:
         if own:
             run.close()
-    mine = {r.candidate for r in records}
-    pool = records + [k for k in known if k.candidate not in mine]
-    best = _winner(family, workload, pool)
+    best = _winner(family, workload, confirmed or pool)
     complete = bool(done and done[-1])
     if best is not None:
+        search_us = dict(best.provenance).get("search_us")
         best = dataclasses.replace(best, provenance=(
-            ("complete", complete), ("run", run_id), ("strategy", strat.name), ("measured", len(pool))))
+            ("complete", complete), ("run", run_id), ("strategy", strat.name), ("measured", len(pool)),
+            *((("confirmed", len(confirmed)), ("search_us", search_us)) if search_us is not None else ())))
         if db is not None:
             db.set_winner(workload, best, run_id=run_id)
     return TuneResult(workload, baseline, tuple(records), best, source="tuned", known=len(pool) - len(records))

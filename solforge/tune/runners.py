@@ -16,7 +16,8 @@ candidate at a time per GPU.
 
 Every runner returns the same records for the same candidates (verdicts are deterministic;
 times are measurements): `measure(cands)` yields one TuningRecord per candidate, in completion
-order, and never raises for a bad candidate.
+order, and never raises for a bad candidate. `confirm(cands)` times a tune's finalists again side
+by side, on one GPU, one RunResult each in order.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class Runner(Protocol):
     parallelism: int  # candidates measured at once (the search proposes batches of this size)
 
     def measure(self, cands: Sequence[Candidate]) -> Iterator[TuningRecord]: ...
+    def confirm(self, cands: Sequence[Candidate]) -> list[RunResult]:
+        """Verified candidates of one workload timed again side by side on one GPU (the tune's
+        finalists, tune.confirm_times); a RunResult with its error for one that could not run."""
+        ...
     def close(self) -> None: ...
 
 
@@ -174,6 +179,37 @@ class _Worker:
             elif "record" in msg:
                 return from_dict(TuningRecord, msg["record"])
 
+    def confirm(self, cands: Sequence[Candidate]) -> list[RunResult]:
+        """The worker times `cands` side by side; a hang, crash or lost worker is every result's error."""
+        def failed(why: str) -> list[RunResult]:
+            return [RunResult(error=why[:300]) for _ in cands]
+
+        if self.proc is None or self.proc.poll() is not None:
+            self.kill()
+            why = self._start()
+            if why is not None:
+                return failed(why)
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps({"confirm": [to_dict(c) for c in cands], "seed": self.seed})
+                                   + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            self.kill()
+            return failed("the worker died before the finalists' timing")
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            line = self._readline(deadline - time.monotonic())
+            if line in ("timeout", "eof"):
+                tail = self._log_tail() if line == "eof" else ""
+                self.kill()
+                return failed(f"the finalists' timing {'hung' if line == 'timeout' else 'killed the worker'}"
+                              + (f": {tail}" if tail else ""))
+            assert isinstance(line, bytes)
+            msg = json.loads(line)
+            if "confirmed" in msg:
+                return [from_dict(RunResult, r) for r in msg["confirmed"]]
+
     def _died(self, cand: Candidate, stage: str) -> TuningRecord:
         assert self.proc is not None
         code = self.proc.wait()
@@ -269,6 +305,11 @@ class LocalRunner:
             rec = measure(family_module(b.candidate.workload.family), b.candidate, device=self.device, seed=self.seed)
             yield _with_build_time(rec, b if self.builder else None)
 
+    def confirm(self, cands: Sequence[Candidate]) -> list[RunResult]:
+        from solforge.tune import confirm_times
+
+        return confirm_times(cands, device=self.device, seed=self.seed)
+
     def close(self) -> None:
         if self.builder is not None:
             self.builder.close()
@@ -306,6 +347,10 @@ class ProcessRunner:
             rec = outbox.get()
             yield _with_build_time(rec, builds.get(rec.candidate) if self.builder else None)
 
+    def confirm(self, cands: Sequence[Candidate]) -> list[RunResult]:
+        """On the first worker's GPU: side by side means one GPU."""
+        return self.pool.workers[0].confirm(cands)
+
     @property
     def restarts(self) -> int:
         return sum(max(0, w.started - 1) for w in self.pool.workers)
@@ -327,6 +372,12 @@ class _RayMeasurer:
 
         c = from_dict(Candidate, cand)
         return to_dict(measure(family_module(c.workload.family), c, device=self.device, seed=self.seed))
+
+    def confirm(self, cands: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from solforge.tune import confirm_times
+
+        got = confirm_times([from_dict(Candidate, c) for c in cands], device=self.device, seed=self.seed)
+        return [to_dict(r) for r in got]
 
 
 class RayRunner:
@@ -391,6 +442,18 @@ class RayRunner:
                     free.append(i)
                     yield failure(c, "build", f"hung: no result after {self.timeout_s:g} s (stage unknown "
                                   "under Ray); the worker was killed and the tune goes on in a fresh one")
+
+    def confirm(self, cands: Sequence[Candidate]) -> list[RunResult]:
+        """On the first actor's GPU; a hang past the timeout or a dead actor is every result's error."""
+        ref = self.actors[0].confirm.remote([to_dict(c) for c in cands])
+        try:
+            return [from_dict(RunResult, r) for r in self.ray.get(ref, timeout=self.timeout_s)]
+        except Exception as e:
+            self.ray.kill(self.actors[0])
+            self.actors[0] = self._new()
+            first = str(e).splitlines()[0] if str(e) else ""
+            why = f"the finalists' timing failed under Ray: {type(e).__name__}: {first}"
+            return [RunResult(error=why[:300]) for _ in cands]
 
     def close(self) -> None:
         for a in self.actors:

@@ -3,7 +3,9 @@
 The parent (runners.ProcessRunner) writes one JSON request per line on stdin,
 `{"candidate": {...}, "seed": 0}`, and reads JSON lines back on the worker's original stdout:
 `{"ready": true}` once imports are done, `{"stage": "build"|"verify"|"time"}` as each stage
-starts (so a hang is blamed on its stage), then `{"record": {...}}` (a TuningRecord). Everything
+starts (so a hang is blamed on its stage), then `{"record": {...}}` (a TuningRecord). A tune's
+finalists come as `{"confirm": [candidate, ...], "seed": 0}` and are answered with
+`{"confirmed": [RunResult, ...]}` (tune.confirm_times: timed again side by side). Everything
 else the worker or Triton prints goes to stderr (a log file the parent reads on a crash).
 
 `measure` builds, verifies and times (tune.measure); `build` only compiles: on a GPU every Triton
@@ -54,7 +56,7 @@ def main(argv: list[str]) -> int:
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from solforge.records import Candidate, from_dict, to_dict
-    from solforge.tune import family_module, measure
+    from solforge.tune import confirm_times, family_module, measure
 
     if mode == "build" and device == "cuda":
         compile_only()
@@ -63,8 +65,14 @@ def main(argv: list[str]) -> int:
         if not line.strip():
             continue
         msg = json.loads(line)
-        cand = from_dict(Candidate, msg["candidate"])
         seed = int(msg.get("seed", 0))
+        if "confirm" in msg:
+            got = confirm_times([from_dict(Candidate, c) for c in msg["confirm"]], device=device, seed=seed)
+            _send(out, {"confirmed": [to_dict(r) for r in got]})
+            if device == "cuda" and any(f in (r.error or "") for r in got for f in _FATAL):
+                return CONTEXT_LOST
+            continue
+        cand = from_dict(Candidate, msg["candidate"])
         family = family_module(cand.workload.family)
         rec = measure(family, cand, device=device, seed=seed, build_only=mode == "build",
                       on_stage=lambda s: _send(out, {"stage": s}))
