@@ -336,3 +336,46 @@ def test_gpu_norm_backward_families_verify_at_qwen3_4b_shapes(name: str) -> None
     for c in [fam.heuristic(wl), *space[:: max(1, len(space) // 8)]]:
         v = verify(fam, wl, _launch(fam, c), device="cuda")
         assert v.passed, f"{c.encode()} on {wl.key}: {v.reason}"
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("kind", ["rmsnorm_bwd", "layernorm_bwd"])
+def test_gpu_norm_backward_with_pdl_replays_in_a_cuda_graph(kind: str) -> None:
+    """The weight-gradient sum is launched with programmatic dependent launch (launch.pdl) on
+    Hopper; a user who captures a training step in a CUDA graph captures that launch. Replayed
+    on new inputs the graph gives the bits the same calls give outside it (dx, dw, and db)."""
+    from solforge.kernels import launch
+
+    if not launch.pdl(torch.device("cuda")):
+        pytest.skip("programmatic dependent launch needs a Hopper GPU (and SOLFORGE_PDL not 0)")
+    rows, H = 4096, 2560
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x, dy, ds = (torch.randn(rows, H, device="cuda", generator=g).to(BF16) for _ in range(3))
+    w = (1 + 0.1 * torch.randn(H, device="cuda", generator=g)).to(BF16)
+
+    def call() -> tuple[torch.Tensor, ...]:
+        if kind == "rmsnorm_bwd":
+            return tuple(RB.rmsnorm_bwd(dy, x, w, EPS, round_before_weight=True, ds=ds))
+        return tuple(LB.layernorm_bwd(dy, x, w, 1e-5, ds=ds, bias_grad=True))
+
+    call()  # compiled outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # warm the side stream's allocator pool, as torch.cuda.graphs advises
+        with torch.cuda.graph(graph, stream=stream):
+            static = call()
+    torch.cuda.current_stream().wait_stream(stream)
+    for seed in (1, 2):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        for t in (x, dy, ds):
+            t.copy_(torch.randn(rows, H, device="cuda", generator=gen).to(BF16))
+        graph.replay()
+        want = call()
+        torch.cuda.synchronize()
+        assert len(static) == len(want) >= 2
+        for got, ref in zip(static, want, strict=True):
+            assert torch.equal(got, ref), (kind, seed, (got.float() - ref.float()).abs().max().item())
