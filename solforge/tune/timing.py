@@ -94,7 +94,6 @@ class _Gated:
         self.flush_us = ev[6].elapsed_time(ev[7]) * 1e3
         self.n = batch_size(self.host_s)
         self.margin = GATE_MARGIN
-        self.ungated = 0  # batches kept though their gate opened before the last call was queued
         # a callable that waits for the GPU itself (a sync inside) can never be queued ahead: after
         # one batch that failed every retry, the rest are queued without a sleep
         self.gating = True
@@ -119,7 +118,6 @@ class _Gated:
             queued = (time.perf_counter() - t) / self.n
             self.end[-1].synchronize()
             if held or attempt == GATE_RETRIES or not self.gating:
-                self.ungated += not held
                 self.gating = self.gating and held
                 return [s.elapsed_time(e) * 1e3 for s, e in zip(self.start, self.end, strict=True)]
             self.host_s = max(self.host_s, queued)
