@@ -17,7 +17,7 @@ import torch
 from solforge import capture as _capture
 from solforge import plan as _plan
 from solforge.errors import UserError
-from solforge.integrate import Integrator, integrate_captured
+from solforge.integrate import Integrator, config_text, integrate_captured
 from solforge.numerics import dtype_name
 from solforge.records import E2EReport, Profile, RegionReport, Report, RunResult, TuneResult, TuningRecord
 from solforge.report import TRACE_BASELINE, TRACE_OPTIMIZED, ensure_writable, write_report
@@ -324,7 +324,9 @@ def optimize(
     if winners:
         rep.stage("integrate", f"{len(winners)} kernel(s)")
         # the capture's own compiled model, rewritten in place: no second trace
-        optimized, stats = integrate_captured(captured, winners, families=fams, train=train, keep=keep)
+        # a shape the model is called with later is compiled then: the database's winner for it, if any
+        db_path = kdb.path if kdb is not None else None
+        optimized, stats = integrate_captured(captured, winners, families=fams, train=train, keep=keep, db=db_path)
         rep.stage("validate", "original vs optimized on fresh inputs")
         fresh = tuple(make_inputs(1)) if make_inputs is not None else _fresh(example_inputs)
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if train else None
@@ -345,7 +347,7 @@ def optimize(
             rep.stage("profile", "the optimized model, the same way")
             prof_after = _profile_stage(
                 model, example_inputs, device=device, name=name or type(model).__name__, families=fams,
-                rewrite=Integrator(dict(winners), fams, train=train, keep=frozenset(keep)),
+                rewrite=Integrator(dict(winners), fams, train=train, keep=frozenset(keep), db=db_path),
                 trace=Path(out_dir) / TRACE_OPTIMIZED if out_dir is not None else None)
 
     rep.stop()
@@ -503,9 +505,8 @@ def _fresh(inputs: Sequence[Any]) -> tuple[Any, ...]:
 
 
 def _encode(result: TuneResult) -> str:
-    fam = family_module(result.workload.family)
     assert result.best is not None
-    return fam.Config(**result.best.candidate.config_dict).encode()
+    return config_text(result.best)
 
 
 def _device_name(device: str) -> str:

@@ -459,6 +459,11 @@ class KernelDB:
         rows = self._query("SELECT run FROM baselines WHERE key = ? AND region = ?", (db_key(workload), region))
         return from_dict(RunResult, json.loads(rows[0][0])) if rows else None
 
+    def baselines(self, workload: Workload) -> list[RunResult]:
+        """Every stored time of an original computation of this key (one per spelling of it)."""
+        rows = self._query("SELECT run FROM baselines WHERE key = ?", (db_key(workload),))
+        return [from_dict(RunResult, json.loads(r[0])) for r in rows]
+
     def set_baseline(self, workload: Workload, region: str, run: RunResult) -> None:
         """Keep the time of a region as the model ran it: `region` names that computation (a hash of
         its ATen ops, solforge.plan.region_signature), since different spellings share one workload."""

@@ -13,6 +13,12 @@ the part before "|" and its `setup_context` keeps the part after it for the back
 winner of the backward workload (`backward_workload(match.workload)`, tuned like any other), or ""
 where it was not tuned. Inference strings have no "|".
 
+A region whose workload this run did not tune (the model called with another input shape later:
+dynamo compiles a new static graph for it, see `compile_with`) gets, in this order: the kernel
+database's verified winner for exactly that workload on this device and software (`db`), unless a
+time the database holds for the region as the model ran it is faster, in which case the region is
+left as it was; else the family's heuristic config (`untuned="heuristic"`), or nothing.
+
 After the rewrite, every graph is compacted for host time (compact.py: the decomposed nn.Linear
 calls become one aten.linear each). In a training graph those linears then become
 `linears.linears` calls, one per group sharing an input (linears.py): their backward sums the
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,7 +42,7 @@ from solforge.compact import recompose_linear
 from solforge.embeddings import rewrite_embeddings
 from solforge.linears import group_linears
 from solforge.plan import find_matches, rewrite
-from solforge.records import Workload
+from solforge.records import TuningRecord, Workload
 from solforge.tune import family_module
 
 
@@ -45,6 +52,8 @@ class IntegrationStats:
 
     replaced: dict[str, int] = field(default_factory=dict)  # workload key -> regions replaced
     untuned: dict[str, int] = field(default_factory=dict)  # shapes never tuned: heuristic config
+    stored: dict[str, int] = field(default_factory=dict)  # shapes this run did not tune: the database's winner
+    left: dict[str, int] = field(default_factory=dict)  # ... whose stored winner is slower than the region
     graphs: int = 0
     linears: int = 0  # decomposed nn.Linear calls put back as one aten.linear (compact.py)
     grouped: int = 0  # linears of training graphs turned into linears.linears calls (linears.py)
@@ -52,7 +61,13 @@ class IntegrationStats:
 
     @property
     def total(self) -> int:
-        return sum(self.replaced.values()) + sum(self.untuned.values())
+        return sum(self.replaced.values()) + sum(self.untuned.values()) + sum(self.stored.values())
+
+
+def config_text(record: TuningRecord) -> str:
+    """A tuning record's config as the custom ops take it (the family's encoded Config)."""
+    fam = family_module(record.candidate.workload.family)
+    return fam.Config(**record.candidate.config_dict).encode()
 
 
 @dataclass
@@ -62,7 +77,8 @@ class Integrator:
     optimization) gets the family's heuristic config if `untuned="heuristic"`, or is left as
     it was if `untuned="skip"`. A workload in `keep` (tuned, but its kernel was slower than the
     region or none verified) is always left as it was. `train`: compose "FWD|BWD" strings (see the
-    module's docstring)."""
+    module's docstring). `db`: the kernel database consulted for workloads not in `winners`
+    (see the module's docstring; None: not consulted)."""
 
     winners: Mapping[Workload, str]
     families: tuple[str, ...] | None = None
@@ -70,6 +86,9 @@ class Integrator:
     train: bool = False
     keep: frozenset[Workload] = frozenset()
     stats: IntegrationStats = field(default_factory=IntegrationStats)
+    db: Path | None = None
+    # database answers, one lookup per workload: (config, faster than every stored region time)
+    _looked_up: dict[Workload, tuple[str, bool] | None] = field(default_factory=dict, repr=False)
 
     def __call__(self, gm: fx.GraphModule, index: int) -> fx.GraphModule:
         self.stats.graphs += 1
@@ -79,7 +98,14 @@ class Integrator:
                 continue
             config = self.winners.get(m.workload)
             bucket = self.stats.replaced
-            if config is None:
+            stored = self._stored(m.workload) if config is None else None
+            if stored is not None:
+                config, faster = stored
+                if not faster:
+                    self.stats.left[m.workload.key] = self.stats.left.get(m.workload.key, 0) + 1
+                    continue
+                bucket = self.stats.stored
+            elif config is None:
                 if self.untuned != "heuristic":
                     continue
                 config = family_module(m.family).heuristic(m.workload).encode()
@@ -102,26 +128,57 @@ class Integrator:
         bwl = fam.backward_workload(workload) if hasattr(fam, "backward_workload") else None
         if bwl is None:
             return config
-        return f"{config}|{self.winners.get(bwl, '')}"
+        bwd = self.winners.get(bwl)
+        if bwd is None:
+            # a backward slower than eager's is used all the same (the fused forward runs its own)
+            stored = self._stored(bwl)
+            bwd = stored[0] if stored is not None else ""
+        return f"{config}|{bwd}"
+
+    def _stored(self, workload: Workload) -> tuple[str, bool] | None:
+        """The database's verified winner for `workload` as (config, whether it beats every time
+        the database holds for the region as the model ran it), else None (also when the database
+        cannot be read: the region then gets what it would get without one)."""
+        if self.db is None:
+            return None
+        if workload not in self._looked_up:
+            from solforge.db import KernelDB
+
+            found = None
+            try:
+                with KernelDB(self.db, create=False) as kdb:
+                    rec = kdb.winner(workload)
+                    if rec is not None and rec.ok:
+                        t = rec.time_us
+                        beaten = [b for b in kdb.baselines(workload) if b.ok and b.meaningful and b.p50_us <= t]
+                        found = (config_text(rec), not (rec.run is not None and rec.run.meaningful and beaten))
+            except Exception:  # noqa: BLE001 - a missing or unreadable database: as if there were none
+                found = None
+            self._looked_up[workload] = found
+        return self._looked_up[workload]
 
 
 def integrate(model: torch.nn.Module, winners: Mapping[Workload, str], *, families: tuple[str, ...] | None = None,
-              train: bool = False, keep: Collection[Workload] = ()) -> tuple[Callable[..., Any], IntegrationStats]:
+              train: bool = False, keep: Collection[Workload] = (),
+              db: str | Path | None = None) -> tuple[Callable[..., Any], IntegrationStats]:
     """The optimized model (called like `model`) and the live stats of what it replaced."""
-    integrator = Integrator(dict(winners), families, train=train, keep=frozenset(keep))
+    integrator = Integrator(dict(winners), families, train=train, keep=frozenset(keep),
+                            db=Path(db) if db is not None else None)
     optimized = compile_with(model, SolforgeBackend(rewrite=integrator))
     return optimized, integrator.stats
 
 
 def integrate_captured(captured: SolforgeBackend, winners: Mapping[Workload, str], *,
                        families: tuple[str, ...] | None = None, train: bool = False,
-                       keep: Collection[Workload] = ()) -> tuple[Callable[..., Any], IntegrationStats]:
+                       keep: Collection[Workload] = (),
+                       db: str | Path | None = None) -> tuple[Callable[..., Any], IntegrationStats]:
     """The optimized model from the capture's own compiled model, without tracing it again: its
     ATen graphs are rewritten in place (dynamo calls the same GraphModules), and the backend is
     armed so any graph dynamo compiles later (a new shape, the other grad mode) is rewritten too.
     A second trace of Qwen3-4B costs ~15 s, half of a warm run."""
     assert captured.compiled is not None, "integrate_captured needs capture()'s backend"
-    integrator = Integrator(dict(winners), families, train=train, keep=frozenset(keep))
+    integrator = Integrator(dict(winners), families, train=train, keep=frozenset(keep),
+                            db=Path(db) if db is not None else None)
     for g in captured.graphs:
         integrator(g.aten, g.index)
     captured.rewrite = integrator
