@@ -8,7 +8,7 @@ import platform
 import sys
 import time
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -332,6 +332,10 @@ def optimize(
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if train else None
         e2e = validate(model, optimized, fresh, dtype=dtype, device=device,
                        is_language_model=bool(is_language_model), params=params)
+        drawn = random_ops(g.aten for g in captured.graphs)
+        if drawn:
+            notes.append(f"the model draws random numbers ({', '.join(drawn)}): the end-to-end check started "
+                         "both models from the same seed")
         planned = sum(g.count for g in groups if g.workload in winners and g.forward is None)
         if stats.total < planned:
             notes.append(f"integration replaced {stats.total} of {planned} planned regions")
@@ -461,6 +465,14 @@ def kept_out(groups: Sequence[_plan.WorkloadGroup], results: Sequence[TuneResult
         if bwl is not None and bwl in unverified:
             keep.add(g.workload)
     return keep, notes
+
+
+def random_ops(graphs: Iterable[torch.fx.GraphModule]) -> list[str]:
+    """The seeded-random ATen ops (dropout, rand, bernoulli, ...) the graphs call, by name."""
+    names = {n.target._overloadpacket.__name__ for gm in graphs for n in gm.graph.nodes
+             if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+             and torch.Tag.nondeterministic_seeded in n.target.tags}
+    return sorted(names)
 
 
 def _open_db(db: str | Path | bool) -> KernelDB | None:

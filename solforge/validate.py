@@ -123,6 +123,20 @@ def train_loss(out: Any, seed: int = 0) -> torch.Tensor:
     return total
 
 
+# Both models draw their random numbers (dropout in training) from generators reset to this seed,
+# each run in a forked RNG state so the caller's own stream is left as it was: a model that draws
+# the same numbers in the same order (the optimized graph keeps every random op of the original,
+# in order) then computes the same function, and a difference is the kernels'.
+COMPARE_SEED = 0x5F0F
+
+
+def _seeded(fn: Callable[[], Any], device: str) -> Any:
+    devices = [torch.cuda.current_device()] if device == "cuda" and torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(COMPARE_SEED)
+        return fn()
+
+
 def _step(fn: Callable[..., Any], inputs: Sequence[Any], params: Params) -> tuple[Any, dict[str, torch.Tensor]]:
     """One forward and backward; returns the outputs and a copy of every parameter's gradient."""
     for _, p in params:
@@ -149,21 +163,23 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
              dtype: torch.dtype, device: str, is_language_model: bool, time_it: bool = True,
              params: Params | None = None) -> E2EReport:
     """Compare outputs (and, with `params`, i.e. in train mode, the parameters' gradients of
-    `train_loss`) and time both models: forwards, or whole training steps with `params`."""
+    `train_loss`) and time both models: forwards, or whole training steps with `params`. Each
+    compared run starts from the same RNG seed (COMPARE_SEED), so dropout draws the same masks."""
     train = params is not None
     with torch.set_grad_enabled(train):
         grad_err: float | None = None
         if train:
             assert params is not None
-            ref_raw, ref_g = _step(original, inputs, params)
-            opt_raw, opt_g = _step(optimized, inputs, params)
+            ref_raw, ref_g = _seeded(lambda: _step(original, inputs, params), device)
+            opt_raw, opt_g = _seeded(lambda: _step(optimized, inputs, params), device)
             if set(ref_g) != set(opt_g):
                 return E2EReport(None, None, None, math.inf, math.inf, None, False,
                                  note="the optimized model's backward reached different parameters")
             grad_err = max((output_error(n, opt_g[n], g).norm_rel_err for n, g in ref_g.items()), default=0.0)
             del ref_g, opt_g
         else:
-            ref_raw, opt_raw = original(*inputs), optimized(*inputs)
+            ref_raw = _seeded(lambda: original(*inputs), device)
+            opt_raw = _seeded(lambda: optimized(*inputs), device)
         ref_out, opt_out = flatten_tensors(ref_raw), flatten_tensors(opt_raw)
         del ref_raw, opt_raw
         if len(ref_out) != len(opt_out) or [n for n, _ in ref_out] != [n for n, _ in opt_out]:

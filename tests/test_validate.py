@@ -65,3 +65,61 @@ def test_flatten_names_nested_outputs() -> None:
     t = torch.zeros(1)
     names = [n for n, _ in flatten_tensors({"a": (t, [t]), "b": t})]
     assert names == ["a[0]", "a[1][0]", "b"]
+
+
+class Dropped(torch.nn.Module):
+    """Dropout between two layers, in training mode: each call draws a new mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 32), torch.nn.Linear(32, 8)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.drop(torch.relu(self.a(x))))
+
+
+def test_models_with_dropout_are_compared_from_one_seed() -> None:
+    """Training mode with dropout: both runs start from the same seed, so the same model passes
+    and one that draws its numbers differently fails; the caller's RNG stream is left as it was."""
+    torch.manual_seed(0)
+    m = Dropped().train()
+    x = torch.randn(4, 8)
+    params = list(m.named_parameters())
+    state = torch.get_rng_state()
+    ok = validate(m, m, (x,), dtype=torch.float32, device="cpu", is_language_model=False, time_it=False,
+                  params=params)
+    assert ok.passed and ok.max_abs_err == 0.0 and ok.grad_max_rel_err == 0.0
+    assert torch.equal(torch.get_rng_state(), state)
+
+    def shifted(x: torch.Tensor) -> torch.Tensor:
+        torch.rand(1)  # one draw more: every later mask differs
+        return m(x)
+
+    bad = validate(m, shifted, (x,), dtype=torch.float32, device="cpu", is_language_model=False, time_it=False,
+                   params=params)
+    assert not bad.passed and bad.note
+
+
+def test_an_optimized_model_with_dropout_passes_and_says_so() -> None:
+    """The rewritten graph keeps the original's random ops in order: same seed, same masks, and
+    the end-to-end check of a GPT-2 block with dropout in training passes."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from solforge.api import random_ops
+    from solforge.capture import capture
+    from solforge.integrate import integrate
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32, resid_pdrop=0.1,
+                     embd_pdrop=0.1, attn_pdrop=0.1, bos_token_id=0, eos_token_id=0)
+    m = GPT2LMHeadModel(cfg).train()
+    ids = torch.randint(0, 64, (2, 16))
+    assert random_ops(g.aten for g in capture(m, (ids,), grad=True).graphs)  # dropout is in the graph
+    torch.compiler.reset()
+    opt, stats = integrate(m, {}, train=True)
+    params = [(n, p) for n, p in m.named_parameters() if p.requires_grad]
+    rep = validate(m, opt, (ids,), dtype=torch.float32, device="cpu", is_language_model=True, time_it=False,
+                   params=params)
+    assert stats.total > 0 and rep.passed, rep.note
+    assert rep.max_rel_err < 1e-4
