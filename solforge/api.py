@@ -155,7 +155,12 @@ def _backward_baseline(group: _plan.WorkloadGroup, sub: torch.fx.GraphModule, ar
     fam = family_module(group.workload.family)
     idx = tuple(fam.baseline_leaves(group.workload)) if hasattr(fam, "baseline_leaves") else \
         tuple(i for i, a in enumerate(args) if a.dtype.is_floating_point)
-    leaves = [args[i].requires_grad_(True) for i in idx if i < len(args)]
+    # a leaf the region reads only through ops left outside it (a transpose): the value it reads
+    read = [bool(n.users) for n in sub.graph.nodes if n.op == "placeholder"]
+    derived = _plan.derived_inputs(group.example[1])
+    via = {i: [k for k, src in derived.items() if src == i and read[k]] for i in idx}
+    idx = tuple(dict.fromkeys(j for i in idx if i < len(args) for j in ((i,) if read[i] else via[i])))
+    leaves = [args[i].requires_grad_(True) for i in idx]
     with torch.enable_grad():
         out = sub(*args)
     outs = tuple(o for o in (out if isinstance(out, tuple) else (out,)) if o.requires_grad)

@@ -205,6 +205,29 @@ def extract(match: Match) -> tuple[fx.GraphModule, list[Any]]:
     return fx.GraphModule(torch.nn.Module(), graph), metas
 
 
+def derived_inputs(match: Match) -> dict[int, int]:
+    """For each input `extract` adds past the match's own (a value the region reads through ops
+    left outside it: Phi-3's q is its fused projection's slice, transposed), the index of the match
+    input it is computed from, found by walking back through ops of one tensor input. The backward
+    baseline differentiates with respect to that value when the match input itself is not read."""
+    pos = {node: i for i, node in enumerate(match.inputs)}
+    seen, region = set(match.inputs), set(match.nodes)
+    out: dict[int, int] = {}
+    n = len(match.inputs)
+    for node in match.nodes:
+        for a in node.all_input_nodes:
+            if a in seen or a in region:
+                continue
+            seen.add(a)
+            src = a
+            while src not in pos and len(src.all_input_nodes) == 1:
+                src = src.all_input_nodes[0]
+            if src in pos:
+                out[n] = pos[src]
+            n += 1
+    return out
+
+
 def region_signature(match: Match) -> str:
     """A short hash of the computation a region runs: its ops, how they connect, their constants
     and its inputs' shapes and dtypes, but not node names (which depend on where in which graph
