@@ -337,6 +337,10 @@ def optimize(
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if train else None
         e2e = validate(model, optimized, fresh, dtype=dtype, device=device,
                        is_language_model=bool(is_language_model), params=params)
+        if device == "cuda" and e2e.speedup is not None and e2e.speedup < 1:
+            notes.append(f"the optimized model is slower end to end than the original ({e2e.speedup:.2f}x): "
+                         "keep the original for these inputs (a step this small is bound by the host's launches; "
+                         "solforge.graphed replays one from a CUDA graph)")
         drawn = random_ops(g.aten for g in captured.graphs)
         if drawn:
             notes.append(f"the model draws random numbers ({', '.join(drawn)}): the end-to-end check started "
@@ -473,11 +477,24 @@ def kept_out(groups: Sequence[_plan.WorkloadGroup], results: Sequence[TuneResult
 
 
 def random_ops(graphs: Iterable[torch.fx.GraphModule]) -> list[str]:
-    """The seeded-random ATen ops (dropout, rand, bernoulli, ...) the graphs call, by name."""
+    """The seeded-random ATen ops (dropout, rand, bernoulli, ...) the graphs call, by name; not an
+    attention or dropout call whose dropout probability is 0 (or whose `train` is False): those are
+    tagged as random but draw nothing."""
     names = {n.target._overloadpacket.__name__ for gm in graphs for n in gm.graph.nodes
              if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-             and torch.Tag.nondeterministic_seeded in n.target.tags}
+             and torch.Tag.nondeterministic_seeded in n.target.tags and _draws(n)}
     return sorted(names)
+
+
+def _draws(node: torch.fx.Node) -> bool:
+    schema = node.target._schema  # type: ignore[union-attr]
+    args = {a.name: (node.args[i] if i < len(node.args) else node.kwargs.get(a.name, a.default_value))
+            for i, a in enumerate(schema.arguments)}
+    if "dropout_p" in args:
+        return args["dropout_p"] not in (0, 0.0, None)
+    if schema.name in ("aten::native_dropout", "aten::dropout"):
+        return args.get("p") not in (0, 0.0) and args.get("train") is not False
+    return True
 
 
 def _open_db(db: str | Path | bool) -> KernelDB | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from conftest import DEVICE
 
 from solforge.validate import argmax_agreement, flatten_tensors, output_error, validate
 
@@ -113,13 +114,17 @@ def test_an_optimized_model_with_dropout_passes_and_says_so() -> None:
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32, resid_pdrop=0.1,
                      embd_pdrop=0.1, attn_pdrop=0.1, bos_token_id=0, eos_token_id=0)
-    m = GPT2LMHeadModel(cfg).train()
-    ids = torch.randint(0, 64, (2, 16))
+    m = GPT2LMHeadModel(cfg).to(DEVICE).train()
+    ids = torch.randint(0, 64, (2, 16), device=DEVICE)
     assert random_ops(g.aten for g in capture(m, (ids,), grad=True).graphs)  # dropout is in the graph
+    cfg.resid_pdrop = cfg.embd_pdrop = cfg.attn_pdrop = 0.0
+    torch.compiler.reset()
+    quiet = GPT2LMHeadModel(cfg).to(DEVICE).train()
+    assert not random_ops(g.aten for g in capture(quiet, (ids,), grad=True).graphs)  # p = 0 draws nothing
     torch.compiler.reset()
     opt, stats = integrate(m, {}, train=True)
     params = [(n, p) for n, p in m.named_parameters() if p.requires_grad]
-    rep = validate(m, opt, (ids,), dtype=torch.float32, device="cpu", is_language_model=True, time_it=False,
+    rep = validate(m, opt, (ids,), dtype=torch.float32, device=DEVICE, is_language_model=True, time_it=False,
                    params=params)
     assert stats.total > 0 and rep.passed, rep.note
     assert rep.max_rel_err < 1e-4
