@@ -338,9 +338,10 @@ def optimize(
         e2e = validate(model, optimized, fresh, dtype=dtype, device=device,
                        is_language_model=bool(is_language_model), params=params)
         if device == "cuda" and e2e.speedup is not None and e2e.speedup < 1:
+            graphed = "" if train else "; solforge.graphed replays a forward from a CUDA graph"
             notes.append(f"the optimized model is slower end to end than the original ({e2e.speedup:.2f}x): "
-                         "keep the original for these inputs (a step this small is bound by the host's launches; "
-                         "solforge.graphed replays one from a CUDA graph)")
+                         f"keep the original for these inputs (a step this small is bound by the host's "
+                         f"launches{graphed})")
         drawn = random_ops(g.aten for g in captured.graphs)
         if drawn:
             notes.append(f"the model draws random numbers ({', '.join(drawn)}): the end-to-end check started "
