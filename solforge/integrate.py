@@ -19,6 +19,9 @@ database's verified winner for exactly that workload on this device and software
 time the database holds for the region as the model ran it is faster, in which case the region is
 left as it was; else the family's heuristic config (`untuned="heuristic"`), or nothing.
 
+The optimized model's `generate` (transformers models) runs with the model's forward compiled by
+the same backend (`route_generate`), so generation uses the kernels too.
+
 After the rewrite, every graph is compacted for host time (compact.py: the decomposed nn.Linear
 calls become one aten.linear each). In a training graph those linears then become
 `linears.linears` calls, one per group sharing an input (linears.py): their backward sums the
@@ -37,7 +40,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.capture import SolforgeBackend, compile_with
+from solforge.capture import SolforgeBackend, compile_forward, compile_with
 from solforge.compact import recompose_linear
 from solforge.embeddings import rewrite_embeddings
 from solforge.linears import group_linears
@@ -158,13 +161,48 @@ class Integrator:
         return self._looked_up[workload]
 
 
+def route_generate(optimized: Any, model: torch.nn.Module, backend: SolforgeBackend) -> None:
+    """Give the optimized model a `generate` that uses solforge's graphs.
+
+    `optimized` is a torch.compile module: any attribute it lacks is the original module's, so
+    `optimized.generate` would be transformers' generate on the original model, calling the
+    original forward. Here `optimized.generate(...)` runs that generate with the model's forward
+    compiled by the same backend (its graphs rewritten like the optimized model's), swapped in for
+    the call and put back after it, even on an error. transformers' own compilation of the forward
+    (static caches) is turned off for that call: solforge's compilation takes its place. A model
+    without `generate` is left as it is."""
+    if not callable(getattr(model, "generate", None)):
+        return
+    compiled: list[Callable[..., Any]] = []
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        if not compiled:
+            compiled.append(compile_forward(model, backend))
+        if hasattr(getattr(model, "generation_config", None), "disable_compile"):
+            kwargs.setdefault("disable_compile", True)
+        own = model.__dict__.get("forward")  # an instance-level forward the model already had
+        model.forward = compiled[0]
+        try:
+            return model.generate(*args, **kwargs)
+        finally:
+            if own is not None:
+                model.forward = own
+            else:
+                del model.forward
+
+    # on the compiled module itself: its __setattr__ would set the attribute on the original module
+    object.__setattr__(optimized, "generate", generate)
+
+
 def integrate(model: torch.nn.Module, winners: Mapping[Workload, str], *, families: tuple[str, ...] | None = None,
               train: bool = False, keep: Collection[Workload] = (),
               db: str | Path | None = None) -> tuple[Callable[..., Any], IntegrationStats]:
     """The optimized model (called like `model`) and the live stats of what it replaced."""
     integrator = Integrator(dict(winners), families, train=train, keep=frozenset(keep),
                             db=Path(db) if db is not None else None)
-    optimized = compile_with(model, SolforgeBackend(rewrite=integrator))
+    backend = SolforgeBackend(rewrite=integrator)
+    optimized = compile_with(model, backend)
+    route_generate(optimized, model, backend)
     return optimized, integrator.stats
 
 
@@ -182,4 +220,7 @@ def integrate_captured(captured: SolforgeBackend, winners: Mapping[Workload, str
     for g in captured.graphs:
         integrator(g.aten, g.index)
     captured.rewrite = integrator
+    original = getattr(captured.compiled, "_orig_mod", None)  # the module torch.compile wraps
+    if isinstance(original, torch.nn.Module):
+        route_generate(captured.compiled, original, captured)
     return captured.compiled, integrator.stats

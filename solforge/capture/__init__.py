@@ -181,6 +181,13 @@ def compile_with(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[.
     return torch.compile(model, backend=backend, dynamic=False)
 
 
+def compile_forward(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[..., Any]:
+    """The model's bound forward compiled like `compile_with` compiles the module: something to
+    put in place of `model.forward` (integrate.route_generate), where the compiled module itself
+    would call it back."""
+    return torch.compile(model.forward, backend=backend, dynamic=False)
+
+
 @contextlib.contextmanager
 def few_full_collections() -> Iterator[None]:
     """Keep Python's full garbage collections out of a capture.
