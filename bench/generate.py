@@ -3,7 +3,7 @@
 solforge's optimized model, whose `generate` runs the fused kernels (integrate.route_generate).
 
     python bench/generate.py [--model qwen3-0.6b] [--prompt 128] [--new 64] [--budget 30]
-                             [--variants eager,hf_compile,solforge] [--out bench/results/NAME.json]
+                             [--variants eager,hf_compile,solforge,solforge_nographs] [--out bench/results/NAME.json]
 
 The zoo builds its models without a KV cache (whole-sequence forwards); here the cache is turned
 on. Each variant generates once to compile and warm up, then `--runs` times; the time of a run is the
@@ -72,8 +72,11 @@ def main(argv: list[str] | None = None) -> int:
             gen = lambda: model.generate(ids, disable_compile=True, **kw)  # noqa: E731
         elif variant == "hf_compile":
             gen = lambda: model.generate(ids, **kw)  # noqa: E731
-        elif variant == "solforge":
-            opt, rep = solforge.optimize(model, (ids,), budget=args.budget)
+        elif variant in ("solforge", "solforge_nographs"):
+            # solforge: the decode steps replay from CUDA graphs (stepgraphs.py); nographs: they
+            # run solforge's graphs from Python
+            opt, rep = solforge.optimize(model, (ids,), budget=args.budget,
+                                         cuda_graphs=variant == "solforge")
             row["optimize_s"] = round(time.perf_counter() - t0, 1)
             row["e2e_passed"] = rep.e2e.passed if rep.e2e is not None else None
             t0 = time.perf_counter()
@@ -93,9 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         new = tokens[:, ids.shape[1]:]
         if ref is None:
             ref = new
+        if variant.startswith("solforge"):
+            row["step_graphs"] = [s.summary() for s in getattr(opt.generate, "step_graphs", [])]
         row.update(generate_ms=[round(x, 2) for x in ms], median_ms=round(sorted(ms)[len(ms) // 2], 2),
                    ms_per_new_token_with_prompt=round(sorted(ms)[len(ms) // 2] / args.new, 3),
-                   tokens_equal_to_first=int((new == ref).sum()), tokens=int(new.numel()))
+                   tokens_equal_to_first=int((new == ref).sum()), tokens=int(new.numel()),
+                   # to compare variants run in separate processes (each process's dynamo keeps at
+                   # most 8 graphs of the model's forward, so one process per variant is cleaner)
+                   token_ids=new.flatten().tolist())
         result["runs"].append(row)
         print(row, flush=True)
     write_json(result, args.out)

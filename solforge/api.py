@@ -191,6 +191,7 @@ def optimize(
     retune: bool = False,
     resume: bool = False,
     profile: str = "auto",
+    cuda_graphs: bool = True,
 ) -> tuple[Callable[..., Any], Report]:
     """Optimize `model` for inputs shaped like `example_inputs` (on the device the model is on).
 
@@ -205,6 +206,8 @@ def optimize(
     $SOLFORGE_DB; a path; False: none): a workload it knows is not tuned again unless `retune`
     (from the start) or `resume` (searches an earlier budget cut short go on where they stopped).
     `profile`: "on", "off", or "auto" (profile unless every kernel comes from the database).
+    `cuda_graphs`: the optimized model's `generate` (transformers models) replays its launch-bound
+    decode steps from CUDA graphs (stepgraphs.py).
     """
     if mode not in MODES:
         raise UserError(f"mode {mode!r} is not supported: use --mode inference or --mode train")
@@ -331,7 +334,8 @@ def optimize(
         # the capture's own compiled model, rewritten in place: no second trace
         # a shape the model is called with later is compiled then: the database's winner for it, if any
         db_path = kdb.path if kdb is not None else None
-        optimized, stats = integrate_captured(captured, winners, families=fams, train=train, keep=keep, db=db_path)
+        optimized, stats = integrate_captured(captured, winners, families=fams, train=train, keep=keep, db=db_path,
+                                              cuda_graphs=cuda_graphs)
         rep.stage("validate", "original vs optimized on fresh inputs")
         fresh = tuple(make_inputs(1)) if make_inputs is not None else _fresh(example_inputs)
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if train else None

@@ -46,6 +46,7 @@ from solforge.embeddings import rewrite_embeddings
 from solforge.linears import group_linears
 from solforge.plan import find_matches, rewrite
 from solforge.records import TuningRecord, Workload
+from solforge.stepgraphs import step_graphs
 from solforge.tune import family_module
 
 
@@ -58,6 +59,8 @@ class IntegrationStats:
     stored: dict[str, int] = field(default_factory=dict)  # shapes this run did not tune: the database's winner
     left: dict[str, int] = field(default_factory=dict)  # ... whose stored winner is slower than the region
     graphs: int = 0
+    # the backend's graphs as dynamo calls them (stepgraphs.StepGraph): CUDA-graph replays in generate
+    step_graphs: list[Any] = field(default_factory=list)
     linears: int = 0  # decomposed nn.Linear calls put back as one aten.linear (compact.py)
     grouped: int = 0  # linears of training graphs turned into linears.linears calls (linears.py)
     embeddings: int = 0  # embeddings of training graphs turned into embeddings.embedding calls
@@ -161,7 +164,8 @@ class Integrator:
         return self._looked_up[workload]
 
 
-def route_generate(optimized: Any, model: torch.nn.Module, backend: SolforgeBackend) -> None:
+def route_generate(optimized: Any, model: torch.nn.Module, backend: SolforgeBackend, *,
+                   cuda_graphs: bool = True) -> None:
     """Give the optimized model a `generate` that uses solforge's graphs.
 
     `optimized` is a torch.compile module: any attribute it lacks is the original module's, so
@@ -169,8 +173,10 @@ def route_generate(optimized: Any, model: torch.nn.Module, backend: SolforgeBack
     original forward. Here `optimized.generate(...)` runs that generate with the model's forward
     compiled by the same backend (its graphs rewritten like the optimized model's), swapped in for
     the call and put back after it, even on an error. transformers' own compilation of the forward
-    (static caches) is turned off for that call: solforge's compilation takes its place. A model
-    without `generate` is left as it is."""
+    (static caches) is turned off for that call: solforge's compilation takes its place. With
+    `cuda_graphs`, the launch-bound steps (decoding) replay from CUDA graphs (stepgraphs.py): on a
+    static cache, every decode step after the first two is one graph launch. A model without
+    `generate` is left as it is."""
     if not callable(getattr(model, "generate", None)):
         return
     compiled: list[Callable[..., Any]] = []
@@ -183,33 +189,39 @@ def route_generate(optimized: Any, model: torch.nn.Module, backend: SolforgeBack
         own = model.__dict__.get("forward")  # an instance-level forward the model already had
         model.forward = compiled[0]
         try:
-            return model.generate(*args, **kwargs)
+            with step_graphs(cuda_graphs):
+                return model.generate(*args, **kwargs)
         finally:
             if own is not None:
                 model.forward = own
             else:
                 del model.forward
 
+    # what the CUDA graphs did, graph by graph (StepGraph.summary())
+    generate.step_graphs = backend.step_graphs  # type: ignore[attr-defined]
     # on the compiled module itself: its __setattr__ would set the attribute on the original module
     object.__setattr__(optimized, "generate", generate)
 
 
 def integrate(model: torch.nn.Module, winners: Mapping[Workload, str], *, families: tuple[str, ...] | None = None,
               train: bool = False, keep: Collection[Workload] = (),
-              db: str | Path | None = None) -> tuple[Callable[..., Any], IntegrationStats]:
-    """The optimized model (called like `model`) and the live stats of what it replaced."""
+              db: str | Path | None = None, cuda_graphs: bool = True) -> tuple[Callable[..., Any], IntegrationStats]:
+    """The optimized model (called like `model`) and the live stats of what it replaced.
+    `cuda_graphs`: the optimized model's `generate` replays its decode steps from CUDA graphs."""
     integrator = Integrator(dict(winners), families, train=train, keep=frozenset(keep),
                             db=Path(db) if db is not None else None)
     backend = SolforgeBackend(rewrite=integrator)
+    integrator.stats.step_graphs = backend.step_graphs
     optimized = compile_with(model, backend)
-    route_generate(optimized, model, backend)
+    route_generate(optimized, model, backend, cuda_graphs=cuda_graphs)
     return optimized, integrator.stats
 
 
 def integrate_captured(captured: SolforgeBackend, winners: Mapping[Workload, str], *,
                        families: tuple[str, ...] | None = None, train: bool = False,
                        keep: Collection[Workload] = (),
-                       db: str | Path | None = None) -> tuple[Callable[..., Any], IntegrationStats]:
+                       db: str | Path | None = None,
+                       cuda_graphs: bool = True) -> tuple[Callable[..., Any], IntegrationStats]:
     """The optimized model from the capture's own compiled model, without tracing it again: its
     ATen graphs are rewritten in place (dynamo calls the same GraphModules), and the backend is
     armed so any graph dynamo compiles later (a new shape, the other grad mode) is rewritten too.
@@ -220,7 +232,8 @@ def integrate_captured(captured: SolforgeBackend, winners: Mapping[Workload, str
     for g in captured.graphs:
         integrator(g.aten, g.index)
     captured.rewrite = integrator
+    integrator.stats.step_graphs = captured.step_graphs
     original = getattr(captured.compiled, "_orig_mod", None)  # the module torch.compile wraps
     if isinstance(original, torch.nn.Module):
-        route_generate(captured.compiled, original, captured)
+        route_generate(captured.compiled, original, captured, cuda_graphs=cuda_graphs)
     return captured.compiled, integrator.stats

@@ -53,7 +53,10 @@ def test_generate_runs_the_kernels_and_matches(cache: str, norm_calls: list[int]
     # one graph for the prompt, then the decode steps: one shape with a static cache, one per
     # cache length with a dynamic one
     assert stats.graphs == (2 if cache == "static" else 5)
-    assert len(norm_calls) == 5  # the final norm, once a step: the kernel ran in every step
+    # the final norm, once a step: the kernel ran in every step, launched from Python or replayed
+    # from a CUDA graph (captures call it without running it)
+    steps = sum(s.replays for s in stats.step_graphs)
+    assert len(norm_calls) - sum(s.captures for s in stats.step_graphs) + steps == 5
     assert "forward" not in m.__dict__  # the swap is undone
 
 
@@ -69,3 +72,24 @@ def test_a_model_without_generate_gets_none() -> None:
     m = torch.nn.Linear(4, 4).to(DEVICE)
     opt, _ = integrate(m, {})
     assert not hasattr(opt, "generate")
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_generate_replays_decode_steps_from_cuda_graphs(cuda_graphs: bool) -> None:
+    m = _model()
+    ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    kw: dict[str, Any] = {"max_new_tokens": 12, "min_new_tokens": 12, "do_sample": False,
+                          "disable_compile": True, "cache_implementation": "static"}
+    with torch.no_grad():
+        ref = m.generate(ids, **kw)
+        opt, stats = integrate(m, {}, cuda_graphs=cuda_graphs)
+        for _ in range(3):  # the later calls reuse (or replace) the first one's captures
+            assert torch.equal(opt.generate(ids, **kw), ref)
+    replays = sum(s.replays for s in stats.step_graphs)
+    if cuda_graphs:
+        # 11 decode steps a call: the first call's first two run as they are (compile, timing); a
+        # later call's new cache is captured at its first step
+        assert replays == 9 + 2 * 11, [s.summary() for s in stats.step_graphs]
+    else:
+        assert replays == 0

@@ -25,6 +25,7 @@ from torch.fx.traceback import preserve_node_meta
 from solforge.capture.cache import LoweringCache
 from solforge.capture.canonical import restore_causal_attention
 from solforge.capture.cse import eliminate_common_subexpressions
+from solforge.stepgraphs import StepGraph
 
 __all__ = ["CapturedGraph", "GradModeLost", "LoweringCache", "Rewrite", "SolforgeBackend", "capture", "compile_with",
            "few_full_collections", "lower_to_aten", "module_path", "op_name"]
@@ -148,6 +149,9 @@ class SolforgeBackend:
     graphs: list[CapturedGraph] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     compiled: Callable[..., Any] | None = None  # the model compiled with this backend (capture())
+    # each graph as dynamo calls it: replays launch-bound calls from a CUDA graph inside
+    # stepgraphs.step_graphs() (optimized.generate), runs the ATen graph as it is elsewhere
+    step_graphs: list[StepGraph] = field(default_factory=list)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         index = len(self.graphs)
@@ -172,7 +176,9 @@ class SolforgeBackend:
             aten = self.rewrite(aten, index)
         self.graphs.append(CapturedGraph(index=index, aten=aten, attention_restored=restored,
                                         cse_removed=removed))
-        return aten
+        step = StepGraph(aten)
+        self.step_graphs.append(step)
+        return step
 
 
 def compile_with(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[..., Any]:

@@ -1,0 +1,283 @@
+"""CUDA-graph replay of a compiled graph's launch-bound calls: the decode step of `generate`.
+
+solforge's graphs run as Python code calling one op after another. For a decode step of a
+0.6B-parameter model that is ~1,000 launches, each costing more host time than GPU time: the
+GPU waits for the host (session 10: 2.8 s for 64 tokens, 8x transformers' CUDA-graphed path).
+`StepGraph` wraps each graph the backend compiles (capture.SolforgeBackend) and, where it is
+switched on (`step_graphs()`, which `optimized.generate` uses), replays the graph from a CUDA
+graph when that pays:
+
+1. The first call runs the graph as it is (Triton compiles its kernels on first launch).
+2. The second is timed: host time to enqueue it against the GPU time from events around it. The
+   graph is launch-bound when the host's time is at least `LAUNCH_BOUND` of the GPU's (the GPU was
+   waiting); otherwise it is never captured (a long prompt's prefill is not).
+3. A launch-bound graph is captured on the next call whose in-place inputs (below) sit at the same
+   addresses as on the call before it, then replayed on every call with those addresses. When
+   they move after a capture that served calls (each `generate` call makes a new static cache),
+   the graph is captured again at once.
+
+The inputs a CUDA graph reads are addresses. Parameters, tensors marked static for dynamo and
+inputs the graph writes to (the KV cache, its length counter) are used in place: a replay needs
+each at the address it had at capture, so a call where one moved captures again (see 3). Every
+other tensor input (token ids, positions, the mask) is copied into a buffer the graph reads. An output that is
+an input itself is returned as the caller's tensor; any other output is a copy of the graph's,
+so it stays valid after the next replay. A capture that fails (an op that syncs with the host, an
+input on the CPU, an output that is a view of an input) is recorded in `declined` and the graph
+runs as it is from then on. No replay with autograd recording (the graph holds no backward).
+
+Dynamo guards each graph on its inputs' shapes, strides and dtypes, so every call of a graph has
+the captured signature; copied inputs are checked again before the copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+LAUNCH_BOUND = 0.5  # host enqueue time / GPU time at or above which a graph is worth capturing
+
+_ON: contextvars.ContextVar[bool] = contextvars.ContextVar("solforge_step_graphs", default=False)
+
+
+@contextlib.contextmanager
+def step_graphs(enabled: bool = True) -> Iterator[None]:
+    """Within this block, solforge's compiled graphs replay launch-bound calls from CUDA graphs."""
+    token = _ON.set(enabled)
+    try:
+        yield
+    finally:
+        _ON.reset(token)
+
+
+def _node_args(node: fx.Node) -> list[tuple[Any, Any]]:
+    """(schema argument, value) pairs of an OpOverload call."""
+    schema = node.target._schema  # type: ignore[union-attr]
+    pairs = []
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args):
+            pairs.append((arg, node.args[i]))
+        elif arg.name in node.kwargs:
+            pairs.append((arg, node.kwargs[arg.name]))
+    return pairs
+
+
+def written_inputs(gm: fx.GraphModule) -> set[int]:
+    """Indices of the placeholders an op of `gm` may write to, directly or through a view.
+
+    A call whose schema is unknown (a higher-order op, a Python function other than getitem) is
+    taken to write every input it reaches: such an input is then used in place, which is always
+    correct (only a moved address costs a replay)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    reach: dict[fx.Node, set[int]] = {n: {i} for i, n in enumerate(placeholders)}
+    written: set[int] = set()
+
+    def bases(value: Any) -> set[int]:
+        found: set[int] = set()
+        for leaf in pytree.tree_leaves(value):
+            if isinstance(leaf, fx.Node):
+                found |= reach.get(leaf, set())
+        return found
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if isinstance(node.target, torch._ops.OpOverload):
+            aliased: set[int] = set()
+            for arg, value in _node_args(node):
+                info = arg.alias_info
+                if info is None:
+                    continue
+                b = bases(value)
+                aliased |= b
+                if info.is_write:
+                    written |= b
+            if aliased and any(r.alias_info is not None for r in node.target._schema.returns):
+                reach[node] = aliased
+        elif node.target.__name__ == "getitem":  # type: ignore[union-attr]
+            b = bases(node.args[0])
+            if b:
+                reach[node] = b
+        else:
+            b = bases((node.args, node.kwargs))
+            written |= b
+            if b:
+                reach[node] = b
+    return written
+
+
+class CaptureRefused(Exception):
+    """A graph that cannot be replayed from a CUDA graph; the message says why."""
+
+
+def cuda_capture(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Callable[[], None], Any]:
+    """Capture `fn(*args)` into a CUDA graph with its own memory pool: (replay, outputs)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*args)
+    return graph.replay, out
+
+
+def cuda_measure(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float, float]:
+    """Run `fn(*args)`: (outputs, host seconds to enqueue it, GPU seconds from start to end)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t = time.perf_counter()
+    start.record()
+    out = fn(*args)
+    end.record()
+    host = time.perf_counter() - t
+    end.synchronize()
+    return out, host, start.elapsed_time(end) / 1e3
+
+
+class StepGraph:
+    """A compiled graph that replays launch-bound calls from a CUDA graph (see the module doc).
+
+    Called like the graph. `capture` and `measure` are the CUDA implementations by default; the
+    CPU tests pass stand-ins with the same contract."""
+
+    def __init__(self, gm: fx.GraphModule, *, capture: Callable[..., tuple[Callable[[], None], Any]] = cuda_capture,
+                 measure: Callable[..., tuple[Any, float, float]] = cuda_measure,
+                 needs_cuda: bool = True) -> None:
+        self.gm = gm
+        self._capture = capture
+        self._measure = measure
+        self._needs_cuda = needs_cuda
+        self.calls = 0  # calls made with step graphs on
+        self.replays = 0
+        self.captures = 0
+        self.launch_bound: bool | None = None
+        self.host_s: float | None = None
+        self.gpu_s: float | None = None
+        self.declined: str | None = None
+        self._inplace: list[int] | None = None
+        self._last_key: tuple[Any, ...] | None = None
+        self._replay: Callable[[], None] | None = None
+        self._key: tuple[Any, ...] | None = None
+        self._served = 0  # replays of the current capture
+        self._copied: list[tuple[int, torch.Tensor]] = []
+        self._outs: list[tuple[str, Any]] = []
+        self._out_spec: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        if not _ON.get() or self.declined is not None or torch.is_grad_enabled():
+            return self.gm(*args)
+        self.calls += 1
+        if self._inplace is None:
+            refusal = self._classify(args)
+            if refusal is not None:
+                self.declined = refusal
+                return self.gm(*args)
+        key = self._current_key(args)
+        if self._replay is not None and key == self._key:
+            return self._run_replay(args)
+        if self.launch_bound is None:
+            if self.calls == 1:  # compilation and first launches: not a measure of anything
+                self._last_key = key
+                return self.gm(*args)
+            out, self.host_s, self.gpu_s = self._measure(self.gm, args)
+            self.launch_bound = self.host_s >= LAUNCH_BOUND * self.gpu_s
+            if not self.launch_bound:
+                self.declined = (f"not launch-bound: {self.host_s * 1e3:.2f} ms of host time for "
+                                 f"{self.gpu_s * 1e3:.2f} ms on the GPU")
+            self._last_key = key
+            return out
+        if key != self._last_key and self._served < 2:
+            # new addresses: capture once they hold for two calls, or at once when the last
+            # capture served calls (a decode step with a new cache: every generate call makes one)
+            self._last_key = key
+            return self.gm(*args)
+        self._last_key = key
+        try:
+            self._record(args, key)
+        except CaptureRefused as e:
+            self.declined = str(e)
+            return self.gm(*args)
+        except Exception as e:  # noqa: BLE001 - any capture failure leaves the graph as it is
+            self.declined = f"capture failed: {type(e).__name__}: {str(e)[:200]}"
+            self._replay = None
+            return self.gm(*args)
+        return self._run_replay(args)
+
+    def _classify(self, args: Sequence[Any]) -> str | None:
+        for i, x in enumerate(args):
+            if isinstance(x, torch.Tensor) and self._needs_cuda and not x.is_cuda:
+                return f"input {i} is on the {x.device.type}: a CUDA graph reads GPU memory only"
+        written = written_inputs(self.gm)
+        self._inplace = [i for i, x in enumerate(args) if isinstance(x, torch.Tensor) and (
+            i in written or isinstance(x, torch.nn.Parameter) or hasattr(x, "_dynamo_static_input_type"))]
+        return None
+
+    def _current_key(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        assert self._inplace is not None
+        # the graph's code too: integrate_captured rewrites graphs in place
+        return (id(getattr(self.gm, "_code", None)), *(args[i].data_ptr() for i in self._inplace))
+
+    def _record(self, args: Sequence[Any], key: tuple[Any, ...]) -> None:
+        assert self._inplace is not None
+        self._replay = None  # drop the previous capture (and its memory) first
+        self._outs = []
+        inplace = set(self._inplace)
+        static: list[Any] = list(args)
+        copied: list[tuple[int, torch.Tensor]] = []
+        for i, x in enumerate(args):
+            if isinstance(x, torch.Tensor) and i not in inplace:
+                buf = torch.empty_like(x)
+                buf.copy_(x)
+                static[i] = buf
+                copied.append((i, buf))
+        replay, out = self._capture(self.gm, static)
+        leaves, spec = pytree.tree_flatten(out)
+        storages = {}
+        for i, x in enumerate(static):
+            if isinstance(x, torch.Tensor):
+                storages.setdefault(x.untyped_storage().data_ptr(), i)
+        outs: list[tuple[str, Any]] = []
+        seen: dict[int, int] = {}
+        for o in leaves:
+            if not isinstance(o, torch.Tensor):
+                outs.append(("value", o))
+                continue
+            same = next((i for i, x in enumerate(static) if x is o), None)
+            if same is not None:
+                outs.append(("input", same))
+                continue
+            base = o.untyped_storage().data_ptr()
+            if base in storages:
+                raise CaptureRefused(f"an output is a view of input {storages[base]}: a replay could "
+                                     "not return it")
+            if base in seen:
+                raise CaptureRefused("two outputs share memory: copies of them would not")
+            seen[base] = len(outs)
+            outs.append(("owned", o))
+        self._replay, self._key, self._copied = replay, key, copied
+        self._outs, self._out_spec = outs, spec
+        self.captures += 1
+        self._served = 0
+
+    def _run_replay(self, args: Sequence[Any]) -> Any:
+        assert self._replay is not None
+        for i, buf in self._copied:
+            x = args[i]
+            if x.shape != buf.shape or x.dtype != buf.dtype:  # dynamo's guards make this unreachable
+                raise RuntimeError(f"solforge step graph: input {i} is {tuple(x.shape)} {x.dtype}, "
+                                   f"captured as {tuple(buf.shape)} {buf.dtype}")
+            buf.copy_(x)
+        self._replay()
+        self.replays += 1
+        self._served += 1
+        leaves = [args[v] if kind == "input" else v.clone() if kind == "owned" else v for kind, v in self._outs]
+        return pytree.tree_unflatten(leaves, self._out_spec)
+
+    def summary(self) -> str:
+        if self.declined is not None:
+            return f"not replayed: {self.declined}"
+        if self.captures:
+            return f"replayed {self.replays} call(s) from {self.captures} capture(s)"
+        return f"{self.calls} call(s), not captured yet"

@@ -1,0 +1,171 @@
+"""CUDA-graph replay of launch-bound graph calls (stepgraphs.py).
+
+The CPU tests drive StepGraph with a stand-in for CUDA capture that keeps its contract: capturing
+runs nothing (every write is undone), the outputs are fixed tensors the replay writes into, and a
+replay reads the captured input tensors. Each call's result is compared with the graph run on
+copies of the same inputs. The GPU test runs real CUDA graphs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+from solforge.stepgraphs import StepGraph, step_graphs, written_inputs
+
+
+def _step(ids: torch.Tensor, cache: torch.Tensor, length: torch.Tensor, w: torch.Tensor) -> Any:
+    """A decode step's pattern: write the new entry into the cache at `length`, bump the counter,
+    read the cache."""
+    h = w[ids]  # (1, 4)
+    cache.index_copy_(0, length.reshape(1), h)
+    length.add_(1)
+    return cache.sum(0, keepdim=True) @ w.t(), length
+
+
+def _graph() -> torch.fx.GraphModule:
+    return make_fx(_step)(torch.zeros(1, dtype=torch.long), torch.zeros(6, 4), torch.zeros((), dtype=torch.long),
+                          torch.randn(10, 4))
+
+
+def fake_capture(fn: Any, args: list[Any]) -> tuple[Any, Any]:
+    snapshot = [(x, x.clone()) for x in args if isinstance(x, torch.Tensor)]
+    out = fn(*args)
+    for x, saved in snapshot:  # a capture runs nothing
+        x.copy_(saved)
+    leaves = pytree.tree_leaves(out)
+
+    def replay() -> None:
+        for o, new in zip(leaves, pytree.tree_leaves(fn(*args)), strict=True):
+            if isinstance(o, torch.Tensor) and o is not new:
+                o.copy_(new)
+
+    return replay, out
+
+
+def launch_bound(fn: Any, args: Any) -> tuple[Any, float, float]:
+    return fn(*args), 1.0, 1.0
+
+
+def gpu_bound(fn: Any, args: Any) -> tuple[Any, float, float]:
+    return fn(*args), 0.001, 1.0
+
+
+def _wrapped(gm: torch.fx.GraphModule, measure: Any = launch_bound) -> StepGraph:
+    return StepGraph(gm, capture=fake_capture, measure=measure, needs_cuda=False)
+
+
+def test_written_inputs_follow_views() -> None:
+    def f(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        a.view(-1)[:2].mul_(2)  # through two views
+        return b + c
+
+    gm = make_fx(f)(torch.ones(2, 2), torch.ones(2), torch.ones(2))
+    assert written_inputs(gm) == {0}
+    assert written_inputs(_graph()) == {1, 2}
+
+
+def test_steps_replay_and_match_the_graph() -> None:
+    gm = _graph()
+    step = _wrapped(gm)
+    w = torch.randn(10, 4)
+    cache, length = torch.zeros(6, 4), torch.zeros((), dtype=torch.long)
+    ref_cache, ref_length = cache.clone(), length.clone()
+    outs = []
+    with torch.no_grad(), step_graphs():
+        for t in range(6):
+            ids = torch.tensor([t + 2])  # a new tensor each step: copied into the graph's buffer
+            logits, n = step(ids, cache, length, w)
+            ref_logits, _ = gm(ids.clone(), ref_cache, ref_length, w)
+            assert torch.equal(logits, ref_logits), t
+            assert torch.equal(cache, ref_cache) and torch.equal(length, ref_length), t
+            assert n is length  # the counter the graph bumps in place comes back as the caller's tensor
+            outs.append((logits, logits.clone()))
+    # first call plain, second timed, then captured on the third and replayed from there
+    assert (step.captures, step.replays, step.declined) == (1, 4, None)
+    assert all(torch.equal(a, b) for a, b in outs)  # each result is the caller's own copy
+    assert "replayed 4" in step.summary()
+
+
+def test_a_moved_cache_is_captured_again() -> None:
+    gm = _graph()
+    step = _wrapped(gm)
+    w = torch.randn(10, 4)
+    with torch.no_grad(), step_graphs():
+        for cache_no in range(2):  # a new cache (another generate call): other addresses
+            cache, length = torch.zeros(6, 4), torch.zeros((), dtype=torch.long)
+            ref_cache, ref_length = cache.clone(), length.clone()
+            for t in range(4):
+                ids = torch.tensor([t])
+                logits, _ = step(ids, cache, length, w)
+                assert torch.equal(logits, gm(ids, ref_cache, ref_length, w)[0]), (cache_no, t)
+            assert torch.equal(cache, ref_cache)
+    # cache 0: plain, timed, captured and replayed, replayed; cache 1: the capture served calls, so
+    # it is captured again at once
+    assert (step.captures, step.replays) == (2, 6)
+
+
+def test_no_replay_outside_the_block_with_grad_or_when_not_launch_bound() -> None:
+    gm = _graph()
+    w = torch.randn(10, 4)
+
+    def run(step: StepGraph) -> torch.Tensor:
+        cache, length = torch.zeros(6, 4), torch.zeros((), dtype=torch.long)
+        for _ in range(4):
+            step(torch.tensor([1]), cache, length, w)
+        return length
+
+    step = _wrapped(gm)
+    with torch.no_grad():
+        run(step)
+    assert (step.calls, step.captures) == (0, 0)
+    with step_graphs():
+        run(step)
+    assert (step.calls, step.captures) == (0, 0)
+    slow = _wrapped(gm, gpu_bound)
+    with torch.no_grad(), step_graphs():
+        length = run(slow)
+    assert slow.captures == 0 and slow.declined is not None and "not launch-bound" in slow.declined
+    assert int(length) == 4  # every call ran
+
+
+def test_an_output_viewing_an_input_is_not_captured() -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x[1:], x + y
+
+    gm = make_fx(f)(torch.ones(3), torch.ones(3))
+    step = _wrapped(gm)
+    with torch.no_grad(), step_graphs():
+        for i in range(4):
+            x, y = torch.full((3,), float(i)), torch.ones(3)
+            a, b = step(x, y)
+            assert torch.equal(a, x[1:]) and torch.equal(b, x + y)
+    assert step.captures == 0 and "view of input 0" in (step.declined or "")
+
+
+def test_cpu_inputs_are_refused_for_cuda_capture() -> None:
+    step = StepGraph(_graph())
+    with torch.no_grad(), step_graphs():
+        out, _ = step(torch.tensor([1]), torch.zeros(6, 4), torch.zeros((), dtype=torch.long), torch.ones(10, 4))
+    assert out.shape == (1, 10)
+    assert step.declined is not None and "on the cpu" in step.declined
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_real_cuda_graph_steps_match() -> None:
+    gm = _graph().cuda()
+    step = StepGraph(gm, measure=launch_bound)  # a graph this small is launch-bound anyway
+    w = torch.randn(10, 4, device="cuda")
+    cache, length = torch.zeros(6, 4, device="cuda"), torch.zeros((), dtype=torch.long, device="cuda")
+    ref_cache, ref_length = cache.clone(), length.clone()
+    with torch.no_grad(), step_graphs():
+        for t in range(6):
+            ids = torch.tensor([t + 1], device="cuda")
+            logits, n = step(ids, cache, length, w)
+            assert torch.equal(logits, gm(ids, ref_cache, ref_length, w)[0]), t
+            assert n is length
+    assert torch.equal(cache, ref_cache) and torch.equal(length, ref_length)
+    assert (step.captures, step.replays, step.declined) == (1, 4, None)
