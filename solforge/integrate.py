@@ -40,13 +40,13 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.capture import SolforgeBackend, compile_forward, compile_with
+from solforge.capture import SolforgeBackend, compile_with
 from solforge.compact import recompose_linear
 from solforge.embeddings import rewrite_embeddings
+from solforge.generation import route_generate
 from solforge.linears import group_linears
 from solforge.plan import find_matches, rewrite
 from solforge.records import TuningRecord, Workload
-from solforge.stepgraphs import step_graphs
 from solforge.tune import family_module
 
 
@@ -162,45 +162,6 @@ class Integrator:
                 found = None
             self._looked_up[workload] = found
         return self._looked_up[workload]
-
-
-def route_generate(optimized: Any, model: torch.nn.Module, backend: SolforgeBackend, *,
-                   cuda_graphs: bool = True) -> None:
-    """Give the optimized model a `generate` that uses solforge's graphs.
-
-    `optimized` is a torch.compile module: any attribute it lacks is the original module's, so
-    `optimized.generate` would be transformers' generate on the original model, calling the
-    original forward. Here `optimized.generate(...)` runs that generate with the model's forward
-    compiled by the same backend (its graphs rewritten like the optimized model's), swapped in for
-    the call and put back after it, even on an error. transformers' own compilation of the forward
-    (static caches) is turned off for that call: solforge's compilation takes its place. With
-    `cuda_graphs`, the launch-bound steps (decoding) replay from CUDA graphs (stepgraphs.py): on a
-    static cache, every decode step after the first two is one graph launch. A model without
-    `generate` is left as it is."""
-    if not callable(getattr(model, "generate", None)):
-        return
-    compiled: list[Callable[..., Any]] = []
-
-    def generate(*args: Any, **kwargs: Any) -> Any:
-        if not compiled:
-            compiled.append(compile_forward(model, backend))
-        if hasattr(getattr(model, "generation_config", None), "disable_compile"):
-            kwargs.setdefault("disable_compile", True)
-        own = model.__dict__.get("forward")  # an instance-level forward the model already had
-        model.forward = compiled[0]
-        try:
-            with step_graphs(cuda_graphs):
-                return model.generate(*args, **kwargs)
-        finally:
-            if own is not None:
-                model.forward = own
-            else:
-                del model.forward
-
-    # what the CUDA graphs did, graph by graph (StepGraph.summary())
-    generate.step_graphs = backend.step_graphs  # type: ignore[attr-defined]
-    # on the compiled module itself: its __setattr__ would set the attribute on the original module
-    object.__setattr__(optimized, "generate", generate)
 
 
 def integrate(model: torch.nn.Module, winners: Mapping[Workload, str], *, families: tuple[str, ...] | None = None,

@@ -88,8 +88,40 @@ def test_generate_replays_decode_steps_from_cuda_graphs(cuda_graphs: bool) -> No
             assert torch.equal(opt.generate(ids, **kw), ref)
     replays = sum(s.replays for s in stats.step_graphs)
     if cuda_graphs:
-        # 11 decode steps a call: the first call's first two run as they are (compile, timing); a
-        # later call's new cache is captured at its first step
-        assert replays == 9 + 2 * 11, [s.summary() for s in stats.step_graphs]
+        # 11 decode steps a call: the first call's first two run as they are (compile, timing); the
+        # later calls get the first call's cache back, so its capture replays all their steps
+        decode = max(stats.step_graphs, key=lambda s: s.replays)
+        assert (decode.replays, decode.captures) == (9 + 2 * 11, 1), [s.summary() for s in stats.step_graphs]
+        # the prompt: run, timed, then captured and replayed in the third call
+        assert replays == decode.replays + 1, [s.summary() for s in stats.step_graphs]
     else:
         assert replays == 0
+
+
+def test_the_static_cache_is_handed_back_reset() -> None:
+    """Each generate call of transformers makes a new static cache; the optimized model's hands the
+    previous one back, reset, so CUDA graphs captured on its addresses replay (generation.py)."""
+    m = _model()
+    ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    kw: dict[str, Any] = {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False, "disable_compile": True,
+                          "cache_implementation": "static"}
+    with torch.no_grad():
+        ref = m.generate(ids, **kw)
+        opt, stats = integrate(m, {})
+        keeper = opt.generate.static_caches
+        for _ in range(3):
+            assert torch.equal(opt.generate(ids, **kw), ref)
+        assert (keeper.made, keeper.reused) == (1, 2)
+        # allocated before the first prompt: the prompt's graph is the same in every call
+        assert stats.graphs == 2 and all(layer.is_initialized for layer in keeper.kept[1].layers)
+        # a call that returns its cache neither gets the kept one nor leaves its own to be reset
+        res = opt.generate(ids, return_dict_in_generate=True, **kw)
+        assert torch.equal(res.sequences, ref) and res.past_key_values is not keeper.kept[1]
+        assert torch.equal(opt.generate(ids, **kw), ref)
+        assert res.past_key_values.get_seq_length() == 8 + 5 - 1  # not reset by the call after it
+        assert (keeper.made, keeper.reused) == (1, 3)
+        # another length asks for another cache
+        longer = opt.generate(ids, **{**kw, "max_new_tokens": 7, "min_new_tokens": 7})
+        assert torch.equal(longer, m.generate(ids, **{**kw, "max_new_tokens": 7, "min_new_tokens": 7}))
+        assert keeper.made == 2
+    assert "_prepare_static_cache" not in m.__dict__ and "forward" not in m.__dict__
