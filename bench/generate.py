@@ -1,6 +1,6 @@
 """Generation on a GPU: transformers' `generate` with a static cache, greedy, for the original model
 (eager), for transformers' own compiled forward (its static-cache default: torch.compile) and for
-solforge's optimized model, whose `generate` runs the fused kernels (integrate.route_generate).
+solforge's optimized model, whose `generate` runs the fused kernels (generation.route_generate).
 
     python bench/generate.py [--model qwen3-0.6b] [--prompt 128] [--new 64] [--budget 30]
                              [--variants eager,hf_compile,solforge,solforge_nographs] [--out bench/results/NAME.json]

@@ -20,7 +20,8 @@ time the database holds for the region as the model ran it is faster, in which c
 left as it was; else the family's heuristic config (`untuned="heuristic"`), or nothing.
 
 The optimized model's `generate` (transformers models) runs with the model's forward compiled by
-the same backend (`route_generate`), so generation uses the kernels too.
+the same backend (generation.py), so generation uses the kernels too, its launch-bound steps
+replayed from CUDA graphs (stepgraphs.py).
 
 After the rewrite, every graph is compacted for host time (compact.py: the decomposed nn.Linear
 calls become one aten.linear each). In a training graph those linears then become

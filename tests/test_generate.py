@@ -1,4 +1,4 @@
-"""Generation through the optimized model (integrate.route_generate): `optimized.generate` runs
+"""Generation through the optimized model (generation.route_generate): `optimized.generate` runs
 transformers' generate with the model's forward compiled by solforge's backend, so the fused
 kernels run in every step; greedy tokens equal the original model's; the model is left as it was."""
 

@@ -189,7 +189,7 @@ def compile_with(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[.
 
 def compile_forward(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[..., Any]:
     """The model's bound forward compiled like `compile_with` compiles the module: something to
-    put in place of `model.forward` (integrate.route_generate), where the compiled module itself
+    put in place of `model.forward` (generation.route_generate), where the compiled module itself
     would call it back."""
     return torch.compile(model.forward, backend=backend, dynamic=False)
 
