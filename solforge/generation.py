@@ -12,13 +12,13 @@ With `cuda_graphs`, launch-bound calls (decode steps, a short prompt) replay fro
 transformers makes a new static cache for every generate call, so each call would capture its
 decode step again (a Python run of the graph plus instantiation: ~30 ms on Qwen3-0.6B). Instead
 the static cache transformers made for the previous call is handed back, reset, when the new call
-asks for the same one (implementation, batch size, length, prefill chunking): a cache reset holds
-zeros and length 0, as a new one does, and is sized as transformers would size a new one. A cache
-made to be kept is allocated before the prompt runs (transformers allocates it inside the first
-prefill), so the prompt's graph is the same on every call and compiles once. It is
-not handed back when the caller could still hold the previous one: a call that returns its cache
-(`return_dict_in_generate`) neither keeps nor gets one, and a call running while another is in
-progress (another thread) gets a new one.
+asks for the same one (implementation, batch size, length, prefill chunking, the model's dtype and
+device): a cache reset holds zeros and length 0, as a new one does, and is sized as transformers
+would size a new one. A cache made to be kept is allocated before the prompt runs (transformers
+allocates it inside the first prefill), so the prompt's graph is the same on every call and
+compiles once. It is not handed back when the caller could still hold the previous one: a call
+that returns its cache (`return_dict_in_generate`) neither keeps nor gets one, and a call running
+while another is in progress (another thread) gets a new one.
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ class StaticCacheKeeper:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         original = type(self.model)._prepare_static_cache  # type: ignore[attr-defined]
         bound = inspect.signature(original).bind(self.model, *args, **kwargs)
-        key = tuple((k, v) for k, v in bound.arguments.items() if k not in ("self", "model_kwargs"))
+        first = next(self.model.parameters(), None)
+        key = (*((k, v) for k, v in bound.arguments.items() if k not in ("self", "model_kwargs")),
+               (first.dtype, first.device) if first is not None else None)  # a model moved or cast since
         if self.kept is not None and self.kept[0] == key and callable(getattr(self.kept[1], "reset", None)):
             cache = self.kept[1]
             cache.reset()

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import operator
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -121,7 +122,9 @@ class CaptureRefused(Exception):
 def cuda_capture(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Callable[[], None], Any]:
     """Capture `fn(*args)` into a CUDA graph with its own memory pool: (replay, outputs)."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # thread_local: CUDA work of other threads (their own generate, an allocator's cudaMalloc) is
+    # neither refused nor able to invalidate this capture
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         out = fn(*args)
     return graph.replay, out
 
@@ -164,6 +167,7 @@ class StepGraph:
         self._replay: Callable[[], None] | None = None
         self._key: tuple[Any, ...] | None = None
         self._served = 0  # replays of the current capture
+        self._lock = threading.Lock()
         self._copied: list[tuple[int, torch.Tensor]] = []
         self._outs: list[tuple[str, Any]] = []
         self._out_spec: Any = None
@@ -171,6 +175,16 @@ class StepGraph:
     def __call__(self, *args: Any) -> Any:
         if not _ON.get() or self.declined is not None or torch.is_grad_enabled():
             return self.gm(*args)
+        # one thread at a time: a replay copies into buffers another call would overwrite, and a
+        # capture replaces them; a call meanwhile runs the graph as it is
+        if not self._lock.acquire(blocking=False):
+            return self.gm(*args)
+        try:
+            return self._call(args)
+        finally:
+            self._lock.release()
+
+    def _call(self, args: Sequence[Any]) -> Any:
         self.calls += 1
         if self._inplace is None:
             refusal = self._classify(args)

@@ -125,3 +125,36 @@ def test_the_static_cache_is_handed_back_reset() -> None:
         assert torch.equal(longer, m.generate(ids, **{**kw, "max_new_tokens": 7, "min_new_tokens": 7}))
         assert keeper.made == 2
     assert "_prepare_static_cache" not in m.__dict__ and "forward" not in m.__dict__
+
+
+def test_a_kept_cache_is_not_handed_to_a_cast_model() -> None:
+    """The kept cache's key holds the model's dtype and device: a model cast since gets a new one."""
+    from solforge.generation import StaticCacheKeeper
+
+    class Cache:
+        def __init__(self) -> None:
+            self.resets = 0
+
+        def reset(self) -> None:
+            self.resets += 1
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(2))
+
+        def _prepare_static_cache(self, cache_implementation: str, batch_size: int, max_cache_len: int,
+                                  prefill_chunk_size: int | None, model_kwargs: dict[str, Any]) -> Cache:
+            return Cache()
+
+    m = Model()
+    keeper = StaticCacheKeeper(m)
+    kw: dict[str, Any] = {"cache_implementation": "static", "batch_size": 1, "max_cache_len": 16,
+                          "prefill_chunk_size": None, "model_kwargs": {}}
+    first = keeper(**kw)
+    assert keeper(**kw) is first and first.resets == 1
+    assert keeper(**{**kw, "batch_size": 2}) is not first
+    second = keeper(**kw)
+    assert second is not first  # the previous call asked for another one
+    m.double()
+    assert keeper(**kw) is not second and (keeper.made, keeper.reused) == (4, 1)

@@ -169,3 +169,20 @@ def test_real_cuda_graph_steps_match() -> None:
             assert n is length
     assert torch.equal(cache, ref_cache) and torch.equal(length, ref_length)
     assert (step.captures, step.replays, step.declined) == (1, 4, None)
+
+
+def test_a_call_while_another_thread_holds_the_graph_runs_it_as_it_is() -> None:
+    gm = _graph()
+    step = _wrapped(gm)
+    w = torch.randn(10, 4)
+    cache, length = torch.zeros(6, 4), torch.zeros((), dtype=torch.long)
+    ref_cache, ref_length = cache.clone(), length.clone()
+    with torch.no_grad(), step_graphs():
+        for t in range(4):
+            ids = torch.tensor([t])
+            if t == 3:
+                step._lock.acquire()  # another thread inside a replay or capture
+            out, _ = step(ids, cache, length, w)
+            assert torch.equal(out, gm(ids, ref_cache, ref_length, w)[0]), t
+    assert (step.calls, step.captures, step.replays) == (3, 1, 1)  # the last call bypassed the graph
+    assert torch.equal(cache, ref_cache)
