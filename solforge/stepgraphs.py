@@ -236,8 +236,9 @@ class StepGraph:
 
     def _current_key(self, args: Sequence[Any]) -> tuple[Any, ...]:
         assert self._inplace is not None
-        # the graph's code too: integrate_captured rewrites graphs in place
-        return (id(getattr(self.gm, "_code", None)), *map(_DATA_PTR, self._pick(args)))
+        # the graph's code too (integrate_captured rewrites graphs in place): the string itself,
+        # held by the key so its id cannot be reused, and compared by identity first
+        return (getattr(self.gm, "_code", None), *map(_DATA_PTR, self._pick(args)))
 
     def _record(self, args: Sequence[Any], key: tuple[Any, ...]) -> None:
         assert self._inplace is not None

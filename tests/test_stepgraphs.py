@@ -186,3 +186,23 @@ def test_a_call_while_another_thread_holds_the_graph_runs_it_as_it_is() -> None:
             assert torch.equal(out, gm(ids, ref_cache, ref_length, w)[0]), t
     assert (step.calls, step.captures, step.replays) == (3, 1, 1)  # the last call bypassed the graph
     assert torch.equal(cache, ref_cache)
+
+
+def test_a_graph_rewritten_in_place_is_captured_again() -> None:
+    """integrate_captured rewrites a graph's code in place: a capture of the old code is dropped."""
+    gm = _graph()
+    step = _wrapped(gm)
+    w = torch.randn(10, 4)
+    cache, length = torch.zeros(6, 4), torch.zeros((), dtype=torch.long)
+    with torch.no_grad(), step_graphs():
+        for _ in range(4):
+            step(torch.tensor([1]), cache, length, w)
+        assert (step.captures, step.replays) == (1, 2)
+        for node in gm.graph.nodes:  # the same function, written again: new code
+            if node.op == "call_function" and node.target is torch.ops.aten.mm.default:
+                node.target = torch.ops.aten.matmul.default
+        gm.recompile()
+        ref_cache, ref_length = cache.clone(), length.clone()
+        out, _ = step(torch.tensor([2]), cache, length, w)
+        assert torch.equal(out, gm(torch.tensor([2]), ref_cache, ref_length, w)[0])
+    assert step.captures == 2
