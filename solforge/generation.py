@@ -59,14 +59,13 @@ class StaticCacheKeeper:
             self.reused += 1
             return cache
         cache = original(self.model, *args, **kwargs)
-        if self._initialize(cache, bound.arguments.get("batch_size")) is False:
+        if first is not None and self._initialize(cache, bound.arguments.get("batch_size"), first.device) is False:
             cache = original(self.model, *args, **kwargs)  # a half-initialized one: a new, lazy one
         self.kept = (key, cache)
         self.made += 1
         return cache
 
-
-    def _initialize(self, cache: Any, batch_size: Any) -> bool | None:
+    def _initialize(self, cache: Any, batch_size: Any, device: torch.device) -> bool | None:
         """Allocate a new cache's tensors now, as transformers does for a compiled prefill, so the
         prefill sees the same cache on the first call as on the later ones (a lazy cache is
         allocated inside the first prefill: another graph, compiled again on the second call).
@@ -83,7 +82,7 @@ class StaticCacheKeeper:
             return None
         try:
             cache.early_initialization(batch_size=batch_size, num_heads=shape[0], head_dim=shape[1],
-                                       dtype=dtypes.pop(), device=next(self.model.parameters()).device)
+                                       dtype=dtypes.pop(), device=device)
         except Exception:  # noqa: BLE001 - a cache transformers cannot initialize early stays lazy
             return False
         return True

@@ -19,9 +19,9 @@ graph when that pays:
 The inputs a CUDA graph reads are addresses. Parameters, tensors marked static for dynamo and
 inputs the graph writes to (the KV cache, its length counter) are used in place: a replay needs
 each at the address it had at capture, so a call where one moved captures again (see 3). Every
-other tensor input (token ids, positions, the mask) is copied into a buffer the graph reads. An output that is
-an input itself is returned as the caller's tensor; any other output is a copy of the graph's,
-so it stays valid after the next replay. A capture that fails (an op that syncs with the host, an
+other tensor input (token ids, positions, the mask) is copied into a buffer the graph reads. An
+output that is an input itself is returned as the caller's tensor; any other output is a copy of
+the graph's, so it stays valid after the next replay. A capture that fails (an op that syncs with the host, an
 input on the CPU, an output that is a view of an input) is recorded in `declined` and the graph
 runs as it is from then on. No replay with autograd recording (the graph holds no backward).
 
@@ -243,7 +243,6 @@ class StepGraph:
     def _record(self, args: Sequence[Any], key: tuple[Any, ...]) -> None:
         assert self._inplace is not None
         self._replay = None  # drop the previous capture (and its memory) first
-        self._outs = []
         inplace = set(self._inplace)
         static: list[Any] = list(args)
         copied: list[tuple[int, torch.Tensor]] = []
@@ -260,7 +259,7 @@ class StepGraph:
             if isinstance(x, torch.Tensor):
                 storages.setdefault(x.untyped_storage().data_ptr(), i)
         outs: list[tuple[str, Any]] = []
-        seen: dict[int, int] = {}
+        seen: set[int] = set()
         for o in leaves:
             if not isinstance(o, torch.Tensor):
                 outs.append(("value", o))
@@ -275,7 +274,7 @@ class StepGraph:
                                      "not return it")
             if base in seen:
                 raise CaptureRefused("two outputs share memory: copies of them would not")
-            seen[base] = len(outs)
+            seen.add(base)
             outs.append(("owned", o))
         self._replay, self._key, self._copied = replay, key, copied
         self._outs, self._out_spec = outs, spec

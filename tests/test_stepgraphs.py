@@ -31,6 +31,11 @@ def _graph() -> torch.fx.GraphModule:
                           torch.randn(10, 4))
 
 
+def _cache() -> tuple[torch.Tensor, torch.Tensor]:
+    """A new cache and its length counter, as the step writes them."""
+    return torch.zeros(6, 4), torch.zeros((), dtype=torch.long)
+
+
 def fake_capture(fn: Any, args: list[Any]) -> tuple[Any, Any]:
     snapshot = [(x, x.clone()) for x in args if isinstance(x, torch.Tensor)]
     out = fn(*args)
@@ -72,7 +77,7 @@ def test_steps_replay_and_match_the_graph() -> None:
     gm = _graph()
     step = _wrapped(gm)
     w = torch.randn(10, 4)
-    cache, length = torch.zeros(6, 4), torch.zeros((), dtype=torch.long)
+    cache, length = _cache()
     ref_cache, ref_length = cache.clone(), length.clone()
     outs = []
     with torch.no_grad(), step_graphs():
@@ -96,7 +101,7 @@ def test_a_moved_cache_is_captured_again() -> None:
     w = torch.randn(10, 4)
     with torch.no_grad(), step_graphs():
         for cache_no in range(2):  # a new cache (another generate call): other addresses
-            cache, length = torch.zeros(6, 4), torch.zeros((), dtype=torch.long)
+            cache, length = _cache()
             ref_cache, ref_length = cache.clone(), length.clone()
             for t in range(4):
                 ids = torch.tensor([t])
@@ -113,7 +118,7 @@ def test_no_replay_outside_the_block_with_grad_or_when_not_launch_bound() -> Non
     w = torch.randn(10, 4)
 
     def run(step: StepGraph) -> torch.Tensor:
-        cache, length = torch.zeros(6, 4), torch.zeros((), dtype=torch.long)
+        cache, length = _cache()
         for _ in range(4):
             step(torch.tensor([1]), cache, length, w)
         return length
@@ -175,7 +180,7 @@ def test_a_call_while_another_thread_holds_the_graph_runs_it_as_it_is() -> None:
     gm = _graph()
     step = _wrapped(gm)
     w = torch.randn(10, 4)
-    cache, length = torch.zeros(6, 4), torch.zeros((), dtype=torch.long)
+    cache, length = _cache()
     ref_cache, ref_length = cache.clone(), length.clone()
     with torch.no_grad(), step_graphs():
         for t in range(4):
@@ -193,7 +198,7 @@ def test_a_graph_rewritten_in_place_is_captured_again() -> None:
     gm = _graph()
     step = _wrapped(gm)
     w = torch.randn(10, 4)
-    cache, length = torch.zeros(6, 4), torch.zeros((), dtype=torch.long)
+    cache, length = _cache()
     with torch.no_grad(), step_graphs():
         for _ in range(4):
             step(torch.tensor([1]), cache, length, w)
