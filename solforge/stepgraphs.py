@@ -1,11 +1,11 @@
 """CUDA-graph replay of a compiled graph's launch-bound calls: the decode step of `generate`.
 
 solforge's graphs run as Python code calling one op after another. For a decode step of a
-0.6B-parameter model that is ~1,000 launches, each costing more host time than GPU time: the
-GPU waits for the host (session 10: 2.8 s for 64 tokens, 8x transformers' CUDA-graphed path).
-`StepGraph` wraps each graph the backend compiles (capture.SolforgeBackend) and, where it is
-switched on (`step_graphs()`, which `optimized.generate` uses), replays the graph from a CUDA
-graph when that pays:
+0.6B-parameter model that is hundreds of launches (at least ~580: the 15 most frequent kernels of
+a profiled run), each costing more host time than GPU time: the GPU waits for the host (session
+10: 2.8 s for 64 tokens, 8x transformers' CUDA-graphed path). `StepGraph` wraps each graph the
+backend compiles (capture.SolforgeBackend) and, where it is switched on (`step_graphs()`, which
+`optimized.generate` uses), replays the graph from a CUDA graph when that pays:
 
 1. The first call runs the graph as it is (Triton compiles its kernels on first launch).
 2. The second is timed: host time to enqueue it against the GPU time from events around it. The
