@@ -19,13 +19,24 @@ allocates it inside the first prefill), so the prompt's graph is the same on eve
 compiles once. It is not handed back when the caller could still hold the previous one: a call
 that returns its cache (`return_dict_in_generate`) neither keeps nor gets one, and a call running
 while another is in progress (another thread) gets a new one.
+
+A call that leaves the cache to transformers (no `past_key_values`, no `cache_implementation`, in
+the call or the generation config) would get a dynamic cache, whose length is a new shape at every
+step: a new graph compiled per token until dynamo's recompile limit, then the model's own code.
+Such a call gets a static cache instead, where the model supports one (`_can_compile_fullgraph`)
+and the call does not return its cache. Its length is rounded up to a multiple of
+`CACHE_LENGTH_STEP`, and never below the longest an earlier call asked for (transformers' rule),
+so calls of other lengths reuse the same cache and the same graphs. A static cache attends over
+its whole length with a mask, so its tokens are the dynamic cache's.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -33,23 +44,47 @@ import torch
 from solforge.capture import SolforgeBackend, compile_forward
 from solforge.stepgraphs import step_graphs
 
+CACHE_LENGTH_STEP = 256  # a cache solforge chooses is a multiple of this long (see the module doc)
+
 
 class StaticCacheKeeper:
-    """Stands in for the model's `_prepare_static_cache` (transformers) during a generate call:
-    the previous call's cache, reset, for the same request; else transformers' own, kept."""
+    """Stands in for the model's `_prepare_static_cache` (transformers) during generate calls: the
+    previous call's cache, reset, for the same request; else transformers' own, kept. Only the
+    thread that owns the keeper for its call (`owning`) gets or leaves a kept cache; any call may
+    ask for its length rounded up (`rounding`)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.kept: tuple[tuple[Any, ...], Any] | None = None
         self.reused = 0
         self.made = 0
+        self._call = threading.local()  # owner: keeps caches; step: the length's rounding
 
     def available(self) -> bool:
         return callable(getattr(type(self.model), "_prepare_static_cache", None))
 
+    @contextmanager
+    def owning(self, own: bool, step: int | None) -> Iterator[None]:
+        self._call.owner, self._call.step = own, step
+        try:
+            yield
+        finally:
+            self._call.owner, self._call.step = False, None
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         original = type(self.model)._prepare_static_cache  # type: ignore[attr-defined]
         bound = inspect.signature(original).bind(self.model, *args, **kwargs)
+        step = getattr(self._call, "step", None)
+        length = bound.arguments.get("max_cache_len")
+        if isinstance(length, int):
+            # the length transformers will give the cache (at least the longest asked for before),
+            # rounded up where solforge chose the cache: the key is the cache's real length
+            length = max(length, getattr(self.model, "_previous_max_cache_length", -1))
+            if step:
+                length = -(-length // step) * step
+            bound.arguments["max_cache_len"] = length
+        if not getattr(self._call, "owner", False):
+            return original(*bound.args, **bound.kwargs)
         first = next(self.model.parameters(), None)
         key = (*((k, v) for k, v in bound.arguments.items() if k not in ("self", "model_kwargs")),
                (first.dtype, first.device) if first is not None else None)  # a model moved or cast since
@@ -58,9 +93,9 @@ class StaticCacheKeeper:
             cache.reset()
             self.reused += 1
             return cache
-        cache = original(self.model, *args, **kwargs)
+        cache = original(*bound.args, **bound.kwargs)
         if first is not None and self._initialize(cache, bound.arguments.get("batch_size"), first.device) is False:
-            cache = original(self.model, *args, **kwargs)  # a half-initialized one: a new, lazy one
+            cache = original(*bound.args, **bound.kwargs)  # a half-initialized one: a new, lazy one
         self.kept = (key, cache)
         self.made += 1
         return cache
@@ -90,10 +125,50 @@ class StaticCacheKeeper:
 
 def _returns_cache(model: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
     """Whether this generate call returns its cache to the caller (a ModelOutput with it)."""
-    if "return_dict_in_generate" in kwargs:
-        return bool(kwargs["return_dict_in_generate"])
-    config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
-    return bool(getattr(config, "return_dict_in_generate", False))
+    return bool(_setting(model, kwargs, "return_dict_in_generate", False))
+
+
+def _setting(model: torch.nn.Module, kwargs: dict[str, Any], name: str, default: Any) -> Any:
+    """A generation setting as transformers resolves it: the call's argument, else the generation
+    config passed, else the model's (a config's None is unset)."""
+    if name in kwargs:
+        return kwargs[name]
+    for config in (kwargs.get("generation_config"), getattr(model, "generation_config", None)):
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+# generate arguments under which the cache is not transformers' plain default, or a static cache
+# is not known to work: the call is left as it is
+_OWN_CACHE = ("past_key_values", "cache_params", "cache_implementation", "assistant_model",
+              "prompt_lookup_num_tokens", "custom_generate")
+
+
+def _default_static(model: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Whether to give this call a static cache (see the module doc): the caller left the cache to
+    transformers, wants one, does not get it back, and the model supports a static cache."""
+    if any(kwargs.get(name) is not None for name in _OWN_CACHE):
+        return False
+    if _setting(model, kwargs, "cache_implementation", None) is not None:
+        return False
+    if not _setting(model, kwargs, "use_cache", True) or _returns_cache(model, kwargs):
+        return False
+    supports_dynamic = getattr(model, "_supports_default_dynamic_cache", None)
+    return bool(getattr(type(model), "_can_compile_fullgraph", False)) and callable(supports_dynamic) \
+        and bool(supports_dynamic())
+
+
+def _with_static_cache(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments asking for a static cache: in the generation config passed, if any
+    (transformers warns when a config and generation arguments are both given), else as one."""
+    config = kwargs.get("generation_config")
+    if config is None:
+        return {**kwargs, "cache_implementation": "static"}
+    config = copy.deepcopy(config)
+    config.cache_implementation = "static"
+    return {**kwargs, "generation_config": config}
 
 
 def route_generate(optimized: Any, model: torch.nn.Module, backend: SolforgeBackend, *,
@@ -104,29 +179,52 @@ def route_generate(optimized: Any, model: torch.nn.Module, backend: SolforgeBack
         return
     compiled: list[Callable[..., Any]] = []
     keeper = StaticCacheKeeper(model)
-    busy = threading.Lock()
+    busy = threading.Lock()  # held by the call that owns the keeper
+    swap = threading.Lock()  # guards `active` and the attributes swapped onto the model
+    active: list[dict[str, Any]] = []  # one entry per call in progress: the model's own attributes
 
-    def generate(*args: Any, **kwargs: Any) -> Any:
+    def swapped() -> dict[str, Any]:
         if not compiled:
             compiled.append(compile_forward(model, backend))
+        names: dict[str, Any] = {"forward": compiled[0]}
+        if keeper.available():
+            names["_prepare_static_cache"] = keeper
+        return names
+
+    def enter() -> None:
+        with swap:
+            if not active:  # the first call in progress swaps; the last one out puts back
+                names = swapped()
+                own = {name: model.__dict__[name] for name in names if name in model.__dict__}
+                for name, value in names.items():
+                    setattr(model, name, value)
+                active.append(own)
+            else:
+                active.append(active[0])
+
+    def leave() -> None:
+        with swap:
+            own = active.pop()
+            if not active:
+                for name in swapped():
+                    if name in own:
+                        setattr(model, name, own[name])
+                    else:
+                        model.__dict__.pop(name, None)
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
         if hasattr(getattr(model, "generation_config", None), "disable_compile"):
             kwargs.setdefault("disable_compile", True)
-        swapped: dict[str, Any] = {"forward": compiled[0]}
+        chosen = _default_static(model, kwargs)
+        if chosen:
+            kwargs = _with_static_cache(kwargs)
         keep = cuda_graphs and keeper.available() and not _returns_cache(model, kwargs) and busy.acquire(blocking=False)
-        if keep:
-            swapped["_prepare_static_cache"] = keeper
-        own = {name: model.__dict__[name] for name in swapped if name in model.__dict__}
-        for name, value in swapped.items():
-            setattr(model, name, value)
+        enter()
         try:
-            with step_graphs(cuda_graphs):
+            with keeper.owning(keep, CACHE_LENGTH_STEP if chosen else None), step_graphs(cuda_graphs):
                 return model.generate(*args, **kwargs)
         finally:
-            for name in swapped:
-                if name in own:
-                    setattr(model, name, own[name])
-                else:
-                    delattr(model, name)
+            leave()
             if keep:
                 busy.release()
 

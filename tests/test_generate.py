@@ -38,21 +38,21 @@ def norm_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("cache", ["static", "dynamic"])
-def test_generate_runs_the_kernels_and_matches(cache: str, norm_calls: list[int]) -> None:
+@pytest.mark.parametrize("cache", ["static", "dynamic", None])
+def test_generate_runs_the_kernels_and_matches(cache: str | None, norm_calls: list[int]) -> None:
     m = _model()
     ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     kw: dict[str, Any] = {"max_new_tokens": 5, "do_sample": False, "disable_compile": True}
-    if cache == "static":
-        kw["cache_implementation"] = "static"
+    if cache is not None:
+        kw["cache_implementation"] = cache
     with torch.no_grad():
-        ref = m.generate(ids, **kw)
+        ref = m.generate(ids, **kw)  # None: transformers' default, a dynamic cache
         opt, stats = integrate(m, {})
         out = opt.generate(ids, **kw)
     assert torch.equal(out, ref)
     # one graph for the prompt, then the decode steps: one shape with a static cache, one per
-    # cache length with a dynamic one
-    assert stats.graphs == (2 if cache == "static" else 5)
+    # cache length with a dynamic one; a call that chose no cache gets a static one
+    assert stats.graphs == (5 if cache == "dynamic" else 2)
     # the final norm, once a step: the kernel ran in every step, launched from Python or replayed
     # from a CUDA graph (captures call it without running it)
     steps = sum(s.replays for s in stats.step_graphs)
@@ -151,10 +151,85 @@ def test_a_kept_cache_is_not_handed_to_a_cast_model() -> None:
     keeper = StaticCacheKeeper(m)
     kw: dict[str, Any] = {"cache_implementation": "static", "batch_size": 1, "max_cache_len": 16,
                           "prefill_chunk_size": None, "model_kwargs": {}}
-    first = keeper(**kw)
-    assert keeper(**kw) is first and first.resets == 1
-    assert keeper(**{**kw, "batch_size": 2}) is not first
-    second = keeper(**kw)
-    assert second is not first  # the previous call asked for another one
-    m.double()
-    assert keeper(**kw) is not second and (keeper.made, keeper.reused) == (4, 1)
+    with keeper.owning(True, None):
+        first = keeper(**kw)
+        assert keeper(**kw) is first and first.resets == 1
+        assert keeper(**{**kw, "batch_size": 2}) is not first
+        second = keeper(**kw)
+        assert second is not first  # the previous call asked for another one
+        m.double()
+        assert keeper(**kw) is not second and (keeper.made, keeper.reused) == (4, 1)
+    # a call that does not own the keeper neither gets nor leaves a kept cache
+    kept = keeper.kept
+    assert keeper(**kw) is not kept[1] and keeper.kept is kept and (keeper.made, keeper.reused) == (4, 1)
+
+
+def test_a_call_that_chose_no_cache_gets_a_static_one_of_a_rounded_length() -> None:
+    """transformers' default cache is dynamic: a new shape, so a new graph, at every step. A call
+    that chose none gets a static cache, rounded up in length, so that other lengths reuse it."""
+    from transformers import DynamicCache, StaticCache
+
+    from solforge.generation import CACHE_LENGTH_STEP
+
+    m = _model()
+    gen = torch.Generator().manual_seed(4)
+    short = torch.randint(0, 256, (1, 8), generator=gen).to(DEVICE)
+    long = torch.randint(0, 256, (1, 11), generator=gen).to(DEVICE)
+    kw: dict[str, Any] = {"do_sample": False, "disable_compile": True}
+    with torch.no_grad():
+        opt, stats = integrate(m, {})
+        keeper = opt.generate.static_caches
+        for ids, n in ((short, 5), (long, 9), (short, 5)):
+            ref = m.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+            assert torch.equal(opt.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw), ref)
+        cache = keeper.kept[1]
+        assert isinstance(cache, StaticCache) and cache.get_max_cache_shape() == CACHE_LENGTH_STEP
+        # one cache for the three calls; a graph for each prompt length and one decode step
+        assert (keeper.made, keeper.reused) == (1, 2) and stats.graphs == 3
+        # the caller's choices stand: a dynamic cache asked for, no cache, a cache returned
+        graphs = stats.graphs
+        assert torch.equal(opt.generate(short, max_new_tokens=3, use_cache=False, **kw),
+                           m.generate(short, max_new_tokens=3, use_cache=False, **kw))
+        res = opt.generate(short, max_new_tokens=3, return_dict_in_generate=True, **kw)
+        assert isinstance(res.past_key_values, DynamicCache)
+        assert torch.equal(res.sequences, m.generate(short, max_new_tokens=3, **kw))
+        assert stats.graphs > graphs and keeper.made == 1
+        # a generation config passed is not changed
+        config = transformers.GenerationConfig(max_new_tokens=4, do_sample=False)
+        assert torch.equal(opt.generate(short, generation_config=config, disable_compile=True),
+                           m.generate(short, generation_config=config, disable_compile=True))
+        assert config.cache_implementation is None and keeper.reused == 3
+
+
+def test_a_call_while_another_runs_leaves_the_model_as_it_was() -> None:
+    """Two generate calls overlapping (another thread): the first one in swaps the compiled
+    forward in, the last one out puts the model's own back; the second does not own the kept cache."""
+    import threading
+
+    m = _model()
+    ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    kw: dict[str, Any] = {"max_new_tokens": 4, "min_new_tokens": 4, "do_sample": False, "disable_compile": True}
+    with torch.no_grad():
+        ref = m.generate(ids, **kw)
+        opt, _ = integrate(m, {})
+        keeper = opt.generate.static_caches
+        inner: list[torch.Tensor] = []
+
+        def nested() -> None:
+            with torch.no_grad():
+                inner.append(opt.generate(ids, **kw))
+
+        class InAnotherThread(transformers.LogitsProcessor):
+            """Runs a whole generate call in another thread during the first step of this one."""
+
+            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+                if not inner:
+                    t = threading.Thread(target=nested)
+                    t.start()
+                    t.join()
+                return scores
+
+        out = opt.generate(ids, logits_processor=transformers.LogitsProcessorList([InAnotherThread()]), **kw)
+    assert torch.equal(out, ref) and len(inner) == 1 and torch.equal(inner[0], ref)
+    assert keeper.made == 1 and keeper.reused == 0  # the nested call made its own cache, not kept
+    assert "forward" not in m.__dict__ and "_prepare_static_cache" not in m.__dict__
