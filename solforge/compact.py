@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -45,14 +46,13 @@ ENABLED = os.environ.get("SOLFORGE_COMPACT", "1") not in ("0", "false", "off", "
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
-def _shape(n: object) -> tuple[int, ...] | None:
+def _shape(n: object) -> tuple[Any, ...] | None:
     val = n.meta.get("val") if isinstance(n, fx.Node) else None
     if not isinstance(val, torch.Tensor):
         return None
-    try:
-        return tuple(int(s) for s in val.shape)
-    except (TypeError, ValueError):  # symbolic sizes: leave the node alone
-        return None
+    # symbolic sizes stay symbols: the comparisons below hold for every size or add a guard, where
+    # int() would pin the graph to one size
+    return tuple(val.shape)
 
 
 def _linear_parts(mm: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node | None, fx.Node] | None:

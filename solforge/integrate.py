@@ -13,8 +13,14 @@ the part before "|" and its `setup_context` keeps the part after it for the back
 winner of the backward workload (`backward_workload(match.workload)`, tuned like any other), or ""
 where it was not tuned. Inference strings have no "|".
 
+A graph dynamo compiled for many sizes (the second shape of an input: see `compile_with`) has
+symbolic sizes. Its regions get config "" in both directions: each call's kernels take their
+family's heuristic for that call's sizes (a plan cached per size), since a tuned config is for one
+size. Those regions are counted in `stats.dynamic`. Sizes that come back get the graph made again
+for them (shapes.ShapeDispatch, `stats.specialized`), with the configs above for their workloads.
+
 A region whose workload this run did not tune (the model called with another input shape later:
-dynamo compiles a new static graph for it, see `compile_with`) gets, in this order: the kernel
+dynamo compiles a new graph for it, see `compile_with`) gets, in this order: the kernel
 database's verified winner for exactly that workload on this device and software (`db`), unless a
 time the database holds for the region as the model ran it is faster, in which case the region is
 left as it was; else the family's heuristic config (`untuned="heuristic"`), or nothing.
@@ -48,6 +54,7 @@ from solforge.generation import route_generate
 from solforge.linears import group_linears
 from solforge.plan import find_matches, rewrite
 from solforge.records import TuningRecord, Workload
+from solforge.shapes import binding, symbolic
 from solforge.tune import family_module
 
 
@@ -59,7 +66,11 @@ class IntegrationStats:
     untuned: dict[str, int] = field(default_factory=dict)  # shapes never tuned: heuristic config
     stored: dict[str, int] = field(default_factory=dict)  # shapes this run did not tune: the database's winner
     left: dict[str, int] = field(default_factory=dict)  # ... whose stored winner is slower than the region
+    # regions of dynamic-shape graphs (one graph for many sizes), keyed by the workload of the
+    # sizes that compiled it: their kernels choose a config for each size at run time
+    dynamic: dict[str, int] = field(default_factory=dict)
     graphs: int = 0
+    specialized: int = 0  # dynamic-shape graphs made again for one set of sizes (shapes.py)
     # the backend's graphs as dynamo calls them (stepgraphs.StepGraph): CUDA-graph replays in generate
     step_graphs: list[Any] = field(default_factory=list)
     linears: int = 0  # decomposed nn.Linear calls put back as one aten.linear (compact.py)
@@ -68,7 +79,8 @@ class IntegrationStats:
 
     @property
     def total(self) -> int:
-        return sum(self.replaced.values()) + sum(self.untuned.values()) + sum(self.stored.values())
+        return sum(self.replaced.values()) + sum(self.untuned.values()) + sum(self.stored.values()) \
+            + sum(self.dynamic.values())
 
 
 def config_text(record: TuningRecord) -> str:
@@ -98,9 +110,22 @@ class Integrator:
     _looked_up: dict[Workload, tuple[str, bool] | None] = field(default_factory=dict, repr=False)
 
     def __call__(self, gm: fx.GraphModule, index: int) -> fx.GraphModule:
-        self.stats.graphs += 1
+        # inside shapes.bound: a dynamic-shape graph made again for one call's sizes, whose
+        # workloads (shapes.hint) are those sizes'
+        per_size = binding()
+        if per_size:
+            self.stats.specialized += 1
+        else:
+            self.stats.graphs += 1
         chosen, configs = [], []
         for m in find_matches(gm.graph, self.families):
+            if not per_size and any(symbolic(a.meta.get("val")) for a in m.args if isinstance(a, fx.Node)):
+                # sizes that vary from call to call: "" is the family's heuristic for each call's
+                # sizes (a tuned config is for one size; the kernels check a config's fit per size)
+                self.stats.dynamic[m.workload.key] = self.stats.dynamic.get(m.workload.key, 0) + 1
+                chosen.append(m)
+                configs.append("")
+                continue
             if m.workload in self.keep:
                 continue
             config = self.winners.get(m.workload)
@@ -176,7 +201,14 @@ def integrate(model: torch.nn.Module, winners: Mapping[Workload, str], *, famili
     integrator.stats.step_graphs = backend.step_graphs
     optimized = compile_with(model, backend)
     route_generate(optimized, model, backend, cuda_graphs=cuda_graphs)
+    _expose(optimized, integrator.stats)
     return optimized, integrator.stats
+
+
+def _expose(optimized: Any, stats: IntegrationStats) -> None:
+    """`optimized.solforge_stats`: what the rewrite did so far, graph by graph (live)."""
+    # on the compiled module itself: its __setattr__ would set the attribute on the original module
+    object.__setattr__(optimized, "solforge_stats", stats)
 
 
 def integrate_captured(captured: SolforgeBackend, winners: Mapping[Workload, str], *,
@@ -198,4 +230,5 @@ def integrate_captured(captured: SolforgeBackend, winners: Mapping[Workload, str
     original = getattr(captured.compiled, "_orig_mod", None)  # the module torch.compile wraps
     if isinstance(original, torch.nn.Module):
         route_generate(captured.compiled, original, captured, cuda_graphs=cuda_graphs)
+    _expose(captured.compiled, integrator.stats)
     return captured.compiled, integrator.stats

@@ -43,6 +43,8 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from solforge.shapes import symbolic_inputs
+
 _DATA_PTR = torch.Tensor.data_ptr
 LAUNCH_BOUND = 0.5  # host enqueue time / GPU time at or above which a graph is worth capturing
 
@@ -149,8 +151,11 @@ class StepGraph:
 
     def __init__(self, gm: fx.GraphModule, *, capture: Callable[..., tuple[Callable[[], None], Any]] = cuda_capture,
                  measure: Callable[..., tuple[Any, float, float]] = cuda_measure,
-                 needs_cuda: bool = True) -> None:
+                 needs_cuda: bool = True, sizes_fixed: bool = False) -> None:
         self.gm = gm
+        # a graph with symbolic sizes is replayed only where every call has the same sizes
+        # (shapes.ShapeDispatch makes one per set of sizes): a capture is of one set of sizes
+        self._sizes_fixed = sizes_fixed
         self._capture = capture
         self._measure = measure
         self._needs_cuda = needs_cuda
@@ -223,6 +228,8 @@ class StepGraph:
         return self._run_replay(args)
 
     def _classify(self, args: Sequence[Any]) -> str | None:
+        if not self._sizes_fixed and symbolic_inputs(self.gm):
+            return "its input sizes vary from call to call (a dynamic-shape graph)"
         for i, x in enumerate(args):
             if isinstance(x, torch.Tensor) and self._needs_cuda and not x.is_cuda:
                 return f"input {i} is on the {x.device.type}: a CUDA graph reads GPU memory only"

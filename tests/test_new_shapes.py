@@ -1,6 +1,7 @@
-"""A shape the optimized model meets after optimize (integrate.py): dynamo compiles a new static
-graph for it, and its regions get the kernel database's verified winner for exactly that workload,
-are left as the model ran them when the database holds a faster time for the region, or get the
+"""A shape the optimized model meets after optimize (integrate.py): dynamo compiles a new graph
+for it (for every size of the dims that changed; shapes.py makes it again for sizes that come
+back), and its regions get the kernel database's verified winner for exactly that workload, are
+left as the model ran them when the database holds a faster time for the region, or get the
 family's heuristic config when the database has nothing (or cannot be read)."""
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def _workload(m: nn.Module, x: torch.Tensor) -> Workload:
     with torch.no_grad():
         groups = plan.plan(capture.capture(m, (x,)).graphs)
     assert [g.workload.family for g in groups] == ["rmsnorm"]
+    # as a new process would: dynamo remembers the shapes it compiled a function for, and the next
+    # compilation of it for another shape would be a dynamic-shape graph from the start
+    torch.compiler.reset()
     return groups[0].workload
 
 
@@ -86,13 +90,23 @@ def test_a_new_shape_gets_the_database_winner(tmp_path: Path, seen: list[Any]) -
     with KernelDB(tmp_path / "k.db") as db:
         db.set_winner(w2, stored, run_id="earlier")
         db.set_baseline(w2, "spelling-a", RunResult(9.0, 10.0, 11.0, True))  # slower than the kernel
+    w = _workload(m, x)
     opt, stats = integrate(m, {}, db=tmp_path / "k.db")
     _check(m, opt, x)  # a shape the database does not know: the heuristic
     assert sum(stats.untuned.values()) == 1 and not stats.stored
-    assert seen[-1] == rms.heuristic(_workload(m, x))
+    assert seen[-1] == rms.heuristic(w)
+    # the second shape: one graph for all sizes, whose kernel takes its heuristic per call ...
     _check(m, opt, x2)
-    assert stats.stored == {w2.key: 1} and not stats.left
+    assert stats.graphs == 2 and stats.dynamic and not stats.stored and seen[-1] is None
+    # ... and, for sizes that come back, that graph made again for them: the database's winner
+    _check(m, opt, x2)
+    assert stats.specialized == 1 and stats.stored == {w2.key: 1} and not stats.left
     assert seen[-1] == rms.Config(**stored.candidate.config_dict)
+    # the first shape now comes to that graph too: made for it, with its heuristic again
+    _check(m, opt, x)
+    _check(m, opt, x)
+    assert stats.specialized == 2 and sum(stats.untuned.values()) == 2 and seen[-1] == rms.heuristic(w)
+    assert stats.graphs == 2  # dynamo compiled nothing more
 
 
 def test_a_stored_winner_slower_than_the_region_leaves_it(tmp_path: Path, seen: list[Any]) -> None:

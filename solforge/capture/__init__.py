@@ -25,6 +25,7 @@ from torch.fx.traceback import preserve_node_meta
 from solforge.capture.cache import LoweringCache
 from solforge.capture.canonical import restore_causal_attention
 from solforge.capture.cse import eliminate_common_subexpressions
+from solforge.shapes import ShapeDispatch, bound, copy_graph, symbolic_inputs
 from solforge.stepgraphs import StepGraph
 
 __all__ = ["CapturedGraph", "GradModeLost", "LoweringCache", "Rewrite", "SolforgeBackend", "capture", "compile_with",
@@ -172,26 +173,45 @@ class SolforgeBackend:
         except Exception as e:  # the graph as traced is still correct
             self.errors.append(f"graph {index}: common-subexpression pass failed: {type(e).__name__}: {e}")
             removed = 0
+        # a graph for many sizes: made again per set of sizes that comes back (shapes.py), from
+        # this copy, which no rewrite touches (integrate_captured rewrites `aten` in place later)
+        pristine = copy_graph(aten) if symbolic_inputs(aten) else None
         if self.rewrite is not None:
             aten = self.rewrite(aten, index)
         self.graphs.append(CapturedGraph(index=index, aten=aten, attention_restored=restored,
                                         cse_removed=removed))
+        if pristine is not None:
+            return ShapeDispatch(aten, aten, lambda values: self._specialize(pristine, index, values))
         step = StepGraph(aten)
+        self.step_graphs.append(step)
+        return step
+
+    def _specialize(self, pristine: fx.GraphModule, index: int, values: Any) -> StepGraph:
+        """Graph `index` (its lowering, before any rewrite) rewritten for the sizes `values`."""
+        gm = copy_graph(pristine)
+        if self.rewrite is not None:
+            with bound(values):
+                gm = self.rewrite(gm, index)
+        step = StepGraph(gm, sizes_fixed=True)  # ShapeDispatch calls it with these sizes only
         self.step_graphs.append(step)
         return step
 
 
 def compile_with(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[..., Any]:
-    # dynamic=False: every new input shape gets its own static graph, so the kernels chosen for a
-    # shape are the ones tuned for it (and shapes stay plain ints in the matcher).
-    return torch.compile(model, backend=backend, dynamic=False)
+    # dynamic=None (dynamo's automatic dynamic shapes): the first shape of an input gets a static
+    # graph, whose kernels are the ones tuned for that shape; the next shape gets one graph for
+    # every size of the dims that changed (sizes 0 and 1 stay apart), whose kernels choose a config
+    # per call (integrate.py, shapes.py). With dynamic=False every new length (a prompt, a batch)
+    # compiled a graph of its own, seconds each, and past dynamo's recompile limit (8) the model's
+    # own code ran.
+    return torch.compile(model, backend=backend, dynamic=None)
 
 
 def compile_forward(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[..., Any]:
     """The model's bound forward compiled like `compile_with` compiles the module: something to
     put in place of `model.forward` (generation.route_generate), where the compiled module itself
     would call it back."""
-    return torch.compile(model.forward, backend=backend, dynamic=False)
+    return torch.compile(model.forward, backend=backend, dynamic=None)
 
 
 @contextlib.contextmanager
@@ -228,6 +248,11 @@ def capture(model: torch.nn.Module, inputs: Sequence[Any], *, grad: bool = False
         cache = LoweringCache(Path(cache))
     backend = SolforgeBackend(cache=cache)
     compiled = backend.compiled = compile_with(model, backend)
-    with torch.set_grad_enabled(grad), few_full_collections():
+    # static graphs for these inputs, whatever dynamo remembers of the model's code: a function
+    # compiled before for another shape (another model sharing transformers' forward wrapper, an
+    # earlier optimize) would otherwise give a dynamic-shape graph from the first call. The model
+    # compiled here (the optimized model of integrate_captured) still goes dynamic on a new shape.
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False), torch.set_grad_enabled(grad), \
+            few_full_collections():
         compiled(*inputs)
     return backend

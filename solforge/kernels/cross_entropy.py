@@ -42,6 +42,7 @@ from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
+from solforge.shapes import hint
 
 FAMILY = "cross_entropy"
 
@@ -431,8 +432,8 @@ def _workload(rows: int, V: int, dtype: torch.dtype, tdtype: torch.dtype, ignore
 def workload_for(logits: torch.Tensor, target: torch.Tensor, *, ignore_index: int = -100, reduction: str = "mean",
                  out_dtype: torch.dtype | None = None) -> Workload:
     """The Workload record of one cross_entropy call (logits seen as (rows, V))."""
-    V = int(logits.shape[-1])
-    rows = int(target.numel())
+    V = hint(logits.shape[-1])
+    rows = hint(target.numel())
     return _workload(rows, V, logits.dtype, target.dtype, ignore_index, reduction, out_dtype or logits.dtype,
                      logits.device.type)
 

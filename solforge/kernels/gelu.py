@@ -37,6 +37,7 @@ from solforge.kernels.launch import launch as _launch
 from solforge.kernels.swiglu import _act_fwd, _act_fwd_bwd, _block_for, _warps_for
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
+from solforge.shapes import hint
 
 FAMILY = "gelu"
 APPROXIMATIONS = ("none", "tanh")  # F.gelu's `approximate`
@@ -492,9 +493,9 @@ def _workload(n_rows: int, N: int, dtype: torch.dtype, has_bias: bool, approxima
 
 def workload_for(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none") -> Workload:
     """The Workload record of one gelu call (x seen as (rows, N); the bias, if any, as (N,))."""
-    # int(): under dynamic shapes these may be SymInts; a Workload holds plain numbers.
-    N = int(x.shape[-1]) if x.dim() else 1
-    rows = math.prod(int(d) for d in x.shape[:-1])
+    # hint(): under dynamic shapes these may be SymInts; a Workload holds plain numbers (no guard).
+    N = hint(x.shape[-1]) if x.dim() else 1
+    rows = math.prod(hint(d) for d in x.shape[:-1])
     return _workload(rows, N, x.dtype, bias is not None, approximate, x.device.type)
 
 

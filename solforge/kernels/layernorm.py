@@ -38,6 +38,7 @@ from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import _ld, _load_weight, _st
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
+from solforge.shapes import hint
 
 FAMILY = "layernorm"
 
@@ -441,11 +442,11 @@ def supported(workload: Workload) -> bool:
 
 def _workload(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
               out_dtype: torch.dtype | None, device: str, residual: bool) -> Workload:
-    # int(): under dynamic shapes these may be SymInts; a Workload holds plain numbers.
-    H = int(x.shape[-1]) if x.dim() else 1
+    # hint(): under dynamic shapes these may be SymInts; a Workload holds plain numbers (no guard).
+    H = hint(x.shape[-1]) if x.dim() else 1
     rows = 1
     for d in x.shape[:-1]:
-        rows *= int(d)
+        rows *= hint(d)
     out_dtype = out_dtype or x.dtype
     shapes: tuple[tuple[int, ...], ...] = ((rows, H),) * (2 if residual else 1)
     dtypes: tuple[str, ...] = (dtype_name(x.dtype),) * (2 if residual else 1)

@@ -68,6 +68,7 @@ from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
+from solforge.shapes import hint
 
 FAMILY = "linear_cross_entropy"
 
@@ -522,10 +523,10 @@ def workload_for(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
                  grads: int = 0) -> Workload:
     """The Workload record of one call (hidden seen as (N, H)). A bias gradient without a bias is
     dropped from `grads`."""
-    H = int(hidden.shape[-1])
-    N = int(labels.numel())
+    H = hint(hidden.shape[-1])
+    N = hint(labels.numel())
     grads &= GRAD_HIDDEN | GRAD_WEIGHT | (GRAD_BIAS if bias is not None else 0)
-    return _workload(N, H, int(weight.shape[0]), hidden.dtype, bias is not None, labels.dtype, ignore_index,
+    return _workload(N, H, hint(weight.shape[0]), hidden.dtype, bias is not None, labels.dtype, ignore_index,
                      reduction, out_dtype or hidden.dtype, grads, hidden.device.type)
 
 

@@ -30,6 +30,7 @@ from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
+from solforge.shapes import hint
 
 FAMILY = "rmsnorm"
 
@@ -522,11 +523,11 @@ def heuristic(workload: Workload) -> Config:
 def workload_for(x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_dtype: torch.dtype | None = None,
                  round_before_weight: bool = False) -> Workload:
     """The Workload record of one rmsnorm call (x seen as (rows, H))."""
-    # int(): under dynamic shapes these may be SymInts; a Workload holds plain numbers.
-    H = int(x.shape[-1]) if x.dim() else 1
+    # hint(): under dynamic shapes these may be SymInts; a Workload holds plain numbers (no guard).
+    H = hint(x.shape[-1]) if x.dim() else 1
     rows = 1
     for d in x.shape[:-1]:
-        rows *= int(d)
+        rows *= hint(d)
     out_dtype = out_dtype or x.dtype
     shapes: tuple[tuple[int, ...], ...] = ((rows, H),)
     dtypes: tuple[str, ...] = (dtype_name(x.dtype),)

@@ -42,6 +42,7 @@ from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
+from solforge.shapes import hint
 
 FAMILY = "rope"
 
@@ -563,7 +564,7 @@ def workload_for(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     """The Workload record of one rope call: shapes of q, k (token-major), cos, sin [, weights]."""
     tensors = [q, k, cos, sin] + ([q_weight, k_weight] if q_weight is not None and k_weight is not None else [])
     out_dtype = out_dtype or q.dtype
-    shapes = tuple(tuple(int(d) for d in t.shape) for t in tensors)
+    shapes = tuple(tuple(hint(d) for d in t.shape) for t in tensors)
     dtypes = tuple(dtype_name(t.dtype) for t in tensors) + (dtype_name(out_dtype),)
     params = (("eps", float(eps)), ("heads_first", bool(heads_first)), ("norm", bool(norm)),
               ("out_dtype", dtype_name(out_dtype)), ("round_before_weight", bool(norm and round_before_weight)))

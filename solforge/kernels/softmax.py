@@ -33,6 +33,7 @@ from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
+from solforge.shapes import hint
 
 FAMILY = "softmax"
 
@@ -522,11 +523,11 @@ def _workload(rows: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype, dev
 
 def workload_for(x: torch.Tensor, out_dtype: torch.dtype | None = None) -> Workload:
     """The Workload record of one softmax call (x seen as (rows, N))."""
-    # int(): under dynamic shapes these may be SymInts; a Workload holds plain numbers.
-    N = int(x.shape[-1]) if x.dim() else 1
+    # hint(): under dynamic shapes these may be SymInts; a Workload holds plain numbers (no guard).
+    N = hint(x.shape[-1]) if x.dim() else 1
     rows = 1
     for d in x.shape[:-1]:
-        rows *= int(d)
+        rows *= hint(d)
     return _workload(rows, N, x.dtype, out_dtype or x.dtype, x.device.type)
 
 

@@ -32,6 +32,7 @@ from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
+from solforge.shapes import hint
 
 FAMILY = "swiglu"
 ACTS = ("silu", "gelu_tanh", "gelu")
@@ -551,9 +552,9 @@ def heuristic(workload: Workload) -> Config:
 
 def workload_for(gate: torch.Tensor, up: torch.Tensor, act: str = "silu") -> Workload:
     """The Workload record of one swiglu call (gate and up seen as (rows, N))."""
-    # int(): under dynamic shapes these may be SymInts; a Workload holds plain numbers.
-    N = int(gate.shape[-1]) if gate.dim() else 1
-    rows = math.prod(int(d) for d in gate.shape[:-1])
+    # hint(): under dynamic shapes these may be SymInts; a Workload holds plain numbers (no guard).
+    N = hint(gate.shape[-1]) if gate.dim() else 1
+    rows = math.prod(hint(d) for d in gate.shape[:-1])
     return Workload(family=FAMILY, shapes=((rows, N), (rows, N)),
                     dtypes=(dtype_name(gate.dtype), dtype_name(up.dtype)), params=(("act", act),),
                     device=gate.device.type)

@@ -51,14 +51,10 @@ import torch
 import torch.fx as fx
 
 from solforge.capture.cse import alias_analysis, mergeable
+from solforge.shapes import hint
 
 aten = torch.ops.aten
 
-try:  # a size hint that adds no guard under dynamic shapes (a cost estimate must not specialize)
-    from torch.fx.experimental.symbolic_shapes import optimization_hint as _hint
-except ImportError:  # older torch
-    def _hint(a: Any, fallback: int | None = None) -> int:
-        return int(a)
 
 
 def dead_detach(node: fx.Node) -> bool:
@@ -88,7 +84,7 @@ def kept_nodes(nodes: Sequence[fx.Node], outputs: Iterable[fx.Node]) -> list[fx.
 def _bytes(v: Any) -> int:
     if isinstance(v, torch.Tensor):
         try:
-            return _hint(v.numel(), fallback=1) * v.element_size()
+            return hint(v.numel()) * v.element_size()
         except Exception:  # a size with no hint: count it as one element
             return v.element_size()
     if isinstance(v, list | tuple):
