@@ -127,8 +127,10 @@ class ShapeDispatch:
     SEEN = 1024
 
     def __init__(self, gm: fx.GraphModule, fallback: Callable[..., Any],
-                 specialize: Callable[[Mapping[Any, int]], Callable[..., Any]]) -> None:
+                 specialize: Callable[[Mapping[Any, int]], Callable[..., Any]],
+                 report: Callable[[str], None] | None = None) -> None:
         self.gm = gm
+        self._report = report  # told of a failure to make a graph (the backend's errors)
         self.fallback = fallback
         self._specialize = specialize
         self._readers, self._symbols = _readers(gm)
@@ -157,6 +159,9 @@ class ShapeDispatch:
             fn = self._specialize(dict(zip(self._symbols, sizes, strict=True)))
         except Exception as e:  # noqa: BLE001 - the graph for all sizes is correct, only slower
             self.failures.append(f"{type(e).__name__}: {str(e)[:200]}")
+            if self._report is not None:
+                self._report(f"making the graph for sizes {sizes} failed, the graph for all sizes runs: "
+                             f"{self.failures[-1]}")
             return self.fallback(*args)
         self.made += 1
         self._made[sizes] = fn

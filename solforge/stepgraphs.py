@@ -25,8 +25,10 @@ the graph's, so it stays valid after the next replay. A capture that fails (an o
 input on the CPU, an output that is a view of an input) is recorded in `declined` and the graph
 runs as it is from then on. No replay with autograd recording (the graph holds no backward).
 
-Dynamo guards each graph on its inputs' shapes, strides and dtypes, so every call of a graph has
-the captured signature; copied inputs are checked again before the copy.
+Dynamo guards each static graph on its inputs' shapes, strides and dtypes, so every call of it
+has the captured signature; copied inputs are checked again before the copy. A dynamic-shape graph
+(one graph for many sizes) is not replayed as it is: shapes.ShapeDispatch makes a graph per set of
+sizes that comes back, each in a StepGraph of its own (`sizes_fixed`), which is.
 """
 
 from __future__ import annotations

@@ -75,12 +75,14 @@ def test_a_failure_to_make_one_leaves_the_graph_for_all_sizes() -> None:
     def broken(values: dict[Any, int]) -> Any:
         raise RuntimeError("no")
 
-    dispatch = ShapeDispatch(gm, gm, broken)
+    told: list[str] = []
+    dispatch = ShapeDispatch(gm, gm, broken, report=told.append)
     w = torch.randn(4)
     for n in (3, 3, 3):
         x = torch.randn(n, 4)
         assert torch.equal(dispatch(x, w), _scale_rows(x, w))
     assert dispatch.failures == ["RuntimeError: no"] and dispatch.made == 0
+    assert len(told) == 1 and "(3, 4)" in told[0] and "RuntimeError: no" in told[0]
 
 
 def _qwen3() -> torch.nn.Module:

@@ -181,7 +181,8 @@ class SolforgeBackend:
         self.graphs.append(CapturedGraph(index=index, aten=aten, attention_restored=restored,
                                         cse_removed=removed))
         if pristine is not None:
-            return ShapeDispatch(aten, aten, lambda values: self._specialize(pristine, index, values))
+            return ShapeDispatch(aten, aten, lambda values: self._specialize(pristine, index, values),
+                                 report=lambda text: self.errors.append(f"graph {index}: {text}"))
         step = StepGraph(aten)
         self.step_graphs.append(step)
         return step
