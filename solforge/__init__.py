@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["optimize", "profile"]
+__all__ = ["optimize", "profile", "step_graphs"]
 
 
 def optimize(*args: Any, **kwargs: Any) -> Any:
@@ -20,3 +20,13 @@ def profile(*args: Any, **kwargs: Any) -> Any:
     from solforge.api import profile as _profile
 
     return _profile(*args, **kwargs)
+
+
+def step_graphs(enabled: bool = True) -> Any:
+    """A context manager: inside it, the optimized model's launch-bound calls replay from CUDA
+    graphs, as in `optimized.generate` (solforge.stepgraphs). For a decode loop of your own: a
+    call replays once its graph was captured, which needs its cache (a static one) at the same
+    addresses from call to call."""
+    from solforge.stepgraphs import step_graphs as _step_graphs
+
+    return _step_graphs(enabled)

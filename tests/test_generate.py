@@ -234,3 +234,36 @@ def test_a_call_while_another_runs_leaves_the_model_as_it_was() -> None:
     assert torch.equal(out, ref) and len(inner) == 1 and torch.equal(inner[0], ref)
     assert keeper.made == 1 and keeper.reused == 0  # the nested call made its own cache, not kept
     assert "forward" not in m.__dict__ and "_prepare_static_cache" not in m.__dict__
+
+
+def test_a_decode_loop_of_ones_own_runs_inside_step_graphs() -> None:
+    """`solforge.step_graphs()` around a decode loop written by hand with a static cache: the
+    tokens are the original model's, and on a GPU the steps replay from a CUDA graph."""
+    import solforge
+
+    m = _model()
+    ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(6)).to(DEVICE)
+
+    def loop(model: Any, steps: int) -> torch.Tensor:
+        cache = transformers.StaticCache(config=m.config, max_cache_len=32)
+        out = model(ids, past_key_values=cache, cache_position=torch.arange(8, device=DEVICE), use_cache=True)
+        tokens = [out.logits[:, -1].argmax(-1, keepdim=True)]
+        for i in range(steps):
+            pos = torch.tensor([8 + i], device=DEVICE)
+            out = model(tokens[-1], past_key_values=cache, cache_position=pos, use_cache=True)
+            tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
+        return torch.cat(tokens, dim=1)
+
+    with torch.no_grad():
+        ref = loop(m, 10)
+        opt, stats = integrate(m, {})
+        with solforge.step_graphs():
+            got = loop(opt, 10)
+    assert torch.equal(got, ref)
+    if DEVICE == "cuda":
+        # the step: run, timed, then captured once its cache's addresses held for two calls
+        decode = max(stats.step_graphs, key=lambda s: s.replays)
+        assert decode.replays >= 6 and decode.captures == 1, [s.summary() for s in stats.step_graphs]
+    else:  # the CPU: declined (a CUDA graph reads GPU memory only), the graphs run as they are
+        assert all(s.replays == 0 for s in stats.step_graphs)
+        assert any("cpu" in s.summary() for s in stats.step_graphs)
