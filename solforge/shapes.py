@@ -128,9 +128,11 @@ class ShapeDispatch:
 
     def __init__(self, gm: fx.GraphModule, fallback: Callable[..., Any],
                  specialize: Callable[[Mapping[Any, int]], Callable[..., Any]],
-                 report: Callable[[str], None] | None = None) -> None:
+                 report: Callable[[str], None] | None = None,
+                 evict: Callable[[Callable[..., Any]], None] | None = None) -> None:
         self.gm = gm
         self._report = report  # told of a failure to make a graph (the backend's errors)
+        self._evict = evict  # given a graph made earlier that is no longer kept
         self.fallback = fallback
         self._specialize = specialize
         self._readers, self._symbols = _readers(gm)
@@ -166,5 +168,7 @@ class ShapeDispatch:
         self.made += 1
         self._made[sizes] = fn
         if len(self._made) > self.KEEP:
-            self._made.popitem(last=False)
+            _, old = self._made.popitem(last=False)
+            if self._evict is not None:
+                self._evict(old)
         return fn(*args)

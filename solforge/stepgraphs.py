@@ -304,6 +304,11 @@ class StepGraph:
         leaves = [args[v] if kind == "input" else v.clone() if kind == "owned" else v for kind, v in self._outs]
         return pytree.tree_unflatten(leaves, self._out_spec)
 
+    def release(self) -> None:
+        """Drop the capture, its buffers and its memory pool (a graph no longer called)."""
+        with self._lock:
+            self._replay, self._key, self._copied, self._outs = None, None, [], []
+
     def summary(self) -> str:
         if self.declined is not None:
             return f"not replayed: {self.declined}"

@@ -155,3 +155,28 @@ def test_training_at_new_lengths_gives_the_original_gradients() -> None:
             assert p.grad is not None and k in got, k
             assert torch.allclose(got[k], p.grad, atol=1e-5, rtol=1e-4), (n, k)
     assert stats.graphs >= 2 and stats.dynamic and stats.specialized >= 1
+
+
+def test_a_graph_no_longer_kept_is_released() -> None:
+    gm = _symbolic()
+    made: list[StepGraph] = []
+    evicted: list[Any] = []
+
+    def specialize(values: dict[Any, int]) -> StepGraph:
+        made.append(StepGraph(gm, capture=fake_capture, measure=launch_bound, needs_cuda=False, sizes_fixed=True))
+        return made[-1]
+
+    def evict(step: Any) -> None:
+        step.release()
+        evicted.append(step)
+
+    dispatch = ShapeDispatch(gm, gm, specialize, evict=evict)
+    dispatch.KEEP = 1
+    w = torch.randn(4)
+    with step_graphs(), torch.no_grad():
+        for n in (3, 3, 3, 3, 6, 6, 3):
+            x = torch.randn(n, 4)
+            assert torch.equal(dispatch(x, w), _scale_rows(x, w))
+    # 3's graph was captured, then dropped for 6's; 3 came back and was made again
+    assert made[0].captures == 1 and evicted[:1] == [made[0]] and made[0]._replay is None
+    assert len(made) == 3 and evicted == [made[0], made[1]]

@@ -182,10 +182,18 @@ class SolforgeBackend:
                                         cse_removed=removed))
         if pristine is not None:
             return ShapeDispatch(aten, aten, lambda values: self._specialize(pristine, index, values),
-                                 report=lambda text: self.errors.append(f"graph {index}: {text}"))
+                                 report=lambda text: self.errors.append(f"graph {index}: {text}"),
+                                 evict=self._drop)
         step = StepGraph(aten)
         self.step_graphs.append(step)
         return step
+
+    def _drop(self, step: Any) -> None:
+        """A graph made for one set of sizes that its dispatch no longer keeps: its CUDA graph's
+        memory goes, and so does its place in `step_graphs`."""
+        if isinstance(step, StepGraph):
+            step.release()
+            self.step_graphs[:] = [s for s in self.step_graphs if s is not step]
 
     def _specialize(self, pristine: fx.GraphModule, index: int, values: Any) -> StepGraph:
         """Graph `index` (its lowering, before any rewrite) rewritten for the sizes `values`."""
