@@ -86,11 +86,14 @@ def symbolic_inputs(gm: fx.GraphModule) -> list[int]:
 
 
 def copy_graph(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of `gm` that a rewrite of it leaves alone (nodes copied, meta shallow-copied)."""
+    """A copy of `gm` that a rewrite of it leaves alone (nodes copied, meta shallow-copied, the
+    module's meta too: the lowering's grad mode is read by the planner)."""
     graph = fx.Graph()
     out = graph.graph_copy(gm.graph, {})
     graph.output(out)
-    return fx.GraphModule(gm, graph)
+    copy = fx.GraphModule(gm, graph)
+    copy.meta.update(gm.meta)
+    return copy
 
 
 def _readers(gm: fx.GraphModule) -> tuple[list[tuple[int, int | None, Any]], list[Any]]:

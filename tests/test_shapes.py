@@ -180,3 +180,14 @@ def test_a_graph_no_longer_kept_is_released() -> None:
     # 3's graph was captured, then dropped for 6's; 3 came back and was made again
     assert made[0].captures == 1 and evicted[:1] == [made[0]] and made[0]._replay is None
     assert len(made) == 3 and evicted == [made[0], made[1]]
+
+
+def test_a_copy_keeps_the_lowerings_meta() -> None:
+    from solforge.shapes import copy_graph
+
+    gm = _symbolic()
+    gm.meta["grad_enabled"] = False
+    copy = copy_graph(gm)
+    assert copy.meta["grad_enabled"] is False and copy.graph is not gm.graph
+    assert [n.meta.get("val") for n in copy.graph.nodes if n.op == "placeholder"] == \
+        [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
