@@ -270,7 +270,8 @@ def optimize(
     if profile == "on" or (profile == "auto" and len(cached) < len(groups)):
         rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
         prof = _profile_stage(model, example_inputs, device=device, name=name or type(model).__name__,
-                              families=fams, trace=Path(out_dir) / TRACE_BASELINE if out_dir is not None else None)
+                              families=fams, trace=Path(out_dir) / TRACE_BASELINE if out_dir is not None else None,
+                              lowering_cache=lowering_cache)
         # tune where the end-to-end time is: the largest Amdahl saving first (the budget may run out);
         # the profile is of the forward, so a backward group ranks with its forward, right after it
         saving = _ranking(prof)
@@ -366,7 +367,7 @@ def optimize(
             prof_after = _profile_stage(
                 model, example_inputs, device=device, name=name or type(model).__name__, families=fams,
                 rewrite=Integrator(dict(winners), fams, train=train, keep=frozenset(keep), db=db_path),
-                trace=Path(out_dir) / TRACE_OPTIMIZED if out_dir is not None else None)
+                trace=Path(out_dir) / TRACE_OPTIMIZED if out_dir is not None else None, lowering_cache=lowering_cache)
 
     rep.stop()
     report = Report(
@@ -424,11 +425,12 @@ def profile(
 
 def _profile_stage(model: torch.nn.Module, inputs: Sequence[Any], *, device: str, name: str,
                    families: Sequence[str] | None, trace: Path | None, rewrite: _capture.Rewrite | None = None,
-                   ceilings_cache: str | Path | None = None) -> Profile:
+                   ceilings_cache: str | Path | None = None,
+                   lowering_cache: _capture.LoweringCache | None = None) -> Profile:
     from solforge.profile import profile_model
 
     return profile_model(model, inputs, device=device, name=name, families=families, rewrite=rewrite,
-                         trace_path=trace, ceilings_cache=ceilings_cache)
+                         trace_path=trace, ceilings_cache=ceilings_cache, lowering_cache=lowering_cache)
 
 
 def _ranking(prof: Profile) -> Callable[[str], float]:

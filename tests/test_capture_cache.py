@@ -267,3 +267,18 @@ def test_prune_by_last_use_and_from_the_cli(tmp_path: Path, capsys: pytest.Captu
     assert "removed 1 lowered graphs" in capsys.readouterr().out and not entry.exists()
     assert main(["db", "prune", "--lowered", "--family", "rope", "--db", db]) == 2
     assert "--lowered prunes by age only" in capsys.readouterr().err
+
+
+def test_the_profile_reads_the_captures_lowering(tiny, tmp_path):
+    """optimize profiles the model after capturing it: the profile's trace reads the capture's
+    ATen graph from the lowering cache instead of lowering it again, and finds the same regions."""
+    from solforge.profile import profile_model
+
+    with torch.no_grad():
+        captured = _capture(tiny.model, tiny.example_inputs, tmp_path)
+    assert captured.cache.stored == 1
+    cache = lc.LoweringCache(tmp_path)
+    prof = profile_model(tiny.model, tiny.example_inputs, device=DEVICE, lowering_cache=cache)
+    assert (cache.hits, cache.stored, cache.problems) == (1, 0, [])
+    fresh = profile_model(tiny.model, tiny.example_inputs, device=DEVICE)
+    assert prof.regions and sorted(r.key for r in prof.regions) == sorted(r.key for r in fresh.regions)

@@ -29,7 +29,7 @@ from solforge.shapes import ShapeDispatch, bound, copy_graph, symbolic_inputs
 from solforge.stepgraphs import StepGraph
 
 __all__ = ["CapturedGraph", "GradModeLost", "LoweringCache", "Rewrite", "SolforgeBackend", "capture", "compile_with",
-           "few_full_collections", "lower_to_aten", "module_path", "op_name"]
+           "few_full_collections", "lower_to_aten", "module_path", "op_name", "static_shapes"]
 
 Rewrite = Callable[[fx.GraphModule, int], fx.GraphModule]
 
@@ -257,11 +257,16 @@ def capture(model: torch.nn.Module, inputs: Sequence[Any], *, grad: bool = False
         cache = LoweringCache(Path(cache))
     backend = SolforgeBackend(cache=cache)
     compiled = backend.compiled = compile_with(model, backend)
-    # static graphs for these inputs, whatever dynamo remembers of the model's code: a function
-    # compiled before for another shape (another model sharing transformers' forward wrapper, an
-    # earlier optimize) would otherwise give a dynamic-shape graph from the first call. The model
-    # compiled here (the optimized model of integrate_captured) still goes dynamic on a new shape.
-    with torch._dynamo.config.patch(automatic_dynamic_shapes=False), torch.set_grad_enabled(grad), \
-            few_full_collections():
+    with static_shapes(), torch.set_grad_enabled(grad), few_full_collections():
         compiled(*inputs)
     return backend
+
+
+def static_shapes() -> contextlib.AbstractContextManager[Any]:
+    """Within this block dynamo compiles static graphs for the inputs it gets, whatever it
+    remembers of the code: a function compiled before for another shape (another model sharing
+    transformers' forward wrapper, an earlier optimize) would otherwise get a dynamic-shape graph
+    from its first call. For a capture or a profile, which are of the example inputs; a model
+    compiled in it still goes dynamic on a new shape later (the optimized model of
+    integrate_captured)."""
+    return torch._dynamo.config.patch(automatic_dynamic_shapes=False)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.capture import Rewrite, SolforgeBackend, compile_with
+from solforge.capture import LoweringCache, Rewrite, SolforgeBackend, compile_with, static_shapes
 from solforge.errors import UserError
 from solforge.profile import roofline
 from solforge.profile.ceilings import get_ceilings
@@ -69,12 +69,14 @@ def profile_model(
     ceilings: Ceilings | None = None,
     ceilings_cache: str | Path | None = None,
     trace_path: str | Path | None = None,
+    lowering_cache: LoweringCache | None = None,
 ) -> Profile:
     """Profile one forward of `model` (inference). With `rewrite`, each captured graph is passed
     through it first (how the optimized model is profiled). With `trace_path`, the Chrome trace
-    is kept there."""
+    is kept there. With `lowering_cache`, a graph the capture lowered is read back, not traced
+    through make_fx again."""
     annotator = _Annotator(rewrite, families)
-    backend = SolforgeBackend(rewrite=annotator)
+    backend = SolforgeBackend(rewrite=annotator, cache=lowering_cache)
     compiled = compile_with(model, backend)
     inputs = tuple(example_inputs)
 
@@ -83,7 +85,8 @@ def profile_model(
             return compiled(*inputs)
 
     try:
-        forward()  # compiles
+        with static_shapes():  # the graph of these inputs' shapes, as the capture's
+            forward()  # compiles
     except Exception as e:
         raise UserError(f"the model failed to run on its example inputs: {_one_line(e)}") from e
     notes = list(backend.errors)
