@@ -83,6 +83,12 @@ class IntegrationStats:
             + sum(self.dynamic.values())
 
 
+def _sizeless(workload: Workload) -> tuple[Any, ...]:
+    """A workload without its sizes (its family, dtypes, options, device and the rank of each
+    shape): what a region of a dynamic-shape graph has in common with the tuned shape's."""
+    return (workload.family, workload.dtypes, workload.params, workload.device, tuple(map(len, workload.shapes)))
+
+
 def config_text(record: TuningRecord) -> str:
     """A tuning record's config as the custom ops take it (the family's encoded Config)."""
     fam = family_module(record.candidate.workload.family)
@@ -121,7 +127,11 @@ class Integrator:
         for m in find_matches(gm.graph, self.families):
             if not per_size and any(symbolic(a.meta.get("val")) for a in m.args if isinstance(a, fx.Node)):
                 # sizes that vary from call to call: "" is the family's heuristic for each call's
-                # sizes (a tuned config is for one size; the kernels check a config's fit per size)
+                # sizes (a tuned config is for one size; the kernels check a config's fit per size).
+                # A region like one left as the model wrote it at the tuned shape (its kernel slower
+                # or unverified there) is left here too: its sizes are not known to differ
+                if _sizeless(m.workload) in self._kept_kinds:
+                    continue
                 self.stats.dynamic[m.workload.key] = self.stats.dynamic.get(m.workload.key, 0) + 1
                 chosen.append(m)
                 configs.append("")
@@ -153,6 +163,10 @@ class Integrator:
         # and their embeddings: the gradient added into .grad row by row (embeddings.py)
         self.stats.embeddings += rewrite_embeddings(gm)
         return gm
+
+    @property
+    def _kept_kinds(self) -> frozenset[tuple[Any, ...]]:
+        return frozenset(_sizeless(w) for w in self.keep)
 
     def _with_backward(self, workload: Workload, config: str) -> str:
         """"FWD|BWD" for a family that tunes its backward; `config` unchanged for any other."""

@@ -191,3 +191,28 @@ def test_a_copy_keeps_the_lowerings_meta() -> None:
     assert copy.meta["grad_enabled"] is False and copy.graph is not gm.graph
     assert [n.meta.get("val") for n in copy.graph.nodes if n.op == "placeholder"] == \
         [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def test_a_region_kept_at_the_tuned_shape_is_kept_at_every_size() -> None:
+    """A workload optimize left as the model wrote it (its kernel slower or unverified there) is
+    not given a heuristic kernel in the graph for all sizes either."""
+    import solforge.kernels.rmsnorm as rms
+    from solforge import capture, plan
+
+    m = torch.nn.RMSNorm(64, eps=1e-6).to(DEVICE)
+    x = torch.randn(2, 3, 64, device=DEVICE)
+    with torch.no_grad():
+        (group,) = plan.plan(capture.capture(m, (x,)).graphs)
+    torch.compiler.reset()
+    opt, stats = integrate(m, {}, keep=[group.workload])
+    calls: list[int] = []
+    real = rms.rmsnorm
+    try:
+        rms.rmsnorm = lambda *a, **kw: calls.append(1) or real(*a, **kw)  # type: ignore[assignment]
+        with torch.no_grad():
+            for n in (3, 5, 7):
+                y = torch.randn(2, n, 64, device=DEVICE)
+                assert torch.allclose(opt(y), m(y), atol=1e-5)
+    finally:
+        rms.rmsnorm = real
+    assert calls == [] and stats.graphs == 2 and not stats.dynamic and stats.total == 0
