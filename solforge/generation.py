@@ -219,12 +219,14 @@ def route_generate(optimized: Any, model: torch.nn.Module, backend: SolforgeBack
         if chosen:
             kwargs = _with_static_cache(kwargs)
         keep = cuda_graphs and keeper.available() and not _returns_cache(model, kwargs) and busy.acquire(blocking=False)
-        enter()
         try:
-            with keeper.owning(keep, CACHE_LENGTH_STEP if chosen else None), step_graphs(cuda_graphs):
-                return model.generate(*args, **kwargs)
+            enter()
+            try:
+                with keeper.owning(keep, CACHE_LENGTH_STEP if chosen else None), step_graphs(cuda_graphs):
+                    return model.generate(*args, **kwargs)
+            finally:
+                leave()
         finally:
-            leave()
             if keep:
                 busy.release()
 
