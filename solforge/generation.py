@@ -148,12 +148,13 @@ _OWN_CACHE = ("past_key_values", "cache_params", "cache_implementation", "assist
 
 def _default_static(model: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
     """Whether to give this call a static cache (see the module doc): the caller left the cache to
-    transformers, wants one, does not get it back, and the model supports a static cache."""
+    transformers, wants one, and the model supports a static cache (the caller's own check: the
+    call does not get its cache back)."""
     if any(kwargs.get(name) is not None for name in _OWN_CACHE):
         return False
     if _setting(model, kwargs, "cache_implementation", None) is not None:
         return False
-    if not _setting(model, kwargs, "use_cache", True) or _returns_cache(model, kwargs):
+    if not _setting(model, kwargs, "use_cache", True):
         return False
     supports_dynamic = getattr(model, "_supports_default_dynamic_cache", None)
     return bool(getattr(type(model), "_can_compile_fullgraph", False)) and callable(supports_dynamic) \
@@ -215,10 +216,11 @@ def route_generate(optimized: Any, model: torch.nn.Module, backend: SolforgeBack
     def generate(*args: Any, **kwargs: Any) -> Any:
         if hasattr(getattr(model, "generation_config", None), "disable_compile"):
             kwargs.setdefault("disable_compile", True)
-        chosen = _default_static(model, kwargs)
+        returned = _returns_cache(model, kwargs)
+        chosen = not returned and _default_static(model, kwargs)
         if chosen:
             kwargs = _with_static_cache(kwargs)
-        keep = cuda_graphs and keeper.available() and not _returns_cache(model, kwargs) and busy.acquire(blocking=False)
+        keep = cuda_graphs and keeper.available() and not returned and busy.acquire(blocking=False)
         try:
             enter()
             try:

@@ -39,6 +39,7 @@ the tokens present (embeddings.py).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,7 +165,7 @@ class Integrator:
         self.stats.embeddings += rewrite_embeddings(gm)
         return gm
 
-    @property
+    @functools.cached_property
     def _kept_kinds(self) -> frozenset[tuple[Any, ...]]:
         return frozenset(_sizeless(w) for w in self.keep)
 

@@ -96,9 +96,10 @@ def copy_graph(gm: fx.GraphModule) -> fx.GraphModule:
     return copy
 
 
-def _readers(gm: fx.GraphModule) -> tuple[list[tuple[int, int | None, Any]], list[Any]]:
+def _readers(gm: fx.GraphModule) -> list[tuple[int, int | None, Any]]:
     """How to read each size symbol from a call's arguments: (input index, dim or None for a
-    SymInt input, symbol), the first place each symbol appears as a plain size of an input."""
+    SymInt input, symbol), the first place each symbol appears as a plain size of an input; none
+    when a symbol is never such a size (its value per call could not be read)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     readers: list[tuple[int, int | None, Any]] = []
     seen: set[Any] = set()
@@ -115,9 +116,7 @@ def _readers(gm: fx.GraphModule) -> tuple[list[tuple[int, int | None, Any]], lis
             if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol and size.node.expr not in seen:
                 seen.add(size.node.expr)
                 readers.append((i, d, size.node.expr))
-    if not free <= seen:  # a symbol no input size reads directly: its value per call is unknown
-        return [], []
-    return readers, [r[2] for r in readers]
+    return readers if free <= seen else []
 
 
 class ShapeDispatch:
@@ -138,7 +137,7 @@ class ShapeDispatch:
         self._evict = evict  # given a graph made earlier that is no longer kept
         self.fallback = fallback
         self._specialize = specialize
-        self._readers, self._symbols = _readers(gm)
+        self._readers = _readers(gm)
         self._made: OrderedDict[tuple[int, ...], Callable[..., Any]] = OrderedDict()
         self._seen: OrderedDict[tuple[int, ...], None] = OrderedDict()
         self.failures: list[str] = []
@@ -161,7 +160,7 @@ class ShapeDispatch:
                 self._seen.popitem(last=False)
             return self.fallback(*args)
         try:
-            fn = self._specialize(dict(zip(self._symbols, sizes, strict=True)))
+            fn = self._specialize({symbol: size for (_, _, symbol), size in zip(self._readers, sizes, strict=True)})
         except Exception as e:  # noqa: BLE001 - the graph for all sizes is correct, only slower
             self.failures.append(f"{type(e).__name__}: {str(e)[:200]}")
             if self._report is not None:
