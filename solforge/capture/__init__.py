@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -25,7 +26,7 @@ from torch.fx.traceback import preserve_node_meta
 from solforge.capture.cache import LoweringCache
 from solforge.capture.canonical import restore_causal_attention
 from solforge.capture.cse import eliminate_common_subexpressions
-from solforge.shapes import ShapeDispatch, bound, copy_graph, symbolic_inputs
+from solforge.shapes import ShapeDispatch, bound, copy_graph, symbolic, symbolic_inputs
 from solforge.stepgraphs import StepGraph
 
 __all__ = ["CapturedGraph", "GradModeLost", "LoweringCache", "Rewrite", "SolforgeBackend", "capture", "compile_with",
@@ -103,7 +104,13 @@ def lower_to_aten(gm: fx.GraphModule, example_inputs: Sequence[Any],
         # preserve_node_meta carries nn_module_stack / stack_trace from dynamo's nodes to ATen nodes,
         # so a region can be named by its module path (model.layers.3.self_attn.q_norm).
         interp = _GradModeInterpreter(gm)
-        with fake_mode, preserve_node_meta():
+        # Sizes that vary (a dynamic-shape graph): ops without a symbolic C++ path (matmul's on
+        # CUDA, reached by the rotary embedding's fp32 matmul) read a fake tensor's sizes as ints,
+        # which pins the length to this call's and makes dynamo compile again at every length.
+        # Their Python decompositions, run by the Python dispatcher, keep sizes symbolic (make_fx's
+        # symbolic mode turns it on for the same reason). Static graphs are traced as before.
+        varying = any(symbolic(x) for x in example_inputs)
+        with fake_mode, preserve_node_meta(), enable_python_dispatcher() if varying else contextlib.nullcontext():
             # run through an Interpreter: it sets the current node's meta for each op it traces
             aten = make_fx(lambda *a: interp.run(*a), tracing_mode="real")(*fake_inputs)
         if interp.lost is not None:
