@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from bwd_helpers import assert_sampled_configs_verify
 from bwd_helpers import bwd_of as _bwd
 from bwd_helpers import with_config as _launch
-from conftest import DEVICE, requires_gpu
+from conftest import DEVICE, large_gpu_memory, requires_gpu
 from torch import nn
 from wrong_launchers import half_written as _half_written
 from wrong_launchers import scaled_last as _scaled_last
@@ -391,6 +391,7 @@ GPU_FORWARD = {
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize("name", list(GPU_FORWARD))
+@large_gpu_memory
 def test_gpu_backward_families_verify_at_model_shapes(name: str) -> None:
     assert_sampled_configs_verify(GPU_FORWARD[name], "cuda")
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import DEVICE, requires_gpu
+from conftest import DEVICE, large_gpu_memory, requires_gpu
 
 from solforge.kernels import cross_entropy as C
 from solforge.numerics import compare
@@ -140,6 +140,7 @@ def test_autograd_through_the_op(reduction: str) -> None:
 
 
 @requires_gpu
+@large_gpu_memory
 def test_qwen3_vocab_on_gpu() -> None:
     """Qwen3's vocabulary: 4096 x 151936 bf16 logits, every reduction, a sample of the space."""
     for reduction in ("mean", "sum"):

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import DEVICE, requires_gpu
+from conftest import DEVICE, large_gpu_memory, requires_gpu
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from solforge.kernels import linear_cross_entropy as L
@@ -472,6 +472,7 @@ QWEN3_4B_CONFIGS = ["heuristic", "fp32:r=2048:b=8192:w=16", "native:r=2048:b=819
 
 @requires_gpu
 @pytest.mark.parametrize("enc", QWEN3_4B_CONFIGS)
+@large_gpu_memory
 def test_qwen3_4b_head_on_gpu(enc: str) -> None:
     """4096 tokens: the heuristic (one chunk: dweight from one GEMM, within the unchunked graph's
     peak, 2.05 GB for torch.compile), fp32 and native in 2. Peak memory as the cost model says
@@ -497,6 +498,7 @@ def test_qwen3_4b_head_on_gpu(enc: str) -> None:
 
 
 @requires_gpu
+@large_gpu_memory
 def test_space_sample_on_gpu() -> None:
     wl = _wl(4096, 2560, 151936, BF16, grads=3, reduction="sum")
     # fp32 accumulation: `native` misses dweight's tolerance at this shape (see above)

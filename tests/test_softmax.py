@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import DEVICE, requires_gpu
+from conftest import DEVICE, large_gpu_memory, requires_gpu
 
 from solforge.kernels import softmax as S
 from solforge.numerics import compare
@@ -175,6 +175,7 @@ def test_autograd_through_the_op(dtype: torch.dtype, upcast: bool) -> None:
 
 
 @requires_gpu
+@large_gpu_memory
 def test_attention_shape_on_gpu() -> None:
     """Qwen3-ish eager attention scores: B2 x 32 heads x 1024 x 1024, bf16 (upcast form), every config
     of the space, and the backward."""
