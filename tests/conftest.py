@@ -11,9 +11,9 @@ if not torch.cuda.is_available():
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-# GPU tests that take tens of GB of GPU memory (vocabulary-sized logits and their references):
-# under pytest-xdist with `--dist loadgroup` they run one after another on one worker. At -n 8 on
-# an H100, test_qwen3_vocab_on_gpu's 28 GB next to another worker's 42 GB ran the GPU out of memory.
+# The GPU tests with the largest shapes (vocabulary-sized logits and their references): under
+# pytest-xdist with `--dist loadgroup` they run one after another on one worker. At -n 8 on an H100,
+# test_qwen3_vocab_on_gpu's 28 GB next to another worker's 42 GB ran the GPU out of memory.
 large_gpu_memory = pytest.mark.xdist_group("gpu_memory")
 
 
