@@ -11,11 +11,15 @@ seen before on the machine a few milliseconds.
 from __future__ import annotations
 
 import argparse
-import collections
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compiles import CompileCounter  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,22 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=4)
     args = p.parse_args(argv)
     import transformers
-    from triton.runtime.jit import JITFunction
 
     from solforge.capture import SolforgeBackend
     from solforge.integrate import integrate
 
-    compiles: collections.Counter[str] = collections.Counter()
-    spent = {"compile": 0.0, "specialize": 0.0}
-    do_compile, specialize = JITFunction._do_compile, SolforgeBackend._specialize
-
-    def timed_compile(self: Any, *a: Any, **k: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return do_compile(self, *a, **k)
-        finally:
-            spent["compile"] += time.perf_counter() - t
-            compiles[self.fn.__name__] += 1
+    counter = CompileCounter()
+    spent = {"specialize": 0.0}
+    specialize = SolforgeBackend._specialize
 
     def timed_specialize(self: Any, *a: Any, **k: Any) -> Any:
         t = time.perf_counter()
@@ -48,7 +43,6 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             spent["specialize"] += time.perf_counter() - t
 
-    JITFunction._do_compile = timed_compile  # type: ignore[method-assign]
     SolforgeBackend._specialize = timed_specialize  # type: ignore[method-assign]
     torch.manual_seed(0)
     cfg = transformers.Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=args.layers,
@@ -59,14 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         for n in (int(v) for v in args.lengths.split(",")):
             ids = torch.randint(0, 1000, (1, n), device="cuda")
-            compiles.clear()
-            spent.update(compile=0.0, specialize=0.0)
+            counter.take()
+            spent["specialize"] = 0.0
             torch.cuda.synchronize()
             t = time.perf_counter()
             opt(ids)
             torch.cuda.synchronize()
-            print({"length": n, "ms": round((time.perf_counter() - t) * 1e3, 1),
-                   "triton_compiles": dict(compiles), "compile_ms": round(spent["compile"] * 1e3),
+            print({"length": n, "ms": round((time.perf_counter() - t) * 1e3, 1), **counter.take(),
                    "specialize_ms": round(spent["specialize"] * 1e3), "graphs": stats.graphs,
                    "specialized": stats.specialized}, flush=True)
     return 0

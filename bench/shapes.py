@@ -7,7 +7,8 @@ model, against the original model.
 solforge optimizes the model at `--seq`. Then, for a forward:
 - the optimized model is called at each of `--lengths` in turn;
 - each call is timed (wall clock, synchronized), together with the number of graphs dynamo has
-  compiled so far and the number made again for one set of sizes;
+  compiled so far, the number made again for one set of sizes, and the Triton compiles the call
+  did (`bench/compiles.py`; one found in Triton's on-disk cache counts too, at a few ms);
 - the original model is timed at the same length, and the largest difference of the logits is
   recorded.
 
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compiles import CompileCounter  # noqa: E402
 from e2e import provenance, write_json  # noqa: E402
 
 
@@ -71,15 +73,18 @@ def main(argv: list[str] | None = None) -> int:
     result["optimize_s"] = round(time.perf_counter() - t0, 1)
     result["e2e_passed"] = rep.e2e.passed if rep.e2e is not None else None
     stats = getattr(opt, "solforge_stats", None)  # integrate.IntegrationStats, live
+    compiles = CompileCounter()  # Triton's compiles in each optimized call (none off the GPU)
     gen = torch.Generator(device=args.device).manual_seed(0)
     vocab = model.config.vocab_size
     with torch.no_grad():
         for n in (int(v) for v in args.lengths.split(",")):
             ids = torch.randint(0, vocab, (1, n), device=args.device, generator=gen)
+            compiles.take()
             got, ms = _ms(lambda ids=ids: opt(ids).logits)
+            compiled = compiles.take()
             ref, eager_ms = _ms(lambda ids=ids: model(ids).logits)
             row = {"length": n, "ms": ms, "eager_ms": eager_ms,
-                   "max_abs_diff": round(float((got.float() - ref.float()).abs().max()), 4)}
+                   "max_abs_diff": round(float((got.float() - ref.float()).abs().max()), 4), **compiled}
             if stats is not None:
                 row.update(graphs=stats.graphs, specialized=stats.specialized,
                            dynamic_regions=sum(stats.dynamic.values()))
@@ -90,10 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         kw: dict[str, Any] = {"max_new_tokens": args.new, "min_new_tokens": args.new, "do_sample": False}
         for n in (int(v) for v in args.prompts.split(",")):
             ids = torch.randint(0, vocab, (1, n), device=args.device, generator=gen)
+            compiles.take()
             out, ms = _ms(lambda ids=ids: opt.generate(ids, **kw))
+            compiled = compiles.take()
             ref, eager_ms = _ms(lambda ids=ids: model.generate(ids, disable_compile=True, **kw))
             row = {"prompt": n, "ms": ms, "eager_ms": eager_ms,
-                   "tokens_equal": int((out[:, n:] == ref[:, n:]).sum()), "tokens": int(ref[:, n:].numel())}
+                   "tokens_equal": int((out[:, n:] == ref[:, n:]).sum()), "tokens": int(ref[:, n:].numel()),
+                   **compiled}
             if stats is not None:
                 row.update(graphs=stats.graphs, specialized=stats.specialized)
             result["generate"].append(row)
