@@ -16,11 +16,13 @@ from solforge.records import BuildResult, Candidate, RunResult, TuningRecord, Ve
 from solforge.tune import FINALIST_SPREAD, FINALISTS, family_module, finalists, tune
 from solforge.tune.timing import (
     CYCLES_PER_S,
+    GATE_MARGIN,
     GATE_PAD_S,
     MAX_BATCH,
     batch_size,
     confirm,
     device_samples,
+    next_gate,
     sleep_cycles,
     steady,
     time_kernel,
@@ -47,6 +49,24 @@ def test_batch_size_and_sleep_cover_the_hosts_queueing() -> None:
     cycles = sleep_cycles(40e-6, 50, 2.0)
     assert cycles == int((2.0 * 40e-6 * 50 + GATE_PAD_S) * CYCLES_PER_S)
     assert cycles / CYCLES_PER_S > 40e-6 * 50 * 2
+
+
+def test_the_gate_lengthens_for_a_stall_and_relaxes_after_it() -> None:
+    host, margin, n = 1e-3, GATE_MARGIN, 4
+    before = sleep_cycles(host, n, margin)
+    # a stall: the batch was queued 20x slower than measured, twice; its retry is covered
+    for _ in range(2):
+        longer = next_gate(host, margin, 20e-3, held=False, first_try=True)
+        assert sleep_cycles(longer[0], n, longer[1]) > sleep_cycles(host, n, margin)  # longer each time
+        host, margin = longer
+    assert next_gate(host, margin, 1e-3, held=True, first_try=False) == (host, margin)  # the retry kept
+    stalled = sleep_cycles(host, n, margin)
+    assert stalled > 50 * before
+    # the host is back to 1 ms a call: covered batches bring the sleep back, never below the need
+    for _ in range(8):
+        host, margin = next_gate(host, margin, 1e-3, held=True, first_try=True)
+        assert host >= 1e-3 and margin >= GATE_MARGIN
+    assert (host, margin) == (1e-3, GATE_MARGIN) and sleep_cycles(host, n, margin) == before
 
 
 def test_confirm_off_the_gpu_is_labelled_meaningless_and_keeps_failures_apart() -> None:

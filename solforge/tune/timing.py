@@ -68,6 +68,22 @@ def sleep_cycles(host_s: float, n: int, margin: float) -> int:
     return int((margin * host_s * n + GATE_PAD_S) * CYCLES_PER_S)
 
 
+def next_gate(host_s: float, margin: float, queued: float, held: bool, first_try: bool) -> tuple[float, float]:
+    """The gate's (host_s, margin) after a batch whose calls were each queued in `queued` seconds.
+
+    A batch the sleep did not cover is timed again behind a sleep twice as long, sized by the
+    slower of the two queueing times. After a batch covered at its first try, both halve, the
+    margin down to GATE_MARGIN at least and the queueing time down to this batch's at least: one
+    host stall (another process, a collection) would otherwise leave every later batch behind a
+    sleep many times longer than the host needs, the GPU idle meanwhile. Whether a batch was
+    covered is still checked for every batch kept."""
+    if not held:
+        return max(host_s, queued), margin * 2
+    if first_try:
+        return max(queued, host_s / 2), max(GATE_MARGIN, margin / 2)
+    return host_s, margin
+
+
 class _Gated:
     """Device times of one callable, each call after an L2 flush, in batches queued behind a sleep."""
 
@@ -119,9 +135,10 @@ class _Gated:
             self.end[-1].synchronize()
             if held or attempt == GATE_RETRIES or not self.gating:
                 self.gating = self.gating and held
+                if self.gating:
+                    self.host_s, self.margin = next_gate(self.host_s, self.margin, queued, True, attempt == 0)
                 return [s.elapsed_time(e) * 1e3 for s, e in zip(self.start, self.end, strict=True)]
-            self.host_s = max(self.host_s, queued)
-            self.margin *= 2
+            self.host_s, self.margin = next_gate(self.host_s, self.margin, queued, False, attempt == 0)
         raise AssertionError("unreachable")
 
     def run(self, ms: float) -> list[float]:
