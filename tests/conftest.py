@@ -18,6 +18,16 @@ large_gpu_memory = pytest.mark.xdist_group("gpu_memory")
 
 
 @pytest.fixture(autouse=True)
+def _give_back_large_gpu_memory(request: pytest.FixtureRequest):
+    """After a large_gpu_memory test, its worker returns the cached blocks to the GPU, so the other
+    workers can use them while this one runs its next tests."""
+    yield
+    marker = request.node.get_closest_marker("xdist_group")
+    if marker is not None and marker.args[:1] == ("gpu_memory",) and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@pytest.fixture(autouse=True)
 def _fresh_dynamo():
     """Each test compiles models with its own backends: start every test with dynamo's caches
     empty so earlier compilations never count against the recompile limit."""
