@@ -2,6 +2,7 @@
 that step is below the logits' rounding differences (a near-tie, not a wrong kernel).
 
     python bench/token_ties.py [--model qwen3-0.6b] [--prompts 128,97,97,150,150] [--new 32] [--device cuda]
+                               [--out bench/results/NAME.json]
 
 The model is integrated without tuning (each region's heuristic config), then for each prompt length:
 eager with transformers' default cache, eager with a static cache, and solforge with a static cache
@@ -14,9 +15,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e import provenance, write_json  # noqa: E402
 
 
 def _first_diff(a: torch.Tensor, b: torch.Tensor) -> int | None:
@@ -34,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", default="128,97,97,150,150")
     p.add_argument("--new", type=int, default=32)
     p.add_argument("--device", default="cuda", help="cpu: a check of the script (fp32 under the interpreter)")
+    p.add_argument("--out", default=None, help="where to write the rows as JSON, with device and versions")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench/token_ties.py needs a CUDA GPU (or --device cpu to check the script)", file=sys.stderr)
@@ -46,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     m.config.use_cache = True
     m.generation_config.use_cache = True
     opt, stats = integrate(m, {})
+    result: dict[str, Any] = {**provenance(), "model": args.model, "new_tokens": args.new, "rows": []}
     gen = torch.Generator(device=args.device).manual_seed(0)
     kw: dict[str, Any] = {"max_new_tokens": args.new, "min_new_tokens": args.new, "do_sample": False,
                           "return_dict_in_generate": True, "output_logits": True}
@@ -67,8 +74,11 @@ def main(argv: list[str] | None = None) -> int:
                 row["eager_static_top2_margin_at_diff"] = round(float(top[0] - top[1]), 4)
                 row["logit_maxdiff_before"] = max(_maxdiff(ref[j][0], got[j][0]) for j in range(i + 1))
             row["logit_maxdiff_step0"] = _maxdiff(ref[0][0], got[0][0])
+            result["rows"].append(row)
             print(row, flush=True)
+    result.update(graphs=stats.graphs, specialized=stats.specialized)
     print({"graphs": stats.graphs, "specialized": stats.specialized})
+    write_json(result, args.out)
     return 0
 
 

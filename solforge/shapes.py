@@ -67,6 +67,16 @@ def hint(size: Any) -> int:
     return int(size)
 
 
+def bound_value(size: Any) -> int | None:
+    """A SymInt's value for the call whose sizes are bound (inside `bound`), or None: outside
+    `bound`, or when a symbol it depends on has no value there (a size read from data)."""
+    values = _BOUND.get()
+    if not values or not isinstance(size, torch.SymInt):
+        return None
+    v = size.node.expr.xreplace(values)
+    return int(v) if isinstance(v, int) or not v.free_symbols else None
+
+
 def symbolic(value: Any) -> bool:
     """Whether a value (a SymInt, a tensor, a tuple of them) holds a symbolic size or stride."""
     if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):

@@ -83,3 +83,73 @@ def test_additive_masks() -> None:
     assert not _is_causal(soft, 5, 5)
     assert not _is_causal(causal.T.contiguous(), 5, 5)
     assert not _is_causal(causal, 5, 6)
+
+
+# Graphs for many sizes (shapes.py): the mask is computed from the sizes
+
+
+def _attention_ops(gm: torch.fx.GraphModule) -> list[str]:
+    return [op for op in _ops(gm) if "attention" in op]
+
+
+def test_a_graph_for_many_sizes_checks_the_mask_per_call_and_its_graphs_per_size_are_causal() -> None:
+    """qwen3-tiny at a second length compiles a graph for every length: its attention becomes the
+    per-call check on un-repeated K/V; the graph made again for one length (its second call) gets
+    the is_causal call, with no repeat_kv copies. Every call equals eager."""
+    lm = load_model("qwen3-tiny", device=DEVICE, batch=1, seq=16, dtype="fp32")
+    b = capture.SolforgeBackend()
+    m = capture.compile_with(lm.model, b)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    with torch.no_grad():
+        for n in (16, 24, 24, 33):
+            ids = torch.randint(0, lm.model.config.vocab_size, (1, n), device=DEVICE, generator=gen)
+            torch.testing.assert_close(m(ids).logits, lm.model(ids).logits, rtol=1e-5, atol=1e-5)
+    assert [g.attention_restored for g in b.graphs] == [2, 2]
+    assert _attention_ops(b.graphs[1].aten) == ["solforge_capture.attention_if_causal.default"] * 2
+    made = b.step_graphs[-1].gm  # the graph made for length 24
+    assert _attention_ops(made) == ["aten.scaled_dot_product_attention.default"] * 2
+    assert "aten.clone.default" not in _ops(made)
+
+
+def test_the_per_call_check_takes_the_masked_call_for_a_sliding_window() -> None:
+    """A window mask is causal at no length here: the check takes the masked call each time, and
+    the graph made for one length keeps the check (its mask is not causal)."""
+    m = Masked(3)
+    b = capture.SolforgeBackend()
+    compiled = capture.compile_with(m, b)
+    with torch.no_grad():
+        for n in (8, 12, 12, 12, 5):
+            q, k, v = (torch.randn(1, 2, n, 16, device=DEVICE) for _ in range(3))
+            torch.testing.assert_close(compiled(q, k, v), m(q, k, v), rtol=1e-5, atol=1e-5)
+    assert [g.attention_restored for g in b.graphs] == [0, 1]
+    assert _attention_ops(b.step_graphs[-1].gm) == ["solforge_capture.attention_if_causal.default"]
+
+
+def test_the_per_call_check_itself() -> None:
+    """The op: causal masks (bool, additive) take is_causal with GQA; any other mask the masked call
+    on K/V repeated as repeat_kv does; both equal SDPA on the repeated K/V with the mask."""
+    from solforge.capture.canonical import _attention_if_causal
+
+    q = torch.randn(1, 4, 6, 8, device=DEVICE)
+    k, v = (torch.randn(1, 2, 6, 8, device=DEVICE) for _ in range(2))
+    causal = torch.ones(6, 6, dtype=torch.bool, device=DEVICE).tril()
+    window = causal & ~torch.ones(6, 6, dtype=torch.bool, device=DEVICE).tril(-3)
+    additive = torch.zeros(6, 6, device=DEVICE).masked_fill(~causal, -65536.0)
+    for mask in (causal, window, additive):
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), attn_mask=mask[None, None])
+        got = torch.ops.solforge_capture.attention_if_causal(q, k, v, mask[None, None], 2, None)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got, _attention_if_causal(q, k, v, mask[None, None], 2, None))
+
+
+def test_a_training_graph_for_many_sizes_keeps_its_masked_call() -> None:
+    """The per-call op has no backward: with grad on, the graph for all sizes is left as traced."""
+    lm = load_model("qwen3-tiny", device=DEVICE, batch=1, seq=8, dtype="fp32")
+    b = capture.SolforgeBackend()
+    m = capture.compile_with(lm.model, b)
+    for n in (8, 12):
+        ids = torch.randint(0, lm.model.config.vocab_size, (1, n), device=DEVICE)
+        m(ids).logits.sum().backward()
+    assert b.graphs[-1].attention_restored == 0
+    assert "solforge_capture.attention_if_causal.default" not in _ops(b.graphs[-1].aten)

@@ -205,8 +205,10 @@ class SolforgeBackend:
     def _specialize(self, pristine: fx.GraphModule, index: int, values: Any) -> StepGraph:
         """Graph `index` (its lowering, before any rewrite) rewritten for the sizes `values`."""
         gm = copy_graph(pristine)
-        if self.rewrite is not None:
-            with bound(values):
+        with bound(values):
+            # its causal mask has a value for these sizes: eager's is_causal call again (canonical.py)
+            restore_causal_attention(gm)
+            if self.rewrite is not None:
                 gm = self.rewrite(gm, index)
         step = StepGraph(gm, sizes_fixed=True)  # ShapeDispatch calls it with these sizes only
         self.step_graphs.append(step)

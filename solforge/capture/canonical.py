@@ -9,6 +9,18 @@ This pass finds SDPA calls whose mask is a constant (computed from nothing but s
 it once, and where it is exactly causal replaces the call by
 `scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=...)` on the un-repeated K/V:
 the call eager makes. Masks that are not provably causal (padding, sliding windows) are left alone.
+
+In a graph for many sizes (shapes.py) the mask is computed from the sizes, so it has no value at
+compile time:
+- The graph made again for one set of sizes runs this pass with those sizes bound
+  (`shapes.bound`): the mask is evaluated for them, exactly as in a static graph, and that graph
+  serves only calls of those sizes.
+- The graph for all sizes (inference only) calls `solforge_capture::attention_if_causal` (not a
+  kernel family's op) on the un-repeated K/V instead. Each call checks the mask it computed: the
+  is_causal call when the mask is exactly causal, the masked call otherwise. Measured before this,
+  on an H100 (Qwen3-0.6B, 28 layers, torch.profiler, 2026-11-25): the masked call (cuDNN with a
+  bias) spent 0.8-1.1 s of a first call at some lengths (333; 128 through this graph) and ~50 ms
+  at others (400, 512).
 """
 
 from __future__ import annotations
@@ -18,7 +30,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch.fx.operator_schemas import normalize_function
+
+from solforge.shapes import bound_value, hint
 
 aten = torch.ops.aten
 
@@ -32,25 +47,82 @@ for _name, _mask in (("_scaled_dot_product_cudnn_attention", "attn_bias"),
         _SDPA[getattr(aten, _name).default] = _mask
 
 
+_LIB = torch.library.Library("solforge_capture", "DEF")
+_LIB.define("attention_if_causal(Tensor query, Tensor key, Tensor value, Tensor mask, int n_rep, float? scale) "
+            "-> Tensor")
+
+
+def _attention_if_causal(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                         n_rep: int, scale: float | None) -> torch.Tensor:
+    """SDPA of a graph for many sizes whose mask is computed from sizes: eager's is_causal call when
+    this call's mask is exactly causal (a check that waits for the GPU), else the traced masked
+    call on K/V repeated as repeat_kv does."""
+    if _is_causal(mask, query.shape[-2], key.shape[-2]):
+        return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale, enable_gqa=n_rep > 1)
+    if n_rep > 1:
+        key, value = (x.repeat_interleave(n_rep, dim=1) for x in (key, value))
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+
+
+_LIB.impl("attention_if_causal", _attention_if_causal, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("solforge_capture::attention_if_causal")
+def _attention_if_causal_fake(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                              n_rep: int, scale: float | None) -> torch.Tensor:
+    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+
 def _kwargs(node: fx.Node) -> dict[str, Any] | None:
     pair = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
     return dict(pair.kwargs) if pair is not None else None
 
 
+def _size(n: fx.Node) -> int | None:
+    """The value of a node that is a size (a SymInt: a size input, a size read from an input, an
+    expression of them) for the call whose sizes are bound; None when it has none."""
+    return bound_value(n.meta.get("val"))
+
+
 def _constant_ancestors(node: fx.Node) -> list[fx.Node] | None:
-    """The nodes `node` is computed from, in graph order, or None if any is a graph input."""
+    """The nodes `node` is computed from, in graph order, or None if any is a graph input. A size
+    with a value for the bound sizes (`_size`) is where the walk stops: it is known."""
     seen: dict[fx.Node, None] = {}
     stack = [node]
     while stack:
         n = stack.pop()
         if n in seen:
             continue
+        seen[n] = None
+        if _size(n) is not None:
+            continue
         if n.op not in ("call_function", "get_attr"):
             return None
-        seen[n] = None
         stack.extend(n.all_input_nodes)
     order = {n: i for i, n in enumerate(node.graph.nodes)}
     return sorted(seen, key=order.__getitem__)
+
+
+def _from_sizes(node: fx.Node) -> bool:
+    """Whether `node` is computed from sizes alone: from constants and the graph's size inputs or
+    the sizes of its tensor inputs, never from a tensor input's values."""
+    seen: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            if not isinstance(n.meta.get("val"), torch.SymInt):
+                return False
+        elif n.op == "call_function" and n.target in (aten.sym_size.int, aten.sym_size.default):
+            continue  # a tensor input's size, not its values
+        elif n.op in ("call_function", "get_attr"):
+            stack.extend(n.all_input_nodes)
+        else:
+            return False
+    return True
 
 
 def _evaluate(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
@@ -60,7 +132,10 @@ def _evaluate(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
     env: dict[fx.Node, Any] = {}
     try:
         for n in nodes:
-            if n.op == "get_attr":
+            size = _size(n)
+            if size is not None:
+                env[n] = size
+            elif n.op == "get_attr":
                 obj: Any = gm
                 for part in str(n.target).split("."):
                     obj = getattr(obj, part)
@@ -93,6 +168,17 @@ def _is_causal(mask: torch.Tensor, L: int, S: int) -> bool:
     return bool((allowed == causal).all())
 
 
+def _whole_slice(node: fx.Node) -> bool:
+    """x[..., 0:<end or past it>:1]: a slice that keeps every element (a no-op view)."""
+    if node.target != aten.slice.Tensor:
+        return False
+    args = (*node.args, *[None] * (5 - len(node.args)))
+    start, end, step = (args[2] if args[2] is not None else node.kwargs.get("start", 0),
+                        args[3] if args[3] is not None else node.kwargs.get("end"),
+                        args[4] if args[4] is not None else node.kwargs.get("step", 1))
+    return start in (0, None) and step == 1 and (end is None or (isinstance(end, int) and end >= 2**62))
+
+
 def _unrepeat(node: fx.Node) -> tuple[fx.Node, int] | None:
     """x[:, :, None].expand(B, KV, n, S, D).reshape(B, KV*n, S, D) (repeat_kv) -> (x, n)."""
     view = node
@@ -104,6 +190,8 @@ def _unrepeat(node: fx.Node) -> tuple[fx.Node, int] | None:
     if not (isinstance(src, fx.Node) and src.target == aten.expand.default):
         return None
     uns = src.args[0]
+    while isinstance(uns, fx.Node) and _whole_slice(uns):  # a graph for many sizes keeps x[:, :, None, :]'s
+        uns = uns.args[0]
     if not (isinstance(uns, fx.Node) and uns.target == aten.unsqueeze.default and uns.args[1] == 2):
         return None
     x = uns.args[0]
@@ -135,12 +223,33 @@ def _views_to_reshapes(node: fx.Node) -> None:
         stack.extend(u.users)
 
 
+def _settle(gm: fx.GraphModule, node: fx.Node) -> int:
+    """A per-call check whose mask has a value now (sizes bound): the is_causal call when it is
+    causal (1), the check left as it is otherwise (0)."""
+    q, k, v, mask, n_rep, scale = node.args
+    val = _evaluate(gm, mask)  # type: ignore[arg-type]
+    qv, kv = q.meta.get("val"), k.meta.get("val")  # type: ignore[union-attr]
+    if val is None or qv is None or kv is None or not _is_causal(val, hint(qv.shape[-2]), hint(kv.shape[-2])):
+        return 0
+    kwargs: dict[str, Any] = {"is_causal": True, "scale": scale}
+    if n_rep > 1:  # type: ignore[operator]
+        kwargs["enable_gqa"] = True
+    node.target = aten.scaled_dot_product_attention.default
+    node.args, node.kwargs = (q, k, v), kwargs
+    return 1
+
+
 def restore_causal_attention(gm: fx.GraphModule) -> int:
-    """The pass described in the module docstring; returns how many calls it restored."""
+    """The pass described in the module docstring; returns how many calls it rewrote (given back
+    is_causal, or checked per call in a graph for many sizes)."""
     graph = gm.graph
-    causal_masks: dict[fx.Node, bool] = {}
+    grad = bool(gm.meta.get("grad_enabled", True))  # the per-call op has no backward
+    causal_masks: dict[fx.Node, str] = {}  # "causal", "per call" or "" (left alone)
     restored = 0
     for node in list(graph.nodes):
+        if node.op == "call_function" and node.target == torch.ops.solforge_capture.attention_if_causal.default:
+            restored += _settle(gm, node)  # a graph for many sizes, made again for bound sizes
+            continue
         if node.op != "call_function" or node.target not in _SDPA:
             continue
         kw = _kwargs(node)
@@ -155,7 +264,10 @@ def restore_causal_attention(gm: fx.GraphModule) -> int:
             continue
         if mask not in causal_masks:
             val = _evaluate(gm, mask)
-            causal_masks[mask] = val is not None and _is_causal(val, int(qv.shape[-2]), int(kv.shape[-2]))
+            if val is not None:
+                causal_masks[mask] = "causal" if _is_causal(val, hint(qv.shape[-2]), hint(kv.shape[-2])) else ""
+            else:  # no value now: checked per call where it comes from sizes alone (module doc)
+                causal_masks[mask] = "per call" if not grad and _from_sizes(mask) else ""
         if not causal_masks[mask]:
             continue
         if node.target == aten.scaled_dot_product_attention.default:
@@ -174,13 +286,22 @@ def restore_causal_attention(gm: fx.GraphModule) -> int:
         if gqa:
             new_kwargs["enable_gqa"] = True
         with graph.inserting_before(node):
-            new = graph.call_function(aten.scaled_dot_product_attention.default, (q, k, v), new_kwargs)
+            if causal_masks[mask] == "per call":
+                n_rep = rk[1] if gqa else 1  # type: ignore[index]
+                new = graph.call_function(torch.ops.solforge_capture.attention_if_causal.default,
+                                          (q, k, v, mask, n_rep, kw.get("scale")))
+            else:
+                new = graph.call_function(aten.scaled_dot_product_attention.default, (q, k, v), new_kwargs)
         new.meta.update({key: out.meta[key] for key in ("val", "nn_module_stack", "stack_trace") if key in out.meta})
         out.replace_all_uses_with(new)
         _views_to_reshapes(new)
+        if node is not out:  # the backend ops take a dropout seed, so DCE keeps them as impure
+            for item in list(node.users):
+                graph.erase_node(item)
+            graph.erase_node(node)
         restored += 1
     if restored:
-        graph.eliminate_dead_code()  # the old calls, the repeat_kv copies, the mask
+        graph.eliminate_dead_code()  # the old calls, the repeat_kv copies, the mask (not checked per call)
         graph.lint()
         gm.recompile()
     return restored
