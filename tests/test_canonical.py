@@ -113,7 +113,7 @@ def test_a_graph_for_many_sizes_checks_the_mask_per_call_and_its_graphs_per_size
 
 def test_the_per_call_check_takes_the_masked_call_for_a_sliding_window() -> None:
     """A window mask is causal at no length here: the check takes the masked call each time, and
-    the graph made for one length keeps the check (its mask is not causal)."""
+    the graph made for one length has the masked call in its place (on K/V as they were)."""
     m = Masked(3)
     b = capture.SolforgeBackend()
     compiled = capture.compile_with(m, b)
@@ -122,7 +122,10 @@ def test_the_per_call_check_takes_the_masked_call_for_a_sliding_window() -> None
             q, k, v = (torch.randn(1, 2, n, 16, device=DEVICE) for _ in range(3))
             torch.testing.assert_close(compiled(q, k, v), m(q, k, v), rtol=1e-5, atol=1e-5)
     assert [g.attention_restored for g in b.graphs] == [0, 1]
-    assert _attention_ops(b.step_graphs[-1].gm) == ["solforge_capture.attention_if_causal.default"]
+    made = b.step_graphs[-1].gm  # the graph made for length 12
+    assert _attention_ops(made) == ["aten.scaled_dot_product_attention.default"]
+    (call,) = [n for n in made.graph.nodes if n.target == torch.ops.aten.scaled_dot_product_attention.default]
+    assert "attn_mask" in call.kwargs and not call.kwargs.get("is_causal")
 
 
 def test_the_per_call_check_itself() -> None:
@@ -153,3 +156,41 @@ def test_a_training_graph_for_many_sizes_keeps_its_masked_call() -> None:
         m(ids).logits.sum().backward()
     assert b.graphs[-1].attention_restored == 0
     assert "solforge_capture.attention_if_causal.default" not in _ops(b.graphs[-1].aten)
+
+
+class MaskedGQA(nn.Module):
+    """Masked SDPA on K/V repeated as transformers' repeat_kv does (2 query heads per K/V head)."""
+
+    def __init__(self, window: int | None) -> None:
+        super().__init__()
+        self.window = window
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        B, KV, S, D = k.shape
+        k, v = (x[:, :, None, :, :].expand(B, KV, 2, S, D).reshape(B, KV * 2, S, D) for x in (k, v))
+        i = torch.arange(S, device=q.device)
+        mask = i[None, :] <= i[:, None]
+        if self.window is not None:
+            mask = mask & (i[:, None] - i[None, :] < self.window)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None])
+
+
+def test_grouped_heads_under_many_sizes_causal_and_windowed() -> None:
+    """With K/V repeated for grouped heads: the graph for all sizes checks the mask on un-repeated
+    K/V; the graph made for one length gets is_causal with GQA (causal) or the masked call on K/V
+    repeated again (a window). Every call equals the module."""
+    for window, made_kw in ((None, {"is_causal": True, "enable_gqa": True}), (3, {})):
+        torch.compiler.reset()  # dynamo remembers the dims that changed per code object, not per module
+        m = MaskedGQA(window)
+        b = capture.SolforgeBackend()
+        compiled = capture.compile_with(m, b)
+        with torch.no_grad():
+            for n in (8, 12, 12, 12, 5):
+                q = torch.randn(1, 4, n, 16, device=DEVICE)
+                k, v = (torch.randn(1, 2, n, 16, device=DEVICE) for _ in range(2))
+                torch.testing.assert_close(compiled(q, k, v), m(q, k, v), rtol=1e-5, atol=1e-5)
+        assert _attention_ops(b.graphs[1].aten) == ["solforge_capture.attention_if_causal.default"]
+        made = b.step_graphs[-1].gm
+        (call,) = [n for n in made.graph.nodes if n.target == torch.ops.aten.scaled_dot_product_attention.default]
+        assert all(call.kwargs.get(key) == value for key, value in made_kw.items()), call.kwargs
+        assert ("aten.repeat_interleave.self_int" in _ops(made)) == (window is not None)

@@ -14,7 +14,8 @@ In a graph for many sizes (shapes.py) the mask is computed from the sizes, so it
 compile time:
 - The graph made again for one set of sizes runs this pass with those sizes bound
   (`shapes.bound`): the mask is evaluated for them, exactly as in a static graph, and that graph
-  serves only calls of those sizes.
+  serves only calls of those sizes. A per-call check there (below) becomes the call it would take
+  for them, so that graph never waits for the GPU.
 - The graph for all sizes (inference only) calls `solforge_capture::attention_if_causal` (not a
   kernel family's op) on the un-repeated K/V instead. Each call checks the mask it computed: the
   is_causal call when the mask is exactly causal, the masked call otherwise. Measured before this,
@@ -33,7 +34,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch.fx.operator_schemas import normalize_function
 
-from solforge.shapes import bound_value, hint
+from solforge.shapes import binding, bound_value, hint
 
 aten = torch.ops.aten
 
@@ -224,19 +225,38 @@ def _views_to_reshapes(node: fx.Node) -> None:
 
 
 def _settle(gm: fx.GraphModule, node: fx.Node) -> int:
-    """A per-call check whose mask has a value now (sizes bound): the is_causal call when it is
-    causal (1), the check left as it is otherwise (0)."""
+    """A per-call check in a graph made for one set of sizes (bound): the call the check would take
+    for them, so the graph never waits for the GPU (it may be replayed from a CUDA graph). Returns
+    1 for the is_causal call; 0 where the mask is not causal, or has no value, and the masked call
+    on repeated K/V takes the check's place."""
     q, k, v, mask, n_rep, scale = node.args
     val = _evaluate(gm, mask)  # type: ignore[arg-type]
     qv, kv = q.meta.get("val"), k.meta.get("val")  # type: ignore[union-attr]
-    if val is None or qv is None or kv is None or not _is_causal(val, hint(qv.shape[-2]), hint(kv.shape[-2])):
-        return 0
-    kwargs: dict[str, Any] = {"is_causal": True, "scale": scale}
-    if n_rep > 1:  # type: ignore[operator]
-        kwargs["enable_gqa"] = True
+    causal = val is not None and qv is not None and kv is not None and \
+        _is_causal(val, hint(qv.shape[-2]), hint(kv.shape[-2]))
     node.target = aten.scaled_dot_product_attention.default
-    node.args, node.kwargs = (q, k, v), kwargs
-    return 1
+    if causal:
+        node.args, node.kwargs = (q, k, v), {"is_causal": True, "scale": scale}
+        if n_rep > 1:  # type: ignore[operator]
+            node.kwargs = {**node.kwargs, "enable_gqa": True}
+        return 1
+    if n_rep > 1:  # type: ignore[operator]
+        with gm.graph.inserting_before(node):
+            k, v = (_repeat_heads(x, n_rep) for x in (k, v))  # type: ignore[arg-type]
+    node.args, node.kwargs = (q, k, v), {"attn_mask": mask, "scale": scale}
+    return 0
+
+
+def _repeat_heads(x: fx.Node, n_rep: int) -> fx.Node:
+    """x.repeat_interleave(n_rep, dim=1) as a node (what repeat_kv computes), with its meta value."""
+    out = x.graph.call_function(aten.repeat_interleave.self_int, (x, n_rep), {"dim": 1})
+    val = x.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        try:
+            out.meta["val"] = val.repeat_interleave(n_rep, dim=1)
+        except Exception:  # noqa: BLE001 - a missing meta value only hides the node from size reads
+            pass
+    return out
 
 
 def restore_causal_attention(gm: fx.GraphModule) -> int:
@@ -246,9 +266,12 @@ def restore_causal_attention(gm: fx.GraphModule) -> int:
     grad = bool(gm.meta.get("grad_enabled", True))  # the per-call op has no backward
     causal_masks: dict[fx.Node, str] = {}  # "causal", "per call" or "" (left alone)
     restored = 0
+    settled = False
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target == torch.ops.solforge_capture.attention_if_causal.default:
-            restored += _settle(gm, node)  # a graph for many sizes, made again for bound sizes
+            if binding():  # a graph for many sizes, made again for bound sizes
+                restored += _settle(gm, node)
+                settled = True
             continue
         if node.op != "call_function" or node.target not in _SDPA:
             continue
@@ -300,7 +323,7 @@ def restore_causal_attention(gm: fx.GraphModule) -> int:
                 graph.erase_node(item)
             graph.erase_node(node)
         restored += 1
-    if restored:
+    if restored or settled:
         graph.eliminate_dead_code()  # the old calls, the repeat_kv copies, the mask (not checked per call)
         graph.lint()
         gm.recompile()
