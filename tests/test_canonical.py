@@ -32,13 +32,19 @@ def test_qwen3_attention_is_restored_and_equal() -> None:
 
 
 class Masked(nn.Module):
-    """SDPA with a mask built from shapes: causal, or a sliding window (not causal)."""
+    """SDPA with a mask built from shapes: causal, or a sliding window (not causal). With `groups`,
+    K/V have fewer heads and are repeated as transformers' repeat_kv does."""
 
-    def __init__(self, window: int | None) -> None:
+    def __init__(self, window: int | None, groups: int = 1) -> None:
         super().__init__()
         self.window = window
+        self.groups = groups
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.groups > 1:
+            B, KV, S, D = k.shape
+            k, v = (x[:, :, None, :, :].expand(B, KV, self.groups, S, D).reshape(B, KV * self.groups, S, D)
+                    for x in (k, v))
         S = q.shape[-2]
         i = torch.arange(S, device=q.device)
         mask = i[None, :] <= i[:, None]
@@ -158,30 +164,13 @@ def test_a_training_graph_for_many_sizes_keeps_its_masked_call() -> None:
     assert "solforge_capture.attention_if_causal.default" not in _ops(b.graphs[-1].aten)
 
 
-class MaskedGQA(nn.Module):
-    """Masked SDPA on K/V repeated as transformers' repeat_kv does (2 query heads per K/V head)."""
-
-    def __init__(self, window: int | None) -> None:
-        super().__init__()
-        self.window = window
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        B, KV, S, D = k.shape
-        k, v = (x[:, :, None, :, :].expand(B, KV, 2, S, D).reshape(B, KV * 2, S, D) for x in (k, v))
-        i = torch.arange(S, device=q.device)
-        mask = i[None, :] <= i[:, None]
-        if self.window is not None:
-            mask = mask & (i[:, None] - i[None, :] < self.window)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None])
-
-
 def test_grouped_heads_under_many_sizes_causal_and_windowed() -> None:
     """With K/V repeated for grouped heads: the graph for all sizes checks the mask on un-repeated
     K/V; the graph made for one length gets is_causal with GQA (causal) or the masked call on K/V
     repeated again (a window). Every call equals the module."""
     for window, made_kw in ((None, {"is_causal": True, "enable_gqa": True}), (3, {})):
         torch.compiler.reset()  # dynamo remembers the dims that changed per code object, not per module
-        m = MaskedGQA(window)
+        m = Masked(window, groups=2)
         b = capture.SolforgeBackend()
         compiled = capture.compile_with(m, b)
         with torch.no_grad():
