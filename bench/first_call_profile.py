@@ -6,8 +6,8 @@
 solforge optimizes the model at `--seq`, then calls it at each of `--lengths` in turn. Every call
 prints its wall time (synchronized), the Triton compiles it did (`bench/compiles.py`), the graphs
 dynamo compiled and the graphs made for one set of sizes. The calls at the positions `--profile`
-(0-based) run under torch.profiler; each writes `DIR/prof-<position>-<length>-<ms>.txt`, the ops
-sorted by total and by self CPU time.
+(0-based) run under torch.profiler; each writes `DIR/prof-<position>-<length>-<ms>.txt`: the
+device, versions, date and command, then the ops sorted by total and by self CPU time.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compiles import CompileCounter  # noqa: E402
+from e2e import provenance  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             if i in profiled:
                 table = prof.key_averages()
                 with open(Path(args.out) / f"prof-{i}-{n}-{ms:.0f}.txt", "w") as f:
+                    f.write(f"{provenance()}\n")
                     f.write(table.table(sort_by="cpu_time_total", row_limit=35, max_name_column_width=70))
                     f.write(table.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70))
     return 0
