@@ -55,11 +55,9 @@ def binding() -> bool:
 def hint(size: Any) -> int:
     """A size as a plain int, with no guard: a SymInt's bound value or hint, an int as it is."""
     if isinstance(size, torch.SymInt):
-        values = _BOUND.get()
-        if values:
-            v = size.node.expr.xreplace(values)
-            if isinstance(v, int) or not v.free_symbols:  # (a plain symbol maps to the int itself)
-                return int(v)
+        value = bound_value(size)
+        if value is not None:
+            return value
         if _optimization_hint is not None:
             return int(_optimization_hint(size, fallback=1))
         node_hint = getattr(size.node, "hint", None)
@@ -74,7 +72,7 @@ def bound_value(size: Any) -> int | None:
     if not values or not isinstance(size, torch.SymInt):
         return None
     v = size.node.expr.xreplace(values)
-    return int(v) if isinstance(v, int) or not v.free_symbols else None
+    return int(v) if isinstance(v, int) or not v.free_symbols else None  # (a plain symbol maps to the int itself)
 
 
 def symbolic(value: Any) -> bool:

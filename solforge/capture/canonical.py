@@ -224,6 +224,11 @@ def _views_to_reshapes(node: fx.Node) -> None:
         stack.extend(u.users)
 
 
+def _causal_kwargs(scale: float | None, gqa: bool) -> dict[str, Any]:
+    """SDPA's keyword arguments for eager's call: is_causal, with GQA on un-repeated K/V."""
+    return {"is_causal": True, "scale": scale, **({"enable_gqa": True} if gqa else {})}
+
+
 def _settle(gm: fx.GraphModule, node: fx.Node) -> int:
     """A per-call check in a graph made for one set of sizes (bound): the call the check would take
     for them, so the graph never waits for the GPU (it may be replayed from a CUDA graph). Returns
@@ -236,9 +241,7 @@ def _settle(gm: fx.GraphModule, node: fx.Node) -> int:
         _is_causal(val, hint(qv.shape[-2]), hint(kv.shape[-2]))
     node.target = aten.scaled_dot_product_attention.default
     if causal:
-        node.args, node.kwargs = (q, k, v), {"is_causal": True, "scale": scale}
-        if n_rep > 1:  # type: ignore[operator]
-            node.kwargs = {**node.kwargs, "enable_gqa": True}
+        node.args, node.kwargs = (q, k, v), _causal_kwargs(scale, n_rep > 1)  # type: ignore[operator,arg-type]
         return 1
     if n_rep > 1:  # type: ignore[operator]
         with gm.graph.inserting_before(node):
@@ -305,16 +308,14 @@ def restore_causal_attention(gm: fx.GraphModule) -> int:
         gqa = rk is not None and rv is not None and rk[1] == rv[1] and rk[1] > 1
         if gqa:
             k, v = rk[0], rv[0]  # type: ignore[index]
-        new_kwargs: dict[str, Any] = {"is_causal": True, "scale": kw.get("scale")}
-        if gqa:
-            new_kwargs["enable_gqa"] = True
         with graph.inserting_before(node):
             if causal_masks[mask] == "per call":
                 n_rep = rk[1] if gqa else 1  # type: ignore[index]
                 new = graph.call_function(torch.ops.solforge_capture.attention_if_causal.default,
                                           (q, k, v, mask, n_rep, kw.get("scale")))
             else:
-                new = graph.call_function(aten.scaled_dot_product_attention.default, (q, k, v), new_kwargs)
+                new = graph.call_function(aten.scaled_dot_product_attention.default, (q, k, v),
+                                          _causal_kwargs(kw.get("scale"), gqa))
         new.meta.update({key: out.meta[key] for key in ("val", "nn_module_stack", "stack_trace") if key in out.meta})
         out.replace_all_uses_with(new)
         _views_to_reshapes(new)
