@@ -308,8 +308,9 @@ def steady_profile(step: Any, n: int = 2) -> dict[str, Any]:
     for a, b, name in events:
         kind = kernel_kind(name)
         by_kind[kind] = by_kind.get(kind, 0.0) + (b - a)
-        if kind == "other":
-            other[name] = other.get(name, 0.0) + (b - a)
+        if kind == "other":  # keyed by a shortened name, summed (two kernels may share it)
+            short = name.replace("void ", "").replace("at::native::", "").replace("(anonymous namespace)::", "")[:140]
+            other[short] = other.get(short, 0.0) + (b - a)
         if a > end:
             gap = a - end
             edge = next(e for e in edges if gap <= e)
@@ -325,7 +326,7 @@ def steady_profile(step: Any, n: int = 2) -> dict[str, Any]:
             "kernel_ms_per_step": round(sum(by_kind.values()) / n / 1e3, 2),
             "span_ms_per_step": round(span / n / 1e3, 2),
             "by_kind_ms_per_step": {k: round(v / n / 1e3, 2) for k, v in sorted(by_kind.items())},
-            "top_other_ms_per_step": {k[:100]: round(v / n / 1e3, 2) for k, v in top_other},
+            "top_other_ms_per_step": {k: round(v / n / 1e3, 2) for k, v in top_other},
             "gaps_per_step": {f"<={e:g}us" if e != float("inf") else ">100us":
                               {"count": round(c / n), "ms": round(t / n / 1e3, 2)} for e, (c, t) in hist.items()},
             "largest_gaps": [{"us": round(g, 1), "after": p[:80], "before": q[:80]} for g, p, q in big[:8]]}

@@ -25,6 +25,15 @@ ARGMAX_MIN_AGREE = 0.99
 # twice the outputs' bar (the worst parameter, norm-relative).
 GRAD_REL_TOL = {k: 2 * v for k, v in E2E_REL_TOL.items()}
 DECISIVE_MARGIN = 0.02
+# A bf16/fp16 model's own rounding can exceed E2E_REL_TOL on a deep model: on Phi-3-mini's
+# dimensions (32 layers, random weights, B2 S4096, H100, 2026-11-25) eager bf16 was 5.30% from
+# the same weights computed in fp32, and solforge's and Liger's forwards were 5.59% / 5.30% from
+# eager but 4.97% / 5.17% from fp32 (bench/archs.py). Where the optimized model misses the bar
+# above, both models are therefore compared with the original computed in fp32 (its parameters
+# and floating inputs upcast): the optimized model passes when it is no further from that than
+# the original is, within WIDE_SLACK (the two round at different places, so their distances
+# differ by chance, by 3-6% in those runs).
+WIDE_SLACK = 1.1
 
 
 def flatten_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
@@ -54,11 +63,13 @@ class OutputError:
     nonfinite: bool  # NaN/Inf in the optimized output where the original had none
 
 
-def output_error(name: str, out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 25) -> OutputError:
+def output_error(name: str, out: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 25,
+                 any_dtype: bool = False) -> OutputError:
     """Errors computed in float64 chunk by chunk, so multi-GB logits need no multi-GB copies. The
     running maxima and sums stay on the device and are read once at the end: a sync per chunk cost
-    ~1 s on Qwen3-4B's 2.5e9 logits (H100 host, 2026-11-22)."""
-    if out.shape != ref.shape or out.dtype != ref.dtype:
+    ~1 s on Qwen3-4B's 2.5e9 logits (H100 host, 2026-11-22). A dtype that differs from the
+    reference's is an infinite error, unless `any_dtype` (a bf16 output against an fp32 reference)."""
+    if out.shape != ref.shape or (out.dtype != ref.dtype and not any_dtype):
         return OutputError(name, math.inf, math.inf, math.inf, False)
     a, b = out.detach().reshape(-1), ref.detach().reshape(-1)
     zero = torch.zeros((), dtype=torch.float64, device=a.device)
@@ -118,8 +129,10 @@ def train_loss(out: Any, seed: int = 0) -> torch.Tensor:
     total = torch.zeros((), dtype=torch.float32, device=ts[0].device)
     for i, t in enumerate(ts):
         g = torch.Generator(device=t.device).manual_seed(seed + i)
-        direction = torch.randn(t.shape, generator=g, device=t.device, dtype=t.dtype)
-        total = total + (t.float() * direction.float()).sum() / max(1, t.numel()) ** 0.5
+        # drawn in fp32 and rounded to bf16 whatever t's dtype: the same direction for the original,
+        # the optimized model and the original computed in fp32 (_wide)
+        direction = torch.randn(t.shape, generator=g, device=t.device).to(torch.bfloat16).float()
+        total = total + (t.float() * direction).sum() / max(1, t.numel()) ** 0.5
     return total
 
 
@@ -149,6 +162,88 @@ def _step(fn: Callable[..., Any], inputs: Sequence[Any], params: Params) -> tupl
     return out, grads
 
 
+@dataclass(frozen=True)
+class WideCheck:
+    """Both models against the original computed in fp32 (`_wide`): the largest norm-relative
+    error over the outputs, and over the parameter gradients (train mode), of each."""
+
+    original: float
+    optimized: float
+    grad_original: float | None = None
+    grad_optimized: float | None = None
+
+    def outputs_ok(self) -> bool:
+        return self.optimized <= WIDE_SLACK * self.original
+
+    def grads_ok(self) -> bool:
+        return self.grad_optimized is None or self.grad_optimized <= WIDE_SLACK * (self.grad_original or 0.0)
+
+
+def _upcast(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.float() if x.is_floating_point() else x
+    if isinstance(x, dict):
+        return {k: _upcast(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return type(x)(_upcast(v) for v in x)
+    return x
+
+
+def _wide(original: torch.nn.Module, inputs: Sequence[Any], device: str, params: Params | None,
+          ref_out: Sequence[tuple[str, torch.Tensor]], opt_out: Sequence[tuple[str, torch.Tensor]],
+          ref_g: dict[str, torch.Tensor] | None, opt_g: dict[str, torch.Tensor] | None) -> WideCheck | str:
+    """The original run once more in fp32: a copy whose floating parameters and buffers are fp32
+    copies of the original's (made directly, never a second copy in the model's dtype), on the
+    inputs upcast likewise, from the same seed. Returns both models' distances from it, or why it
+    could not run (the copy or its run out of memory, a model that cannot be copied)."""
+    import copy
+
+    try:
+        out, wide_g = _run_fp32(original, inputs, device, params)
+        wide_out = flatten_tensors(out)
+        if [n for n, _ in wide_out] != [n for n, _ in ref_out]:
+            return "its fp32 run returned a different output structure"
+        dist = [(output_error(n, r, w, any_dtype=True).norm_rel_err, output_error(n, o, w, any_dtype=True).norm_rel_err)
+                for (n, w), (_, r), (_, o) in zip(wide_out, ref_out, opt_out, strict=True) if w.is_floating_point()]
+        del out, wide_out
+        gd = None
+        if wide_g is not None and ref_g is not None and opt_g is not None:
+            gd = [(output_error(n, ref_g[n], g, any_dtype=True).norm_rel_err,
+                   output_error(n, opt_g[n], g, any_dtype=True).norm_rel_err) for n, g in wide_g.items()]
+        return WideCheck(max((a for a, _ in dist), default=0.0), max((b for _, b in dist), default=0.0),
+                         None if gd is None else max((a for a, _ in gd), default=0.0),
+                         None if gd is None else max((b for _, b in gd), default=0.0))
+    except torch.OutOfMemoryError:
+        return "out of memory for an fp32 copy of the model"
+    except (RuntimeError, TypeError, copy.Error) as e:  # a model that cannot be copied or run in fp32
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    finally:
+        if device == "cuda" and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _run_fp32(original: torch.nn.Module, inputs: Sequence[Any], device: str,
+              params: Params | None) -> tuple[Any, dict[str, torch.Tensor] | None]:
+    """_wide's run: the outputs (and the gradients of `params`' names) of an fp32 copy of the
+    original, which is freed on return."""
+    import copy
+
+    memo: dict[int, Any] = {}
+    for t in [*original.parameters(), *original.buffers()]:
+        if t.is_floating_point() and id(t) not in memo:
+            w = t.detach().float()
+            memo[id(t)] = torch.nn.Parameter(w, t.requires_grad) if isinstance(t, torch.nn.Parameter) else w
+    model32 = copy.deepcopy(original, memo)
+    del memo
+    inputs32 = _upcast(tuple(inputs))
+    if params is None:
+        return _seeded(lambda: model32(*inputs32), device), None
+    named = dict(model32.named_parameters())
+    params32 = [(n, named[n]) for n, _ in params]
+    with torch.enable_grad():
+        return _seeded(lambda: _step(model32, inputs32, params32), device)
+
+
 def _peak_gb(fn: Callable[[], Any], device: str) -> float | None:
     if device != "cuda":
         return None
@@ -176,10 +271,10 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
                 return E2EReport(None, None, None, math.inf, math.inf, None, False,
                                  note="the optimized model's backward reached different parameters")
             grad_err = max((output_error(n, opt_g[n], g).norm_rel_err for n, g in ref_g.items()), default=0.0)
-            del ref_g, opt_g
         else:
             ref_raw = _seeded(lambda: original(*inputs), device)
             opt_raw = _seeded(lambda: optimized(*inputs), device)
+            ref_g = opt_g = None
         ref_out, opt_out = flatten_tensors(ref_raw), flatten_tensors(opt_raw)
         del ref_raw, opt_raw
         if len(ref_out) != len(opt_out) or [n for n, _ in ref_out] != [n for n, _ in opt_out]:
@@ -189,22 +284,43 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
         agree = decisive = None
         if is_language_model and (i := _logits(ref_out)) is not None:
             agree, decisive = argmax_agreement(opt_out[i][1], ref_out[i][1])
-        del ref_out, opt_out
         tol = E2E_REL_TOL.get(dtype, 5e-2)
+        grad_tol = GRAD_REL_TOL.get(dtype, 1e-1)
         bad = [e for e in errors if e.nonfinite or e.norm_rel_err > tol]
         judged = decisive if decisive is not None else agree
-        grads_ok = grad_err is None or grad_err <= GRAD_REL_TOL.get(dtype, 1e-1)
-        passed = not bad and grads_ok and (judged is None or judged >= ARGMAX_MIN_AGREE)
+        grads_ok = grad_err is None or grad_err <= grad_tol
         note = None
-        if not grads_ok:
-            note = f"parameter gradients: relative error {grad_err:.3g} > {GRAD_REL_TOL.get(dtype, 1e-1):g}"
+        wide: WideCheck | None = None
+        if (bad or not grads_ok) and not any(e.nonfinite for e in bad) and dtype in (torch.bfloat16, torch.float16):
+            # past the bar: is the original's own rounding the larger part? (WIDE_SLACK)
+            checked = (_wide(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g)
+                       if isinstance(original, torch.nn.Module) else "the original is not a module")
+            if isinstance(checked, WideCheck):
+                wide = checked
+                was = ([f"outputs past the {tol:g} bar"] if bad else []) + (
+                    [] if grads_ok else [f"gradients past the {grad_tol:g} bar"])
+                bad = [] if checked.outputs_ok() else bad
+                grads_ok = grads_ok or checked.grads_ok()
+                if not bad and grads_ok:
+                    note = (f"{' and '.join(was)}, but no further from the original computed in fp32 than the "
+                            f"original itself: {_wide_text(checked)}")
+                else:
+                    note = f"further from the original computed in fp32 than the original itself: {_wide_text(checked)}"
+            else:
+                note = f"no fp32 comparison ({checked})"
+        del ref_out, opt_out, ref_g, opt_g
+        passed = not bad and grads_ok and (judged is None or judged >= ARGMAX_MIN_AGREE)
+        if passed:
+            note = note if wide is not None else None
+        elif not grads_ok:
+            note = _join(f"parameter gradients: relative error {grad_err:.3g} > {grad_tol:g}", note)
         elif bad:
             e = bad[0]
-            note = f"{e.name}: " + ("NaN/Inf where the original is finite" if e.nonfinite
-                                    else f"relative error {e.norm_rel_err:.3g} > {tol:g}")
+            note = _join(f"{e.name}: " + ("NaN/Inf where the original is finite" if e.nonfinite
+                                          else f"relative error {e.norm_rel_err:.3g} > {tol:g}"), note)
         elif judged is not None and judged < ARGMAX_MIN_AGREE:
-            note = (f"argmax agrees at {judged:.2%} of the positions with a decisive margin "
-                    f"(< {ARGMAX_MIN_AGREE:.0%})")
+            note = _join(f"argmax agrees at {judged:.2%} of the positions with a decisive margin "
+                         f"(< {ARGMAX_MIN_AGREE:.0%})", note)
         base = opt = RunResult(error="not timed")
         peaks: tuple[float | None, float | None] = (None, None)
         if time_it:
@@ -224,4 +340,19 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
         argmax_agree=agree, argmax_agree_decisive=decisive, passed=passed, timings_meaningful=device == "cuda",
         outputs_compared=len(errors), note=note, grads_compared=len(params or ()) if train else 0,
         grad_max_rel_err=grad_err, baseline_peak_gb=peaks[0], optimized_peak_gb=peaks[1],
+        fp32_err_original=None if wide is None else wide.original,
+        fp32_err_optimized=None if wide is None else wide.optimized,
+        fp32_grad_err_original=None if wide is None else wide.grad_original,
+        fp32_grad_err_optimized=None if wide is None else wide.grad_optimized,
     )
+
+
+def _wide_text(w: WideCheck) -> str:
+    text = f"outputs {w.optimized:.3g} against the original's {w.original:.3g}"
+    if w.grad_optimized is not None:
+        text += f", gradients {w.grad_optimized:.3g} against {w.grad_original:.3g}"
+    return text + f" (allowed: {WIDE_SLACK:g}x)"
+
+
+def _join(first: str, then: str | None) -> str:
+    return first if then is None else f"{first}; {then}"

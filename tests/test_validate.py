@@ -128,3 +128,91 @@ def test_an_optimized_model_with_dropout_passes_and_says_so() -> None:
                    params=params)
     assert stats.total > 0 and rep.passed, rep.note
     assert rep.max_rel_err < 1e-4
+
+
+class Chaotic(torch.nn.Module):
+    """32 tanh layers with a gain above 1 in bf16: rounding differences grow layer by layer, so
+    the output is ~5.6% (norm-relative) from the same weights computed in fp32."""
+
+    def __init__(self, depth: int = 32, width: int = 256) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(width, width, generator=g) * 1.6 / width**0.5)
+                                        for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w in self.w:
+            x = torch.tanh(x @ w)
+        return x
+
+
+class Fp32Inside(torch.nn.Module):
+    """The same function computed in fp32 between bf16 input and output: more accurate than the
+    original, and past E2E_REL_TOL from it."""
+
+    def __init__(self, m: Chaotic) -> None:
+        super().__init__()
+        self.m = m
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.float()
+        for w in self.m.w:
+            y = torch.tanh(y @ w.float())
+        return y.to(x.dtype)
+
+
+def _chaotic_input() -> torch.Tensor:
+    return torch.randn(64, 256, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+
+
+def test_past_the_bar_but_no_less_accurate_than_the_original_passes() -> None:
+    """A bf16 model whose own rounding exceeds the bar (as Phi-3-mini's did on the H100): a more
+    accurate optimized model passes, with both distances from the fp32 computation reported, and
+    a wrong one (scaled by 1.15) still fails."""
+    m = Chaotic().to(torch.bfloat16)
+    x = _chaotic_input()
+    kw = dict(dtype=torch.bfloat16, device="cpu", is_language_model=False, time_it=False)
+    good = validate(m, Fp32Inside(m), (x,), **kw)
+    direct = output_error("y", Fp32Inside(m)(x), m(x)).norm_rel_err
+    assert direct > 0.05  # past E2E_REL_TOL[bf16]: the plain check alone would fail it
+    assert good.passed and "no further from the original computed in fp32" in (good.note or "")
+    assert good.fp32_err_original is not None and good.fp32_err_optimized is not None
+    assert good.fp32_err_original > 0.05 > 0.01 > good.fp32_err_optimized
+    # the fp32 reference is the original's bf16 weights computed in fp32
+    ref32 = Chaotic().to(torch.bfloat16).float()(x.float())
+    assert abs(good.fp32_err_original - output_error("y", m(x), ref32, any_dtype=True).norm_rel_err) < 1e-6
+    assert all(p.dtype == torch.bfloat16 for p in m.parameters())  # the original is left as it was
+
+    bad = validate(m, lambda x: m(x) * 1.15, (x,), **kw)
+    assert not bad.passed and "further from the original computed in fp32" in (bad.note or "")
+    assert bad.fp32_err_optimized is not None and bad.fp32_err_optimized > 1.1 * bad.fp32_err_original
+
+
+def test_within_the_bar_no_fp32_run_and_fp32_models_never_get_one() -> None:
+    m = Chaotic(depth=8).to(torch.bfloat16)
+    x = _chaotic_input()
+    r = validate(m, Fp32Inside(m), (x,), dtype=torch.bfloat16, device="cpu", is_language_model=False, time_it=False)
+    assert r.passed and r.fp32_err_original is None and r.note is None
+    m32 = Chaotic()
+    wrong = validate(m32, lambda x: m32(x) * 1.15, (_chaotic_input().float(),), dtype=torch.float32, device="cpu",
+                     is_language_model=False, time_it=False)
+    assert not wrong.passed and wrong.fp32_err_original is None
+
+
+def test_train_mode_compares_gradients_with_the_fp32_run_too() -> None:
+    m = Chaotic().to(torch.bfloat16)
+    x = _chaotic_input()
+    params = list(m.named_parameters())
+    kw = dict(dtype=torch.bfloat16, device="cpu", is_language_model=False, time_it=False, params=params)
+    good = validate(m, Fp32Inside(m), (x,), **kw)
+    assert good.passed, good.note
+    assert good.fp32_grad_err_original is not None and good.fp32_grad_err_optimized is not None
+    assert good.fp32_grad_err_optimized < good.fp32_grad_err_original
+    assert all(p.grad is None for p in m.parameters())
+
+    def scaled_grads(x: torch.Tensor) -> torch.Tensor:  # right outputs, gradients scaled by 1.5
+        y = Fp32Inside(m)(x)
+        return y.detach() + 1.5 * (y - y.detach())
+
+    bad = validate(m, scaled_grads, (x,), **kw)
+    assert not bad.passed and "gradients" in (bad.note or "")

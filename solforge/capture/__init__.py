@@ -26,6 +26,7 @@ from torch.fx.traceback import preserve_node_meta
 from solforge.capture.cache import LoweringCache
 from solforge.capture.canonical import restore_causal_attention
 from solforge.capture.cse import eliminate_common_subexpressions
+from solforge.capture.noops import drop_empty_concats
 from solforge.shapes import ShapeDispatch, bound, copy_graph, symbolic, symbolic_inputs
 from solforge.stepgraphs import StepGraph
 
@@ -43,6 +44,7 @@ class CapturedGraph:
     aten: fx.GraphModule
     attention_restored: int = 0  # SDPA calls given back is_causal (see canonical.py)
     cse_removed: int = 0  # repeated identical ops merged into their first copy (see cse.py)
+    empty_concats: int = 0  # concatenations of one non-empty piece, replaced by it (see noops.py)
 
 
 def op_name(target: Any) -> str:
@@ -180,13 +182,19 @@ class SolforgeBackend:
         except Exception as e:  # the graph as traced is still correct
             self.errors.append(f"graph {index}: common-subexpression pass failed: {type(e).__name__}: {e}")
             removed = 0
+        try:
+            # before matching too: a region's output then feeds its consumers directly (noops.py)
+            concats = drop_empty_concats(aten)
+        except Exception as e:  # the graph as traced is still correct
+            self.errors.append(f"graph {index}: empty-concatenation pass failed: {type(e).__name__}: {e}")
+            concats = 0
         # a graph for many sizes: made again per set of sizes that comes back (shapes.py), from
         # this copy, which no rewrite touches (integrate_captured rewrites `aten` in place later)
         pristine = copy_graph(aten) if symbolic_inputs(aten) else None
         if self.rewrite is not None:
             aten = self.rewrite(aten, index)
         self.graphs.append(CapturedGraph(index=index, aten=aten, attention_restored=restored,
-                                        cse_removed=removed))
+                                        cse_removed=removed, empty_concats=concats))
         if pristine is not None:
             return ShapeDispatch(aten, aten, lambda values: self._specialize(pristine, index, values),
                                  report=lambda text: self.errors.append(f"graph {index}: {text}"),

@@ -91,7 +91,7 @@ def print_report(report: Report, console: Console) -> None:
     console.print(t)
     e = report.e2e
     if e is not None:
-        status = "[green]passed[/]" if e.passed else f"[red]FAILED[/] ({e.note})"
+        status = ("[green]passed[/]" + (f" ({e.note})" if e.note else "")) if e.passed else f"[red]FAILED[/] ({e.note})"
         timing = (f"{e.baseline_ms:,.2f} ms -> {e.optimized_ms:,.2f} ms ({e.speedup:.2f}x)"
                   if e.baseline_ms is not None and e.optimized_ms is not None and e.speedup is not None
                   else "not timed")
