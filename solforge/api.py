@@ -206,8 +206,9 @@ def optimize(
     $SOLFORGE_DB; a path; False: none): a workload it knows is not tuned again unless `retune`
     (from the start) or `resume` (searches an earlier budget cut short go on where they stopped).
     `profile`: "on", "off", or "auto" (profile unless every kernel comes from the database).
-    `cuda_graphs`: the optimized model's `generate` (transformers models) replays its launch-bound
-    decode steps from CUDA graphs (stepgraphs.py).
+    `cuda_graphs`: the optimized model replays its launch-bound calls made without autograd
+    recording from CUDA graphs (stepgraphs.py): `generate`'s decode steps (transformers models), a
+    small model's forward under torch.no_grad.
     """
     if mode not in MODES:
         raise UserError(f"mode {mode!r} is not supported: use --mode inference or --mode train")

@@ -27,6 +27,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from solforge.errors import UserError
+from solforge.stepgraphs import step_graphs
 
 
 def _signature(value: Any) -> Any:
@@ -55,13 +56,14 @@ class Graphed:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         # warm up off the default stream (compilation, allocator, Triton's first launches), as
-        # torch.cuda.graphs recommends, then capture
-        with torch.no_grad(), torch.cuda.stream(side):
+        # torch.cuda.graphs recommends, then capture; an optimized model's own step graphs
+        # (stepgraphs.py) stay off: this graph holds the whole call
+        with torch.no_grad(), torch.cuda.stream(side), step_graphs(False):
             for _ in range(warmup):
                 fn(*static_args)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(self.graph):
+        with torch.no_grad(), torch.cuda.graph(self.graph), step_graphs(False):
             out = fn(*static_args)
         self._out_leaves, self._out_spec = pytree.tree_flatten(out)
 

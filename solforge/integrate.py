@@ -209,10 +209,12 @@ def integrate(model: torch.nn.Module, winners: Mapping[Workload, str], *, famili
               train: bool = False, keep: Collection[Workload] = (),
               db: str | Path | None = None, cuda_graphs: bool = True) -> tuple[Callable[..., Any], IntegrationStats]:
     """The optimized model (called like `model`) and the live stats of what it replaced.
-    `cuda_graphs`: the optimized model's `generate` replays its decode steps from CUDA graphs."""
+    `cuda_graphs`: the optimized model replays launch-bound calls made without autograd recording
+    (its `generate`'s decode steps, a small model's forward under no_grad) from CUDA graphs
+    (stepgraphs.py)."""
     integrator = Integrator(dict(winners), families, train=train, keep=frozenset(keep),
                             db=Path(db) if db is not None else None)
-    backend = SolforgeBackend(rewrite=integrator)
+    backend = SolforgeBackend(rewrite=integrator, auto_replay=cuda_graphs)
     integrator.stats.step_graphs = backend.step_graphs
     optimized = compile_with(model, backend)
     route_generate(optimized, model, backend, cuda_graphs=cuda_graphs)
@@ -241,6 +243,9 @@ def integrate_captured(captured: SolforgeBackend, winners: Mapping[Workload, str
     for g in captured.graphs:
         integrator(g.aten, g.index)
     captured.rewrite = integrator
+    captured.auto_replay = cuda_graphs  # from now on the optimized model's graphs (stepgraphs.py)
+    for step in captured.step_graphs:
+        step.auto = cuda_graphs
     integrator.stats.step_graphs = captured.step_graphs
     original = getattr(captured.compiled, "_orig_mod", None)  # the module torch.compile wraps
     if isinstance(original, torch.nn.Module):

@@ -4,8 +4,13 @@ solforge's graphs run as Python code calling one op after another. For a decode 
 0.6B-parameter model that is hundreds of launches (at least ~580: the 15 most frequent kernels of
 a profiled run), each costing more host time than GPU time: the GPU waits for the host (session
 10: 2.8 s for 64 tokens, 8x transformers' CUDA-graphed path). `StepGraph` wraps each graph the
-backend compiles (capture.SolforgeBackend) and, where it is switched on (`step_graphs()`, which
-`optimized.generate` uses), replays the graph from a CUDA graph when that pays:
+backend compiles (capture.SolforgeBackend) and, where it is switched on (below), replays the
+graph from a CUDA graph when that pays.
+
+Where it is on: inside `step_graphs()`, and in an optimized model made with `cuda_graphs=True`
+(the default) on every call without autograd recording (`auto`), e.g. an evaluation loop under
+`torch.no_grad()` of a small model, whose forward the host bounds as it bounds a decode step.
+`step_graphs(False)` turns it off for a block.
 
 1. The first call runs the graph as it is (Triton compiles its kernels on first launch).
 2. The second is timed: host time to enqueue it against the GPU time from events around it. The
@@ -50,12 +55,14 @@ from solforge.shapes import symbolic_inputs
 _DATA_PTR = torch.Tensor.data_ptr
 LAUNCH_BOUND = 0.5  # host enqueue time / GPU time at or above which a graph is worth capturing
 
-_ON: contextvars.ContextVar[bool] = contextvars.ContextVar("solforge_step_graphs", default=False)
+# None: each StepGraph's own default (`auto`: on in an optimized model made with cuda_graphs=True)
+_ON: contextvars.ContextVar[bool | None] = contextvars.ContextVar("solforge_step_graphs", default=None)
 
 
 @contextlib.contextmanager
 def step_graphs(enabled: bool = True) -> Iterator[None]:
-    """Within this block, solforge's compiled graphs replay launch-bound calls from CUDA graphs."""
+    """Within this block, solforge's compiled graphs replay launch-bound calls from CUDA graphs
+    (`enabled`), or never do (`step_graphs(False)`), whatever their own default."""
     token = _ON.set(enabled)
     try:
         yield
@@ -153,11 +160,14 @@ class StepGraph:
 
     def __init__(self, gm: fx.GraphModule, *, capture: Callable[..., tuple[Callable[[], None], Any]] = cuda_capture,
                  measure: Callable[..., tuple[Any, float, float]] = cuda_measure,
-                 needs_cuda: bool = True, sizes_fixed: bool = False) -> None:
+                 needs_cuda: bool = True, sizes_fixed: bool = False, auto: bool = False) -> None:
         self.gm = gm
         # a graph with symbolic sizes is replayed only where every call has the same sizes
         # (shapes.ShapeDispatch makes one per set of sizes): a capture is of one set of sizes
         self._sizes_fixed = sizes_fixed
+        # replay outside step_graphs() too: every call without autograd recording (the optimized
+        # model's default, integrate's cuda_graphs; a capture-only backend leaves it off)
+        self.auto = auto
         self._capture = capture
         self._measure = measure
         self._needs_cuda = needs_cuda
@@ -180,7 +190,12 @@ class StepGraph:
         self._out_spec: Any = None
 
     def __call__(self, *args: Any) -> Any:
-        if not _ON.get() or self.declined is not None or torch.is_grad_enabled():
+        on = _ON.get()
+        if not (self.auto if on is None else on) or self.declined is not None or torch.is_grad_enabled():
+            return self.gm(*args)
+        if self._needs_cuda and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            # the caller captures its own CUDA graph around this call (solforge.graphed, a serving
+            # loop): a timing would wait on the GPU and a capture of ours cannot nest in it
             return self.gm(*args)
         # one thread at a time: a replay copies into buffers another call would overwrite, and a
         # capture replaces them; a call meanwhile runs the graph as it is

@@ -137,6 +137,48 @@ def test_no_replay_outside_the_block_with_grad_or_when_not_launch_bound() -> Non
     assert int(length) == 4  # every call ran
 
 
+def test_auto_replays_without_the_block_and_step_graphs_false_turns_it_off() -> None:
+    """An optimized model's graphs (auto: integrate's cuda_graphs) replay every call made without
+    autograd recording; `step_graphs(False)` is a block without, and autograd recording is never
+    replayed."""
+    gm = _graph()
+    w = torch.randn(10, 4)
+
+    def run(step: StepGraph) -> None:
+        cache, length = _cache()
+        ref_cache, ref_length = cache.clone(), length.clone()
+        for t in range(4):
+            out, _ = step(torch.tensor([t]), cache, length, w)
+            assert torch.equal(out, gm(torch.tensor([t]), ref_cache, ref_length, w)[0]), t
+
+    step = StepGraph(gm, capture=fake_capture, measure=launch_bound, needs_cuda=False, auto=True)
+    with torch.no_grad(), step_graphs(False):
+        run(step)
+    assert (step.calls, step.captures) == (0, 0)
+    run(step)  # autograd recording on
+    assert (step.calls, step.captures) == (0, 0)
+    with torch.no_grad():
+        run(step)
+    assert (step.calls, step.captures, step.replays) == (4, 1, 2)
+
+
+def test_an_optimized_models_graphs_replay_by_default_and_a_capture_s_do_not() -> None:
+    from solforge import capture
+    from solforge.integrate import integrate, integrate_captured
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        cap = capture.capture(model, (x,))
+        assert cap.step_graphs and not any(s.auto for s in cap.step_graphs)
+        opt, _ = integrate_captured(cap, {})
+        assert all(s.auto for s in cap.step_graphs)
+        assert torch.equal(opt(x), model(x))
+        opt2, stats = integrate(model, {}, cuda_graphs=False)
+        opt2(x)
+        assert stats.step_graphs and not any(s.auto for s in stats.step_graphs)
+
+
 def test_an_output_viewing_an_input_is_not_captured() -> None:
     def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x[1:], x + y
@@ -211,3 +253,28 @@ def test_a_graph_rewritten_in_place_is_captured_again() -> None:
         out, _ = step(torch.tensor([2]), cache, length, w)
         assert torch.equal(out, gm(torch.tensor([2]), ref_cache, ref_length, w)[0])
     assert step.captures == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_an_optimized_small_models_no_grad_forward_replays_on_the_gpu() -> None:
+    """A forward of many tiny kernels is launch-bound: under no_grad the optimized model replays it
+    from a CUDA graph by itself (calls 1 and 2 run as they are: compile, then timed), with the values
+    of the graph run as it is; with autograd recording it never does."""
+    from solforge.integrate import integrate
+
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for _ in range(24):
+        layers += [torch.nn.Linear(64, 64), torch.nn.GELU()]
+    model = torch.nn.Sequential(*layers).cuda()
+    opt, stats = integrate(model, {})
+    with torch.no_grad():
+        outs = [opt(torch.full((8, 64), 0.01 * i, device="cuda")) for i in range(6)]
+        with step_graphs(False):
+            plain = [opt(torch.full((8, 64), 0.01 * i, device="cuda")) for i in range(6)]
+    (step,) = stats.step_graphs
+    assert step.declined is None and step.captures == 1 and step.replays == 4, step.summary()
+    for i, (a, b) in enumerate(zip(outs, plain, strict=True)):
+        assert torch.equal(a, b), i
+    y = opt(torch.ones(8, 64, device="cuda"))  # autograd recording: run as it is, with a graph
+    assert y.requires_grad and step.replays == 4

@@ -159,9 +159,12 @@ class SolforgeBackend:
     graphs: list[CapturedGraph] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     compiled: Callable[..., Any] | None = None  # the model compiled with this backend (capture())
-    # each graph as dynamo calls it: replays launch-bound calls from a CUDA graph inside
-    # stepgraphs.step_graphs() (optimized.generate), runs the ATen graph as it is elsewhere
+    # each graph as dynamo calls it: replays launch-bound calls from a CUDA graph where that is
+    # on (stepgraphs.py), runs the ATen graph as it is elsewhere
     step_graphs: list[StepGraph] = field(default_factory=list)
+    # their default outside stepgraphs.step_graphs(): replay launch-bound calls made without
+    # autograd recording (the optimized model's, integrate's cuda_graphs), or not (a capture)
+    auto_replay: bool = False
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         index = len(self.graphs)
@@ -199,7 +202,7 @@ class SolforgeBackend:
             return ShapeDispatch(aten, aten, lambda values: self._specialize(pristine, index, values),
                                  report=lambda text: self.errors.append(f"graph {index}: {text}"),
                                  evict=self._drop)
-        step = StepGraph(aten)
+        step = StepGraph(aten, auto=self.auto_replay)
         self.step_graphs.append(step)
         return step
 
@@ -218,7 +221,7 @@ class SolforgeBackend:
             restore_causal_attention(gm)
             if self.rewrite is not None:
                 gm = self.rewrite(gm, index)
-        step = StepGraph(gm, sizes_fixed=True)  # ShapeDispatch calls it with these sizes only
+        step = StepGraph(gm, sizes_fixed=True, auto=self.auto_replay)  # ShapeDispatch calls it with these sizes only
         self.step_graphs.append(step)
         return step
 
