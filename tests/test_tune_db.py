@@ -12,6 +12,7 @@ from conftest import DEVICE
 
 from solforge.db import KernelDB
 from solforge.records import RunResult, Workload
+from solforge.stepgraphs import step_graphs
 from solforge.tune import candidates, family_module, tune
 from solforge.tune.runners import LocalRunner
 
@@ -158,14 +159,21 @@ def test_optimize_warm_run_comes_from_the_database(tmp_path):
     assert {r.workload: r.baseline_us for r in warm.regions} == {r.workload: r.baseline_us for r in cold.regions}
     assert any(f"original time of {len(warm.regions)} region(s) came from the kernel database" in n
                for n in warm.notes)
-    # the warm model really calls the tuned kernels (the capture's compiled model, rewritten in place)
+    # the warm model really calls the tuned kernels (the capture's compiled model, rewritten in place);
+    # its graph run as it is: on a GPU the calls so far (validate's) made it replay from a CUDA graph,
+    # which dispatches no op the profiler could list
     fresh = lm.make_inputs(2)
-    with torch.no_grad():
+    with torch.no_grad(), step_graphs(False):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             got = opt(*fresh).logits
         assert torch.allclose(got, lm.model(*fresh).logits, atol=1e-4, rtol=1e-4)
     seen = {e.name.split("::")[1] for e in prof.events() if e.name.startswith("solforge::")}
     assert seen == {r.family for r in warm.regions}
+    if DEVICE == "cuda":  # and the replays of it give the same values
+        steps = [s for s in opt.solforge_stats.step_graphs if s.replays]
+        assert steps, [s.summary() for s in opt.solforge_stats.step_graphs]
+        with torch.no_grad():
+            torch.testing.assert_close(opt(*fresh).logits, got, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("argv, msg", [
