@@ -216,3 +216,27 @@ def test_train_mode_compares_gradients_with_the_fp32_run_too() -> None:
 
     bad = validate(m, scaled_grads, (x,), **kw)
     assert not bad.passed and "gradients" in (bad.note or "")
+
+
+class TwoOutputs(torch.nn.Module):
+    """A deep chaotic output (its own rounding past the bar) and a shallow one (a few ulps)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deep = Chaotic()
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"deep": self.deep(x), "shallow": torch.tanh(x)}
+
+
+def test_each_output_is_judged_on_its_own_against_fp32() -> None:
+    """A 6% error in the shallow output, inside the deep output's own 5.6% rounding distance to
+    fp32 but far outside the shallow one's, fails: the outputs are not judged by the largest."""
+    m = TwoOutputs().to(torch.bfloat16)
+    x = _chaotic_input()
+    inner = Fp32Inside(m.deep)
+    kw = dict(dtype=torch.bfloat16, device="cpu", is_language_model=False, time_it=False)
+    good = validate(m, lambda x: {"deep": inner(x), "shallow": torch.tanh(x)}, (x,), **kw)
+    assert good.passed, good.note
+    bad = validate(m, lambda x: {"deep": inner(x), "shallow": torch.tanh(x) * 1.06}, (x,), **kw)
+    assert not bad.passed and "shallow" in (bad.note or "")
