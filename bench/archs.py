@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e import GpuSampler, provenance, spread, steady_profile, write_json  # noqa: E402
+from e2e import GpuSampler, provenance, run_one, spread, steady_profile, write_json  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -269,14 +268,7 @@ def main() -> int:
                 cmd = [sys.executable, __file__, "--one", f"{arch}:{name}:{mode}", "--batch", str(a.batch),
                        "--seq", str(a.seq), "--budget", str(a.budget), "--device", a.device,
                        *(["--tiny"] if a.tiny else [])]
-                try:
-                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.variant_timeout)
-                except subprocess.TimeoutExpired as e:
-                    out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-                    proc = subprocess.CompletedProcess(cmd, -9, out, f"timed out after {a.variant_timeout} s")
-                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-                row = (json.loads(lines[-1][7:]) if lines else
-                       {"arch": arch, "variant": name, "mode": mode, "error": proc.stderr[-3000:]})
+                row = run_one(cmd, a.variant_timeout, {"arch": arch, "variant": name, "mode": mode})
                 print(json.dumps(row), flush=True)
                 rows.append(row)
             if mode == "fwd":

@@ -429,6 +429,19 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
     return out
 
 
+def run_one(cmd: list[str], timeout: float, what: dict[str, Any], env: dict[str, str] | None = None,
+            tail: int = 3000) -> dict[str, Any]:
+    """A variant run in its own process (`cmd`, a script's internal --one): the row its last
+    "RESULT {json}" line printed, or `what` with the end of its stderr (or the timeout) as the error."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        proc = subprocess.CompletedProcess(cmd, -9, out, f"timed out after {timeout} s")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    return json.loads(lines[-1][7:]) if lines else {**what, "error": proc.stderr[-tail:]}
+
+
 def agreement(rows: list[dict[str, Any]]) -> None:
     """Each variant's argmax agreement with eager (and with the fp32 variant when it ran): all
     positions, and positions where the reference's top-1/top-2 logit margin exceeds a threshold
@@ -487,13 +500,7 @@ def main() -> int:
             cmd = [sys.executable, __file__, "--one", v, "--batch", str(batch), "--seq", str(seq),
                    "--budget", str(a.budget), "--mode", mode]
             env = {**os.environ, **ENV_VARIANTS.get(v, {})}
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.variant_timeout)
-            except subprocess.TimeoutExpired as e:
-                out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-                proc = subprocess.CompletedProcess(cmd, -9, out, f"timed out after {a.variant_timeout} s")
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            row = json.loads(lines[-1][7:]) if lines else {"variant": v, "error": proc.stderr[-2000:]}
+            row = run_one(cmd, a.variant_timeout, {"variant": v}, env=env, tail=2000)
             print(json.dumps(row), flush=True)
             rows.append(row)
         if mode == "fwd":

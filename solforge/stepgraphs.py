@@ -171,6 +171,8 @@ class StepGraph:
         self._capture = capture
         self._measure = measure
         self._needs_cuda = needs_cuda
+        # whether a call may sit inside the caller's CUDA-graph capture (asked per call only then)
+        self._may_be_captured = needs_cuda and torch.cuda.is_available()
         self.calls = 0  # calls made with step graphs on
         self.replays = 0
         self.captures = 0
@@ -193,7 +195,7 @@ class StepGraph:
         on = _ON.get()
         if not (self.auto if on is None else on) or self.declined is not None or torch.is_grad_enabled():
             return self.gm(*args)
-        if self._needs_cuda and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        if self._may_be_captured and torch.cuda.is_current_stream_capturing():
             # the caller captures its own CUDA graph around this call (solforge.graphed, a serving
             # loop): a timing would wait on the GPU and a capture of ours cannot nest in it
             return self.gm(*args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -205,8 +206,6 @@ def _wide(original: torch.nn.Module, inputs: Sequence[Any], device: str, params:
     copies of the original's (made directly, never a second copy in the model's dtype), on the
     inputs upcast likewise, from the same seed. Returns both models' distances from it, or why it
     could not run (the copy or its run out of memory, a model that cannot be copied)."""
-    import copy
-
     try:
         out, wide_g = _run_fp32(original, inputs, device, params)
         wide_out = flatten_tensors(out)
@@ -237,8 +236,6 @@ def _run_fp32(original: torch.nn.Module, inputs: Sequence[Any], device: str,
               params: Params | None) -> tuple[Any, dict[str, torch.Tensor] | None]:
     """_wide's run: the outputs (and the gradients of `params`' names) of an fp32 copy of the
     original, which is freed on return."""
-    import copy
-
     memo: dict[int, Any] = {}
     for t in [*original.parameters(), *original.buffers()]:
         if t.is_floating_point() and id(t) not in memo:
