@@ -34,7 +34,9 @@ calls become one aten.linear each). In a training graph those linears then becom
 `linears.linears` calls, one per group sharing an input (linears.py): their backward sums the
 input gradients and accumulates the weight gradients into `.grad` inside the GEMMs. Their
 embeddings become `embeddings.embedding` calls, whose backward adds into `.grad` only the rows of
-the tokens present (embeddings.py).
+the tokens present (embeddings.py). Last, the graph's calls of solforge's ops are made directly,
+without torch.library's dispatch and autograd wrapper, whenever nothing traces them
+(kernels/direct.py): the host time of a training forward and of a decode step.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from solforge.capture import SolforgeBackend, compile_with
 from solforge.compact import recompose_linear
 from solforge.embeddings import rewrite_embeddings
 from solforge.generation import route_generate
+from solforge.kernels.direct import direct_calls
 from solforge.linears import group_linears
 from solforge.plan import find_matches, rewrite
 from solforge.records import TuningRecord, Workload
@@ -77,6 +80,7 @@ class IntegrationStats:
     linears: int = 0  # decomposed nn.Linear calls put back as one aten.linear (compact.py)
     grouped: int = 0  # linears of training graphs turned into linears.linears calls (linears.py)
     embeddings: int = 0  # embeddings of training graphs turned into embeddings.embedding calls
+    direct: int = 0  # solforge op calls made directly, not through torch.ops (kernels/direct.py)
 
     @property
     def total(self) -> int:
@@ -163,6 +167,8 @@ class Integrator:
         self.stats.grouped += group_linears(gm)
         # and their embeddings: the gradient added into .grad row by row (embeddings.py)
         self.stats.embeddings += rewrite_embeddings(gm)
+        # last: the kernels' ops called without torch.library's dispatch when nothing traces them
+        self.stats.direct += direct_calls(gm)
         return gm
 
     @functools.cached_property

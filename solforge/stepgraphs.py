@@ -102,7 +102,8 @@ def written_inputs(gm: fx.GraphModule) -> set[int]:
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        if isinstance(node.target, torch._ops.OpOverload):
+        # an OpOverload, or a function standing for one (kernels/direct.py) with its schema
+        if isinstance(node.target, torch._ops.OpOverload) or hasattr(node.target, "_schema"):
             aliased: set[int] = set()
             for arg, value in _node_args(node):
                 info = arg.alias_info

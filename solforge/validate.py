@@ -99,7 +99,7 @@ def argmax_agreement(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float
     top2 = ref.topk(2, dim=-1).values.float() if ref.shape[-1] > 1 else None
     decisive = None
     if top2 is not None:
-        sel = (top2[..., 0] - top2[..., 1]) > DECISIVE_MARGIN * float(ref.abs().max())
+        sel = (top2[..., 0] - top2[..., 1]) > DECISIVE_MARGIN * float(ref.detach().abs().max())
         decisive = float(same[sel].float().mean()) if bool(sel.any()) else None
     return float(same.float().mean()), decisive
 

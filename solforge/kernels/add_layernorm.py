@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from solforge.kernels import direct
 from solforge.kernels import layernorm as _ln
 from solforge.kernels.layernorm import (  # noqa: F401
     VARIANTS,
@@ -97,11 +98,12 @@ def _backward(ctx: Any, ds: torch.Tensor | None, dy: torch.Tensor | None) -> tup
     if dy is None:  # only the sum was used downstream
         dsum = ds if ds is not None else torch.zeros_like(s)
     else:
-        dsum, dw32, db32 = _ln.layernorm_bwd_op(dy, s, weight, ctx.eps, ds, ctx.bias_dtype is not None,
+        dsum, dw32, db32 = _ln.layernorm_bwd_call(dy, s, weight, ctx.eps, ds, ctx.bias_dtype is not None,
                                                     ctx.bwd_config)
         dw, db = _ln.param_grads(dw32, db32, weight, ctx.bias_dtype)
     return dsum, dsum, dw, db, None, None, None
 
 
 torch.library.register_autograd("solforge::add_layernorm", _backward, setup_context=_setup)
+direct.register(torch.ops.solforge.add_layernorm.default, _op, _setup, _backward)
 add_layernorm_op = torch.ops.solforge.add_layernorm.default

@@ -19,11 +19,12 @@ import torch
 import triton
 import triton.language as tl
 
+from solforge.kernels import direct
 from solforge.kernels import rmsnorm as _rms
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import Config, _load_weight, _st, _tile_load, _tile_store
-from solforge.kernels.rmsnorm_bwd import rmsnorm_bwd_op, workload_from
+from solforge.kernels.rmsnorm_bwd import rmsnorm_bwd_call, workload_from
 from solforge.numerics import Tolerance, input_generator
 from solforge.records import Workload
 
@@ -220,12 +221,13 @@ def _backward(ctx: Any, ds: torch.Tensor | None, dy: torch.Tensor | None) -> tup
     if dy is None:
         dsum = ds if ds is not None else torch.zeros_like(s)
     else:
-        dsum, dw32 = rmsnorm_bwd_op(dy, s, weight, ctx.eps, ctx.rbw, ds, ctx.bwd_config)
+        dsum, dw32 = rmsnorm_bwd_call(dy, s, weight, ctx.eps, ctx.rbw, ds, ctx.bwd_config)
         dw = dw32.to(weight.dtype) if weight is not None else None
     return dsum, dsum, dw, None, None, None, None
 
 
 torch.library.register_autograd("solforge::add_rmsnorm", _backward, setup_context=_setup)
+direct.register(torch.ops.solforge.add_rmsnorm.default, _op, _setup, _backward)
 add_rmsnorm_op = torch.ops.solforge.add_rmsnorm.default
 
 

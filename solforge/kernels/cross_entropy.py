@@ -36,7 +36,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from solforge.kernels import config_text
+from solforge.kernels import config_text, direct
 from solforge.kernels.interp import round_bf16
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
@@ -331,6 +331,7 @@ def _bwd_fake(dloss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, l
 
 cross_entropy_op = torch.ops.solforge.cross_entropy.default
 cross_entropy_bwd_op = torch.ops.solforge.cross_entropy_bwd.default
+cross_entropy_bwd_call = direct.plain(cross_entropy_bwd_op, _bwd_op)  # what the backward formula calls
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -344,12 +345,13 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.
 
 def _backward(ctx: Any, dloss: torch.Tensor, _dlse: torch.Tensor | None) -> tuple[Any, ...]:
     logits, target, lse = ctx.saved_tensors
-    dx = cross_entropy_bwd_op(dloss, logits, target, lse, ctx.ignore_index, ctx.reduction, logits.dtype,
+    dx = cross_entropy_bwd_call(dloss, logits, target, lse, ctx.ignore_index, ctx.reduction, logits.dtype,
                               ctx.bwd_config)
     return dx, None, None, None, None, None
 
 
 torch.library.register_autograd("solforge::cross_entropy", _backward, setup_context=_setup)
+direct.register(torch.ops.solforge.cross_entropy.default, _op, _setup, _backward)
 
 
 # ----------------------------------------------------------------------------------------------

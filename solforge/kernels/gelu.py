@@ -31,6 +31,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from solforge.kernels import direct
 from solforge.kernels import swiglu as _swiglu
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
@@ -399,12 +400,14 @@ def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, torch.Te
     x, bias = ctx.saved_tensors
     need_x, need_b = ctx.needs_input_grad[:2]
     # The forward's tuned config was chosen for 1 read + 1 write; the backward has its own.
-    dx, db = torch.ops.solforge.gelu_bwd(dy, x, bias, ctx.approximate, bool(bias is not None and need_b),
+    dx, db = _gelu_bwd_call(dy, x, bias, ctx.approximate, bool(bias is not None and need_b),
                                          ctx.bwd_config)
     return (dx if need_x else None), (db if bias is not None and need_b else None), None, None
 
 
 torch.library.register_autograd("solforge::gelu", _backward, setup_context=_setup_context)
+direct.register(torch.ops.solforge.gelu.default, _gelu_op, _setup_context, _backward)
+_gelu_bwd_call = direct.plain(torch.ops.solforge.gelu_bwd.default, _gelu_bwd_op)  # what _backward calls
 
 gelu_op = torch.ops.solforge.gelu
 gelu_bwd_op = torch.ops.solforge.gelu_bwd

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solforge.kernels import config_text
+from solforge.kernels import config_text, direct
 from solforge.kernels.interp import round_bf16
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
@@ -261,6 +261,7 @@ from solforge.kernels.layernorm_bwd import (  # noqa: E402, F401  (re-exported; 
     bwd_is_valid,
     bwd_space,
     layernorm_bwd,
+    layernorm_bwd_call,
     layernorm_bwd_op,
     layernorm_bwd_ref,
 )
@@ -310,11 +311,12 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
 
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
     x, weight = ctx.saved_tensors
-    dx, dw, db = layernorm_bwd_op(dy, x, weight, ctx.eps, None, ctx.bias_dtype is not None, ctx.bwd_config)
+    dx, dw, db = layernorm_bwd_call(dy, x, weight, ctx.eps, None, ctx.bias_dtype is not None, ctx.bwd_config)
     return (dx, *param_grads(dw, db, weight, ctx.bias_dtype), None, None, None)
 
 
 torch.library.register_autograd("solforge::layernorm", _backward, setup_context=_setup)
+direct.register(torch.ops.solforge.layernorm.default, _op, _setup, _backward)
 
 
 def backward_workload(workload: Workload) -> Workload | None:

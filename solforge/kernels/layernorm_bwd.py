@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
+from solforge.kernels import direct
 from solforge.kernels.launch import Meta, pdl, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.reduce import fold, sum3, sum_rows
@@ -480,6 +481,7 @@ def _bwd_fake(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, ep
 
 
 layernorm_bwd_op = torch.ops.solforge.layernorm_bwd.default
+layernorm_bwd_call = direct.plain(layernorm_bwd_op, _bwd_op)  # what the backward formulas call
 
 
 # ----------------------------------------------------------------------------------------------

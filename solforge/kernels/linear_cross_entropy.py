@@ -62,7 +62,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from solforge.kernels import config_text, lce_grads, lce_model
+from solforge.kernels import config_text, direct, lce_grads, lce_model
 from solforge.kernels.cross_entropy import _grad_chunk, _ld
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
@@ -361,6 +361,7 @@ def _backward(ctx: Any, dloss: torch.Tensor, *_unused: Any) -> tuple[Any, ...]:
 
 
 torch.library.register_autograd("solforge::linear_cross_entropy", _backward, setup_context=_setup)
+direct.register(torch.ops.solforge.linear_cross_entropy.default, _op, _setup, _backward)
 
 
 # ----------------------------------------------------------------------------------------------

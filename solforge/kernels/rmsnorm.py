@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solforge.kernels import config_text
+from solforge.kernels import config_text, direct
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
@@ -624,11 +624,12 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
 
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
     x, weight = ctx.saved_tensors
-    dx, dw = _bwd.rmsnorm_bwd_op(dy, x, weight, ctx.eps, ctx.rbw, None, ctx.bwd_config)
+    dx, dw = _bwd.rmsnorm_bwd_call(dy, x, weight, ctx.eps, ctx.rbw, None, ctx.bwd_config)
     return dx, (dw.to(weight.dtype) if weight is not None else None), None, None, None, None
 
 
 torch.library.register_autograd("solforge::rmsnorm", _backward, setup_context=_setup)
+direct.register(torch.ops.solforge.rmsnorm.default, _rmsnorm_op, _setup, _backward)
 
 
 def backward_workload(workload: Workload) -> Workload | None:

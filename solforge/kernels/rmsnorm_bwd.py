@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
+from solforge.kernels import direct
 from solforge.kernels import rmsnorm as _rms
 from solforge.kernels.launch import Meta, pdl, sm_count
 from solforge.kernels.launch import launch as _launch
@@ -379,6 +380,7 @@ def _fake(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: f
 
 
 rmsnorm_bwd_op = torch.ops.solforge.rmsnorm_bwd.default
+rmsnorm_bwd_call = direct.plain(rmsnorm_bwd_op, _op)  # what the backward formulas call
 
 
 # ----------------------------------------------------------------------------------------------

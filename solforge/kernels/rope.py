@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solforge.kernels import config_text
+from solforge.kernels import config_text, direct
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
@@ -703,16 +703,18 @@ def _backward(ctx: Any, grad_q: torch.Tensor | None, grad_k: torch.Tensor | None
         grad_q = torch.zeros((B, Hq, S, D) if heads_first else q.shape, dtype=q.dtype, device=q.device)
     if grad_k is None:
         grad_k = torch.zeros((B, Hk, S, D) if heads_first else k.shape, dtype=k.dtype, device=k.device)
-    dq, dk, dqw, dkw = rope_bwd_op(grad_q, grad_k, q, k, cos, sin, qw, kw, eps, norm, rbw, heads_first,
+    dq, dk, dqw, dkw = rope_bwd_call(grad_q, grad_k, q, k, cos, sin, qw, kw, eps, norm, rbw, heads_first,
                                    bwd_config)
     return (dq, dk, None, None, dqw if qw is not None else None, dkw if kw is not None else None,
             None, None, None, None, None, None)
 
 
 torch.library.register_autograd("solforge::rope", _backward, setup_context=_setup_context)
+direct.register(torch.ops.solforge.rope.default, _rope_op, _setup_context, _backward)
 
 rope_op = torch.ops.solforge.rope
 rope_bwd_op = torch.ops.solforge.rope_bwd.default
+rope_bwd_call = direct.plain(rope_bwd_op, _rope_bwd_op)  # what _backward calls
 
 
 # the backward's kernels and launcher live in kernels/rope_bwd.py, which imports this file's helpers:

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solforge.kernels import config_text
+from solforge.kernels import config_text, direct
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
@@ -355,6 +355,7 @@ def _bwd_fake(dy: torch.Tensor, y: torch.Tensor, dx_dtype: torch.dtype, config: 
 
 softmax_op = torch.ops.solforge.softmax.default
 softmax_bwd_op = torch.ops.solforge.softmax_bwd.default
+softmax_bwd_call = direct.plain(softmax_bwd_op, _bwd_op)  # what _backward calls
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
@@ -367,10 +368,11 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
 
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
     (y,) = ctx.saved_tensors
-    return softmax_bwd_op(dy, y, ctx.x_dtype, ctx.bwd_config), None, None
+    return softmax_bwd_call(dy, y, ctx.x_dtype, ctx.bwd_config), None, None
 
 
 torch.library.register_autograd("solforge::softmax", _backward, setup_context=_setup)
+direct.register(torch.ops.solforge.softmax.default, _op, _setup, _backward)
 
 
 # ----------------------------------------------------------------------------------------------

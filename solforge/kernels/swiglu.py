@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from solforge.kernels import config_text
+from solforge.kernels import config_text, direct
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
@@ -399,12 +399,14 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> N
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
     gate, up = ctx.saved_tensors
     # The forward's tuned config was chosen for 2 reads + 1 write; the backward (3 + 2) has its own.
-    dg, du = torch.ops.solforge.swiglu_bwd(dy, gate, up, ctx.act, ctx.bwd_config)
+    dg, du = _swiglu_bwd_call(dy, gate, up, ctx.act, ctx.bwd_config)
     need_g, need_u = ctx.needs_input_grad[:2]
     return (dg if need_g else None), (du if need_u else None), None, None
 
 
 torch.library.register_autograd("solforge::swiglu", _backward, setup_context=_setup_context)
+direct.register(torch.ops.solforge.swiglu.default, _swiglu_op, _setup_context, _backward)
+_swiglu_bwd_call = direct.plain(torch.ops.solforge.swiglu_bwd.default, _swiglu_bwd_op)  # what _backward calls
 
 swiglu_op = torch.ops.solforge.swiglu
 swiglu_bwd_op = torch.ops.solforge.swiglu_bwd

@@ -51,7 +51,7 @@ def _packet(target: Any) -> str:
 
 def node_kind(node: fx.Node) -> str:
     """One of KINDS, or VIEW for a node that launches no kernel."""
-    t = node.target
+    t = getattr(node.target, "solforge_op", node.target)  # the op a direct call stands for (kernels/direct.py)
     if node.op != "call_function":
         return VIEW
     if t is operator.getitem:

@@ -189,10 +189,11 @@ def partition(graph: fx.Graph, graph_index: int, first_id: int = 0,
             views.append(n)
             continue
         mod = module_path(n) or ""
-        if getattr(n.target, "namespace", "") == "solforge":
+        target = getattr(n.target, "solforge_op", n.target)  # the op a direct call stands for (kernels/direct.py)
+        if getattr(target, "namespace", "") == "solforge":
             # a swapped-in op (an optimized model) is one region of its family on its own: one
             # module can hold two (add_rmsnorm after attention and after the MLP)
-            family = getattr(getattr(n.target, "_overloadpacket", None), "__name__", kind)
+            family = getattr(getattr(target, "_overloadpacket", None), "__name__", kind)
             regions.append(Region(0, graph_index, family, kind, mod, [n]))
             continue
         r = groups.get((mod, kind))

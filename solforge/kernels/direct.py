@@ -1,0 +1,133 @@
+"""Direct calls: the integrated graph calls each solforge op's implementation without torch.library's
+dispatch, when nothing traces it.
+
+Every family op is a `torch.library` op (so torch.compile, export and FakeTensor see an opaque op
+with a fake implementation), and its backward is wired in with `register_autograd`. Each call of
+such an op from the optimized model's graph pays, on top of the kernel launch, the dispatcher
+twice (Autograd, then the implementation) and torch.library's generated autograd wrapper, whose
+`fill_defaults` rebuilds the schema's argument list once per argument. Measured on the H100 host
+(bench/host_step.py, `calibration`, 2026-11-25): 110.7 µs of host time for one rmsnorm call with
+autograd recording, against 72.0 µs through an autograd.Function calling the same implementation
+and 22.8 µs for the implementation alone. In Llama-3.2-1B's training forward (B1 S4096) the
+wrappers of rope, add_rmsnorm and swiglu took ~13 ms of the forward's 25.7 ms of host time, which
+made the step host-bound.
+
+`register` records, next to each op's torch.library registration, its implementation and its
+autograd formula (the same `setup_context` and `backward` functions register_autograd got).
+`direct_calls(gm)` (integrate.py, last of its passes) retargets the graph's calls of those ops to
+a plain function that
+- calls the op through torch.ops, as before, whenever something may be tracing, transforming or
+  recording the call: dynamo compiling, a TorchDispatchMode (FakeTensorMode, make_fx, a debug
+  mode), a functorch transform (vmap, grad), or torch.profiler (its trace then names the ops, and
+  the host time it shows is torch.ops's);
+- else, with autograd recording (grad mode on and an input that requires grad), applies an
+  autograd.Function made of the op's implementation and its registered formula: the values, the
+  saved tensors and the gradients are the op's;
+- else calls the implementation.
+
+The ops' backward kernels (`<family>_bwd`, no autograd formula of their own) are called the same
+way from the backward formulas (`plain`): directly, unless something traces, or autograd records
+(a double backward, `create_graph=True`: through torch.ops the missing formula is reported).
+
+SOLFORGE_DIRECT_CALLS=0 in the environment (read at import; or `ENABLED = False`) leaves every call on
+torch.ops.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+ENABLED = os.environ.get("SOLFORGE_DIRECT_CALLS", "1") not in ("0", "false", "off", "")
+
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_level = torch._C._functorch.peek_interpreter_stack
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_any_requires_grad = torch._C._any_requires_grad
+_profiling = torch._C._autograd._profiler_enabled
+
+# op overload -> the function the graph calls instead
+_DIRECT: dict[Any, Callable[..., Any]] = {}
+
+
+def _traced() -> bool:
+    """Whether a call may be traced, transformed or recorded rather than only run: then it goes
+    through torch.ops (under torch.profiler too, so a profile names the op as before)."""
+    return bool(_dispatch_modes()) or _functorch_level() is not None or _is_compiling() or _profiling()
+
+
+def register(op: Any, impl: Callable[..., Any], setup: Callable[..., None] | None = None,
+             backward: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """Record `op`'s implementation (and its autograd formula, as given to register_autograd):
+    the function `direct_calls` puts in the graph in its place. Returns that function."""
+    schema = op._schema
+    if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
+        raise ValueError(f"{op}: direct calls are for functional ops only")
+    name = str(op).replace(".", "_").replace("::", "_")
+    if backward is None:
+        call = plain(op, impl)
+    else:
+        assert setup is not None
+        fn = type(f"{name}_function", (torch.autograd.Function,), {
+            "forward": staticmethod(impl),
+            "setup_context": staticmethod(setup),
+            "backward": staticmethod(backward),
+        })
+        apply = fn.apply
+
+        def call(*args: Any) -> Any:
+            if _traced():
+                return op(*args)
+            if _grad_enabled() and _any_requires_grad(*args):
+                return apply(*args)
+            return impl(*args)
+
+    call.__name__ = call.__qualname__ = f"direct_{name}"
+    call._schema = schema  # type: ignore[attr-defined]  # stepgraphs.written_inputs reads alias info
+    call.solforge_op = op  # type: ignore[attr-defined]  # the op it stands for (profile, tests)
+    _DIRECT[op] = call
+    globals()[call.__name__] = call  # importable by name: what a pickled GraphModule refers to
+    return call
+
+
+def plain(op: Any, impl: Callable[..., Any]) -> Callable[..., Any]:
+    """`op` (no autograd formula: a backward kernel) called directly unless traced or recorded."""
+
+    def call(*args: Any) -> Any:
+        if not ENABLED or _traced() or (_grad_enabled() and _any_requires_grad(*args)):
+            return op(*args)
+        return impl(*args)
+
+    return call
+
+
+def direct_calls(gm: fx.GraphModule) -> int:
+    """Retarget `gm`'s calls of registered ops to their direct functions (module docstring).
+    A call with keyword arguments is left on torch.ops; missing trailing arguments get the
+    schema's defaults. Returns how many calls were retargeted."""
+    if not ENABLED:
+        return 0
+    n = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.kwargs:
+            continue
+        call = _DIRECT.get(node.target)
+        if call is None:
+            continue
+        arguments = node.target._schema.arguments
+        if any(a.kwarg_only for a in arguments) or len(node.args) > len(arguments):
+            continue
+        missing = arguments[len(node.args):]
+        if not all(a.has_default_value() for a in missing):
+            continue
+        node.args = (*node.args, *(a.default_value for a in missing))
+        node.target = call
+        n += 1
+    if n:
+        gm.recompile()
+    return n
