@@ -34,9 +34,11 @@ calls become one aten.linear each). In a training graph those linears then becom
 `linears.linears` calls, one per group sharing an input (linears.py): their backward sums the
 input gradients and accumulates the weight gradients into `.grad` inside the GEMMs. Their
 embeddings become `embeddings.embedding` calls, whose backward adds into `.grad` only the rows of
-the tokens present (embeddings.py). Last, the graph's calls of solforge's ops are made directly,
-without torch.library's dispatch and autograd wrapper, whenever nothing traces them
-(kernels/direct.py): the host time of a training forward and of a decode step.
+the tokens present (embeddings.py). Views nothing reads after the rewrite are dropped, and slices
+that partition a tensor become one split, whose backward is one concatenation (tidy.py). Last,
+the graph's calls of solforge's ops are made directly, without torch.library's dispatch and
+autograd wrapper, whenever nothing traces them (kernels/direct.py): the host time of a training
+forward and of a decode step.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from solforge.linears import group_linears
 from solforge.plan import find_matches, rewrite
 from solforge.records import TuningRecord, Workload
 from solforge.shapes import binding, symbolic
+from solforge.tidy import drop_unused_views, split_partitions
 from solforge.tune import family_module
 
 
@@ -80,6 +83,8 @@ class IntegrationStats:
     linears: int = 0  # decomposed nn.Linear calls put back as one aten.linear (compact.py)
     grouped: int = 0  # linears of training graphs turned into linears.linears calls (linears.py)
     embeddings: int = 0  # embeddings of training graphs turned into embeddings.embedding calls
+    dropped_views: int = 0  # view nodes nothing read any more, erased (tidy.py)
+    splits: int = 0  # sets of slices partitioning a tensor made one split_with_sizes (tidy.py)
     direct: int = 0  # solforge op calls made directly, not through torch.ops (kernels/direct.py)
 
     @property
@@ -167,6 +172,9 @@ class Integrator:
         self.stats.grouped += group_linears(gm)
         # and their embeddings: the gradient added into .grad row by row (embeddings.py)
         self.stats.embeddings += rewrite_embeddings(gm)
+        # views the rewrite left unread, and slices partitioning a tensor as one split (tidy.py)
+        self.stats.dropped_views += drop_unused_views(gm)
+        self.stats.splits += split_partitions(gm)
         # last: the kernels' ops called without torch.library's dispatch when nothing traces them
         self.stats.direct += direct_calls(gm)
         return gm
