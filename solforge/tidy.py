@@ -17,7 +17,8 @@ partition a tensor taken as one split, whose backward is one concatenation.
   unchanged; only the backward's kernels differ, and they compute the same sums (each element of
   the gradient is one piece's gradient, plus zeros).
   Conditions: `aten.slice.Tensor` nodes of one tensor, on one dim, step 1, static bounds, that
-  together cover the dim with no gap or overlap, at least two of them.
+  together cover the dim with no gap or overlap, at least two of them, and no call between the
+  first and the last of them that may write in place (the views are all made at the first).
 
 SOLFORGE_TIDY=0 in the environment (read at import) turns both passes off.
 """
@@ -61,6 +62,14 @@ def drop_unused_views(gm: fx.GraphModule) -> int:
     return n
 
 
+def _writes(target: object) -> bool:
+    """Whether a call may write a tensor in place (an op whose schema says so, or anything that
+    is not an op: its effects are unknown)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable
+    return target is not operator.getitem
+
+
 def _static_slice(node: fx.Node) -> tuple[fx.Node, int, int, int] | None:
     """(base, dim, start, end) of a step-1 aten.slice.Tensor with static bounds, clamped to the
     base's size; None for anything else."""
@@ -99,6 +108,8 @@ def split_partitions(gm: fx.GraphModule) -> int:
             groups[(base, dim)].append((start, end, node))
     done = 0
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    # in-place writes: a split made at the first slice must not move a view across one
+    writes = [order[n] for n in gm.graph.nodes if n.op == "call_function" and _writes(n.target)]
     for (base, dim), pieces in groups.items():
         if len(pieces) < 2:
             continue
@@ -109,6 +120,9 @@ def split_partitions(gm: fx.GraphModule) -> int:
         if bounds[0][0] != 0 or bounds[-1][1] != size or not gapless or any(a >= b for a, b in bounds):
             continue
         first = min((p[2] for p in pieces), key=order.__getitem__)
+        last = max(order[p[2]] for p in pieces)
+        if any(order[first] < w < last for w in writes):
+            continue
         with gm.graph.inserting_before(first):
             split = gm.graph.call_function(aten.split_with_sizes.default, (base, [b - a for a, b in bounds], dim))
             split.meta["val"] = tuple(p[2].meta.get("val") for p in pieces)

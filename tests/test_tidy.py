@@ -63,6 +63,17 @@ def test_slices_that_do_not_partition_are_left(cuts: list[tuple[int, int]]) -> N
     assert tidy.split_partitions(gm) == 0 and len(_slices(gm)) == before
 
 
+def test_slices_around_an_in_place_write_are_left() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x * 1
+        a = y[:, :4]
+        y.mul_(2)
+        return a.sum() + y[:, 4:].sum()
+
+    gm = _traced(f, torch.randn(2, 12))
+    assert tidy.split_partitions(gm) == 0 and len(_slices(gm)) == 2
+
+
 def test_steps_other_dims_and_negative_bounds() -> None:
     def stepped(x: torch.Tensor) -> torch.Tensor:
         return x[:, 0:12:2].sum() + x[:, 1:12:2].sum()  # interleaved, not pieces
