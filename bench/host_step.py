@@ -10,7 +10,9 @@ host has launched the next (bench/archs.py: GPT-2 medium's step took 61.8 ms und
 the backward call, and the device's time between the same points (CUDA events). Then cProfile
 runs over --profile-steps more steps, and the --top functions by internal time and by cumulative
 time are kept (file:line, calls per step, ms per step), and torch.profiler (CPU activity) over as
-many steps gives each op's and autograd node's host time (self and total). The step is
+many steps gives each op's and autograd node's host time (self and total). Under torch.profiler an
+optimized model's solforge ops go through torch.ops (kernels/direct.py: so the profile names them),
+so that table shows torch.ops's host cost; the timed steps and cProfile show the direct calls'. The step is
 bench/archs.py's: loss = mean of the squared last hidden state, gradients accumulated, never zeroed.
 
 `calibration` (in the parent process): host µs per call, in a loop without synchronizing, of
