@@ -90,6 +90,7 @@ def register(op: Any, impl: Callable[..., Any], setup: Callable[..., None] | Non
     call.__name__ = call.__qualname__ = f"direct_{name}"
     call._schema = schema  # type: ignore[attr-defined]  # stepgraphs.written_inputs reads alias info
     call.solforge_op = op  # type: ignore[attr-defined]  # the op it stands for (profile, tests)
+    call.function = fn if backward is not None else None  # type: ignore[attr-defined]  # (benchmarks)
     _DIRECT[op] = call
     globals()[call.__name__] = call  # importable by name: what a pickled GraphModule refers to
     return call
