@@ -173,6 +173,9 @@ def variant(arch: str, name: str, mode: str, batch: int, seq: int, budget: float
     key = "fwd_ms" if mode == "fwd" else "train_step_ms"
     out[key] = round(statistics.median(times), 2)
     out["during_do_bench"] = {**(gpu.summary() if device == "cuda" else {}), **spread(times)}
+    stats = getattr(f, "solforge_stats", None)
+    if stats is not None:  # what the CUDA-graph replays did (stepgraphs.py, traingraphs.py)
+        out["step_graphs"] = [s.summary() for s in stats.step_graphs]
     if device == "cuda":
         out["peak_MiB"] = round(torch.cuda.max_memory_allocated() / 2**20)
         prof = steady_profile(call)

@@ -50,6 +50,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from solforge import traingraphs
 from solforge.shapes import symbolic_inputs
 
 _DATA_PTR = torch.Tensor.data_ptr
@@ -161,7 +162,8 @@ class StepGraph:
 
     def __init__(self, gm: fx.GraphModule, *, capture: Callable[..., tuple[Callable[[], None], Any]] = cuda_capture,
                  measure: Callable[..., tuple[Any, float, float]] = cuda_measure,
-                 needs_cuda: bool = True, sizes_fixed: bool = False, auto: bool = False) -> None:
+                 needs_cuda: bool = True, sizes_fixed: bool = False, auto: bool = False,
+                 capture_train: Callable[..., traingraphs.TrainCapture] = traingraphs.cuda_capture_train) -> None:
         self.gm = gm
         # a graph with symbolic sizes is replayed only where every call has the same sizes
         # (shapes.ShapeDispatch makes one per set of sizes): a capture is of one set of sizes
@@ -181,6 +183,10 @@ class StepGraph:
         self.host_s: float | None = None
         self.gpu_s: float | None = None
         self.declined: str | None = None
+        self._refusal: str | None = None  # why no call of this graph can be captured (_classify)
+        self._capture_train = capture_train
+        # the calls made with autograd recording (traingraphs.py), made on the first such call
+        self.training: traingraphs.TrainGraph | None = None
         self._inplace: list[int] | None = None
         self._pick: Callable[[Sequence[Any]], tuple[Any, ...]] = lambda _: ()
         self._last_key: tuple[Any, ...] | None = None
@@ -194,8 +200,17 @@ class StepGraph:
 
     def __call__(self, *args: Any) -> Any:
         on = _ON.get()
-        if not (self.auto if on is None else on) or self.declined is not None or torch.is_grad_enabled():
+        if not (self.auto if on is None else on):
             return self.gm(*args)
+        if torch.is_grad_enabled():
+            if not traingraphs.ENABLED or not any(isinstance(x, torch.Tensor) and x.requires_grad for x in args):
+                return self.gm(*args)
+            return self._guarded(self._train_call, args)
+        if self.declined is not None:
+            return self.gm(*args)
+        return self._guarded(self._call, args)
+
+    def _guarded(self, call: Callable[[Sequence[Any]], Any], args: Sequence[Any]) -> Any:
         if self._may_be_captured and torch.cuda.is_current_stream_capturing():
             # the caller captures its own CUDA graph around this call (solforge.graphed, a serving
             # loop): a timing would wait on the GPU and a capture of ours cannot nest in it
@@ -205,17 +220,30 @@ class StepGraph:
         if not self._lock.acquire(blocking=False):
             return self.gm(*args)
         try:
-            return self._call(args)
+            return call(args)
         finally:
             self._lock.release()
 
+    def _train_call(self, args: Sequence[Any]) -> Any:
+        """A call with autograd recording: replayed by the training side (traingraphs.py)."""
+        if self._inplace is None and self._refusal is None:
+            self._refusal = self._classify(args)
+        if self._refusal is not None:
+            return self.gm(*args)
+        if self.training is None:
+            self.training = traingraphs.TrainGraph(self.gm, capture=self._capture_train, measure=self._measure)
+        elif self.training.declined is not None:
+            return self.gm(*args)
+        assert self._inplace is not None
+        return self.training(args, self._current_key(args), self._inplace)
+
     def _call(self, args: Sequence[Any]) -> Any:
         self.calls += 1
-        if self._inplace is None:
-            refusal = self._classify(args)
-            if refusal is not None:
-                self.declined = refusal
-                return self.gm(*args)
+        if self._inplace is None and self._refusal is None:
+            self._refusal = self._classify(args)
+        if self._refusal is not None:
+            self.declined = self._refusal
+            return self.gm(*args)
         key = self._current_key(args)
         if self._replay is not None and key == self._key:
             return self._run_replay(args)
@@ -326,10 +354,14 @@ class StepGraph:
         """Drop the capture, its buffers and its memory pool (a graph no longer called)."""
         with self._lock:
             self._replay, self._key, self._copied, self._outs = None, None, [], []
+            if self.training is not None:
+                self.training.release()
 
     def summary(self) -> str:
         if self.declined is not None:
-            return f"not replayed: {self.declined}"
-        if self.captures:
-            return f"replayed {self.replays} call(s) from {self.captures} capture(s)"
-        return f"{self.calls} call(s), not captured yet"
+            text = f"not replayed: {self.declined}"
+        elif self.captures:
+            text = f"replayed {self.replays} call(s) from {self.captures} capture(s)"
+        else:
+            text = f"{self.calls} call(s), not captured yet"
+        return text if self.training is None else f"{text}; {self.training.summary()}"

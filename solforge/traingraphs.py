@@ -1,0 +1,318 @@
+"""CUDA-graph replay of launch-bound calls made with autograd recording: a small model's training step.
+
+A training forward of a small model is bound by the host, as a decode step is (stepgraphs.py):
+on GPT-2 medium (B1 S1024, session 16) solforge's step spent ~62 ms of host time on ~8 ms of
+kernels, one Python autograd Function per fused op in the forward and one formula per op in the
+backward. Replaying both from CUDA graphs takes that host time out, as
+`torch.cuda.make_graphed_callables` does for a module: the call's forward and its backward are
+captured once, then each call replays the forward and hands autograd one node whose backward
+replays the backward.
+
+`StepGraph` (stepgraphs.py) owns one `TrainGraph` and sends it the calls made with autograd
+recording where some tensor input requires grad, when its replays are on (an optimized model's
+calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off.
+
+1. The first call runs the graph as it is; the second is timed. A graph is replayed only when its
+   host time is at least `TRAIN_BOUND` of its GPU time (the GPU waited): a capture holds its
+   activations and its parameters' gradients in memory of its own from then on, which a model
+   whose step the GPU bounds (Qwen3-4B's) must not pay for nothing.
+2. The capture is made on a call whose in-place inputs (parameters, inputs the graph writes) sit
+   where they sat on the call before, like StepGraph's. Other tensor inputs are copied into
+   buffers the graph reads; those that require grad (activations from a graph before a graph
+   break) are leaves of the captured graph, so their gradients come out of the backward too.
+3. A replayed call returns copies of the graph's outputs, connected to autograd through one node.
+   Its backward copies the incoming gradients into the captured buffers, replays the backward and
+   hands each input its gradient:
+   - a parameter whose `.grad` may be added to in place (linears.accumulates_in_place: dense, same
+     dtype, no hooks, AccumulateGrad runs in this backward) gets `.grad += g` here and autograd
+     gets no gradient for it, as linears.py does;
+   - any other input gets a copy (the captured gradient is overwritten by the next replay, and
+     AccumulateGrad would keep the tensor it is handed as `.grad`).
+
+The activations a backward replay reads are those of the last forward replay. So a forward is
+replayed only when no earlier replay of this capture may still be backpropagated: a second call
+before the first one's backward (two micro-batches summed, a graph called twice in one step) runs
+the graph as it is, with autograd's own graph. A backward that comes after another forward replay
+overwrote its activations (a second backward with `retain_graph=True` after a later call) raises
+an error instead of returning wrong gradients.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils import _pytree as pytree
+
+from solforge.linears import accumulates_in_place
+
+ENABLED = os.environ.get("SOLFORGE_TRAIN_GRAPHS", "1").lower() not in ("0", "false", "no", "off")
+TRAIN_BOUND = 1.0  # host enqueue time / GPU time of a forward at or above which it is captured
+
+
+class TrainCaptureRefused(Exception):
+    """A graph whose training calls cannot be replayed; the message says why."""
+
+
+@dataclass
+class TrainCapture:
+    """What a capture leaves: two replays and the fixed tensors they read and write."""
+
+    forward: Callable[[], None]
+    backward: Callable[[], None]
+    outputs: Any  # the graph's outputs as captured (pytree); forward replays write them
+    differentiable: list[bool]  # per tensor leaf of `outputs`: whether it required grad
+    grad_outputs: list[torch.Tensor]  # one buffer per differentiable output leaf; backward reads them
+    grads: list[torch.Tensor | None]  # the gradient of each input that requires grad; backward writes them
+    generation: int = 0  # forward replays so far: the activations are the last one's
+
+
+def cuda_capture_train(fn: Callable[..., Any], args: Sequence[Any], needs: Sequence[int]) -> TrainCapture:
+    """Capture `fn(*args)` with autograd recording into one CUDA graph, and the gradients of
+    `args[i]` for i in `needs` into a second, sharing one private memory pool (the second reads the
+    activations the first saves)."""
+    fwd = torch.cuda.CUDAGraph()
+    with torch.enable_grad(), torch.cuda.graph(fwd):
+        out = fn(*args)
+    tensors = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+    diff = [o for o in tensors if o.requires_grad]
+    grad_outputs = [torch.empty_like(o) for o in diff]
+    bwd = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(bwd, pool=fwd.pool()):
+        grads = torch.autograd.grad(diff, [args[i] for i in needs], grad_outputs, allow_unused=True)
+    detached = pytree.tree_map(lambda o: o.detach() if isinstance(o, torch.Tensor) else o, out)
+    return TrainCapture(fwd.replay, bwd.replay, detached, [o.requires_grad for o in tensors], grad_outputs,
+                        list(grads))
+
+
+CaptureTrain = Callable[[Callable[..., Any], Sequence[Any], Sequence[int]], TrainCapture]
+
+
+class _Token:
+    """Lives as long as one replayed call's autograd node: while it does and its backward has not
+    run, the capture's activations are that call's."""
+
+    __slots__ = ("__weakref__", "backwarded", "generation")
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.backwarded = False
+
+
+class _Replayed(torch.autograd.Function):
+    """The autograd node of one replayed call: forward copies out the outputs the replay wrote,
+    backward replays the captured backward."""
+
+    @staticmethod
+    def forward(ctx: Any, call: _Call, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.call = call
+        ctx.set_materialize_grads(False)
+        outs, call.outputs = call.outputs, []  # the outputs hold this node: a cycle through ctx otherwise
+        ctx.mark_non_differentiable(*[o for o, d in zip(outs, call.differentiable, strict=True) if not d])
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        return (None, *ctx.call.backward(grads))
+
+
+class _Call:
+    """One replayed call: its outputs and its backward."""
+
+    def __init__(self, owner: TrainGraph, cap: TrainCapture, token: _Token, outputs: list[torch.Tensor],
+                 differentiable: list[bool], params: list[torch.nn.Parameter | None]) -> None:
+        self.owner, self.cap, self.token = owner, cap, token
+        self.outputs, self.differentiable, self.params = outputs, differentiable, params
+
+    def backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        owner, cap = self.owner, self.cap
+        if cap.generation != self.token.generation:
+            raise RuntimeError(
+                "solforge: this backward reads activations that a later call of the same CUDA-graphed "
+                "training graph has overwritten (a second backward with retain_graph=True after another "
+                "forward). Optimize with cuda_graphs=False, or set SOLFORGE_TRAIN_GRAPHS=0, for this "
+                "training loop.")
+        bufs = iter(cap.grad_outputs)
+        for g, d in zip(grads, self.differentiable, strict=True):
+            if not d:
+                continue
+            buf = next(bufs)
+            if g is None:
+                buf.zero_()
+            elif g.data_ptr() != buf.data_ptr():
+                buf.copy_(g)
+        cap.backward()
+        self.token.backwarded = True
+        owner.backward_replays += 1
+        out: list[torch.Tensor | None] = []
+        add_to: list[torch.Tensor] = []
+        add_from: list[torch.Tensor] = []
+        for x, g in zip(self.params, cap.grads, strict=True):
+            if g is None:
+                out.append(None)
+            elif x is not None and accumulates_in_place(x, g.dtype):
+                add_to.append(x.grad)  # type: ignore[arg-type]
+                add_from.append(g)
+                out.append(None)
+            else:
+                out.append(g.clone())
+        if add_to:
+            torch._foreach_add_(add_to, add_from)
+        return out
+
+
+class TrainGraph:
+    """The training-call side of a StepGraph (module doc). `capture` and `measure` are the CUDA
+    implementations by default; the CPU tests pass stand-ins with the same contract."""
+
+    def __init__(self, gm: fx.GraphModule, *,
+                 capture: CaptureTrain = cuda_capture_train,
+                 measure: Callable[..., tuple[Any, float, float]]) -> None:
+        self.gm = gm
+        self._capture = capture
+        self._measure = measure
+        self.calls = 0
+        self.replays = 0
+        self.backward_replays = 0
+        self.captures = 0
+        self.eager_while_pending = 0  # calls run as they are because a replay's backward was still due
+        self.launch_bound: bool | None = None
+        self.host_s: float | None = None
+        self.gpu_s: float | None = None
+        self.declined: str | None = None
+        self._cap: TrainCapture | None = None
+        self._key: tuple[Any, ...] | None = None
+        self._last_key: tuple[Any, ...] | None = None
+        self._served = 0
+        self._pending: weakref.ref[_Token] | None = None
+        self._needs: list[int] = []
+        self._copied: list[tuple[int, torch.Tensor]] = []
+        self._outs: list[tuple[str, Any]] = []
+        self._out_spec: Any = None
+        self._differentiable: list[bool] = []
+
+    def __call__(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int]) -> Any:
+        """One call with autograd recording. `key`: the in-place inputs' addresses (StepGraph's)."""
+        self.calls += 1
+        if self.declined is not None:
+            return self.gm(*args)
+        key = (*key, *(isinstance(x, torch.Tensor) and x.requires_grad for x in args))
+        if self.launch_bound is None:
+            if self.calls == 1:  # compilation and first launches: not a measure of anything
+                self._last_key = key
+                return self.gm(*args)
+            out, self.host_s, self.gpu_s = self._measure(self.gm, args)
+            self.launch_bound = self.host_s >= TRAIN_BOUND * self.gpu_s
+            if not self.launch_bound:
+                self.declined = (f"training calls not launch-bound: {self.host_s * 1e3:.2f} ms of host time "
+                                 f"for {self.gpu_s * 1e3:.2f} ms on the GPU")
+            self._last_key = key
+            return out
+        if self._pending_backward():
+            self.eager_while_pending += 1
+            return self.gm(*args)
+        if self._cap is not None and key == self._key:
+            return self._replay(args)
+        if key != self._last_key and self._served < 2:
+            self._last_key = key
+            return self.gm(*args)
+        self._last_key = key
+        try:
+            self._record(args, key, inplace)
+        except TrainCaptureRefused as e:
+            self.declined = str(e)
+            return self.gm(*args)
+        except Exception as e:  # noqa: BLE001 - any capture failure leaves the graph as it is
+            self.declined = f"training capture failed: {type(e).__name__}: {str(e)[:200]}"
+            self._cap = None
+            return self.gm(*args)
+        return self._replay(args)
+
+    def _pending_backward(self) -> bool:
+        token = self._pending() if self._pending is not None else None
+        return token is not None and not token.backwarded
+
+    def _record(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int]) -> None:
+        self._cap = None  # the previous capture's memory goes first (a call still holding it keeps it)
+        keep = set(inplace)
+        needs = [i for i, x in enumerate(args) if isinstance(x, torch.Tensor) and x.requires_grad]
+        for i in needs:
+            if i in keep and not isinstance(args[i], torch.nn.Parameter):
+                raise TrainCaptureRefused(f"input {i} requires grad and the graph writes it")
+        static: list[Any] = list(args)
+        copied: list[tuple[int, torch.Tensor]] = []
+        with torch.no_grad():
+            for i, x in enumerate(args):
+                if isinstance(x, torch.Tensor) and i not in keep:
+                    buf = torch.empty_like(x)
+                    buf.copy_(x)
+                    static[i] = buf.requires_grad_(x.requires_grad)
+                    copied.append((i, buf.detach()))
+        cap = self._capture(self.gm, static, needs)
+        leaves, spec = pytree.tree_flatten(cap.outputs)
+        storages = {x.untyped_storage().data_ptr(): i for i, x in enumerate(static) if isinstance(x, torch.Tensor)}
+        outs: list[tuple[str, Any]] = []
+        seen: set[int] = set()
+        for o in leaves:
+            if not isinstance(o, torch.Tensor):
+                outs.append(("value", o))
+                continue
+            base = o.untyped_storage().data_ptr()
+            if base in storages:
+                raise TrainCaptureRefused(f"an output is input {storages[base]} or a view of it: a replay "
+                                          "could not return it")
+            if base in seen:
+                raise TrainCaptureRefused("two outputs share memory: copies of them would not")
+            seen.add(base)
+            outs.append(("owned", o))
+        if len(cap.differentiable) != sum(kind == "owned" for kind, _ in outs) \
+                or sum(cap.differentiable) != len(cap.grad_outputs):
+            raise TrainCaptureRefused("the captured outputs and their gradient buffers do not match")
+        differentiable = list(cap.differentiable)
+        self._cap, self._key, self._copied, self._needs = cap, key, copied, needs
+        self._outs, self._out_spec, self._differentiable = outs, spec, differentiable
+        self.captures += 1
+        self._served = 0
+
+    def _replay(self, args: Sequence[Any]) -> Any:
+        cap = self._cap
+        assert cap is not None
+        with torch.no_grad():
+            for i, buf in self._copied:
+                x = args[i]
+                if x.shape != buf.shape or x.dtype != buf.dtype:  # dynamo's guards make this unreachable
+                    raise RuntimeError(f"solforge training graph: input {i} is {tuple(x.shape)} {x.dtype}, "
+                                       f"captured as {tuple(buf.shape)} {buf.dtype}")
+                buf.copy_(x)
+            cap.forward()
+            tensors = [v.clone() for kind, v in self._outs if kind == "owned"]
+        cap.generation += 1
+        self.replays += 1
+        self._served += 1
+        token = _Token(cap.generation)
+        self._pending = weakref.ref(token)
+        inputs = [args[i] for i in self._needs]
+        # the backward needs the parameters only (.grad); an activation input is not kept alive
+        params = [x if isinstance(x, torch.nn.Parameter) else None for x in inputs]
+        call = _Call(self, cap, token, tensors, self._differentiable, params)
+        results = iter(_Replayed.apply(call, *inputs))
+        leaves = [next(results) if kind == "owned" else v for kind, v in self._outs]
+        return pytree.tree_unflatten(leaves, self._out_spec)
+
+    def release(self) -> None:
+        self._cap, self._key, self._copied, self._outs = None, None, [], []
+
+    def summary(self) -> str:
+        if self.declined is not None:
+            return f"training calls not replayed: {self.declined}"
+        if self.captures:
+            return (f"training: replayed {self.replays} forward(s) and {self.backward_replays} backward(s) "
+                    f"from {self.captures} capture(s)"
+                    + (f", {self.eager_while_pending} call(s) run as they are while a backward was due"
+                       if self.eager_while_pending else ""))
+        return f"training: {self.calls} call(s), not captured yet"

@@ -1,0 +1,327 @@
+"""CUDA-graph replay of launch-bound training calls (traingraphs.py, through stepgraphs.StepGraph).
+
+The CPU tests drive it with a stand-in for the two CUDA captures that keeps their contract:
+capturing runs nothing (inputs are restored), the outputs, gradient buffers and gradients are
+fixed tensors, a forward replay writes the outputs from the captured inputs and a backward replay
+writes the gradients of the captured inputs from the last forward replay's activations. Every
+result is compared with autograd through the graph run as it is, on copies of the parameters.
+The GPU tests run real CUDA graphs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+from solforge import traingraphs
+from solforge.stepgraphs import StepGraph, step_graphs
+from solforge.traingraphs import TrainCapture
+
+
+def _f(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
+       count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    h = torch.nn.functional.gelu(x @ w1.t() + b1)
+    count.add_(1)  # a buffer the graph writes (used in place, like a parameter)
+    return h @ w2.t(), h.sum(-1), (x > 0).sum()
+
+
+def _graph() -> torch.fx.GraphModule:
+    return make_fx(_f)(torch.randn(3, 4), torch.randn(5, 4), torch.randn(5), torch.randn(2, 5),
+                       torch.zeros((), dtype=torch.long))
+
+
+def fake_capture_train(fn: Any, args: list[Any], needs: list[int]) -> TrainCapture:
+    snapshot = [(x, x.detach().clone()) for x in args if isinstance(x, torch.Tensor)]
+    with torch.enable_grad():
+        out = fn(*args)
+    tensors = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+    diff = [o for o in tensors if o.requires_grad]
+    grad_outputs = [torch.empty_like(o) for o in diff]
+    probe = torch.autograd.grad(diff, [args[i] for i in needs], [torch.zeros_like(o) for o in diff],
+                                allow_unused=True)
+    grads = [None if g is None else torch.full_like(g, float("nan")) for g in probe]
+    with torch.no_grad():
+        for x, saved in snapshot:  # a capture runs nothing
+            x.copy_(saved)
+    last: dict[str, Any] = {}
+
+    def forward() -> None:
+        with torch.enable_grad():
+            new = fn(*args)
+        last["out"] = new
+        for o, n in zip(tensors, [n for n in pytree.tree_leaves(new) if isinstance(n, torch.Tensor)], strict=True):
+            o.copy_(n.detach())
+
+    def backward() -> None:
+        new_diff = [n for n in pytree.tree_leaves(last["out"]) if isinstance(n, torch.Tensor) and n.requires_grad]
+        # retained: a CUDA graph's backward can be replayed again on the same activations
+        got = torch.autograd.grad(new_diff, [args[i] for i in needs], grad_outputs, allow_unused=True,
+                                  retain_graph=True)
+        for s, g in zip(grads, got, strict=True):
+            if s is not None:
+                s.copy_(g)
+
+    detached = pytree.tree_map(lambda o: o.detach() if isinstance(o, torch.Tensor) else o, out)
+    return TrainCapture(forward, backward, detached, [o.requires_grad for o in tensors], grad_outputs, grads)
+
+
+def launch_bound(fn: Any, args: Any) -> tuple[Any, float, float]:
+    return fn(*args), 1.0, 1.0
+
+
+def gpu_bound(fn: Any, args: Any) -> tuple[Any, float, float]:
+    return fn(*args), 0.5, 1.0
+
+
+def _wrapped(gm: torch.fx.GraphModule, measure: Any = launch_bound) -> StepGraph:
+    return StepGraph(gm, capture_train=fake_capture_train, measure=measure, needs_cuda=False, auto=True)
+
+
+def _params(seed: int = 0) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(*s, generator=g)) for s in ((5, 4), (5,), (2, 5))]
+
+
+def _x(i: int) -> torch.Tensor:
+    return torch.randn(3, 4, generator=torch.Generator().manual_seed(100 + i))
+
+
+def _loss(out: Any) -> torch.Tensor:
+    return out[0].square().sum() + 0.5 * out[1].sum()
+
+
+def _train(call: Any, params: list[torch.nn.Parameter], steps: int, *, zero: bool = True,
+           x_grad: bool = False) -> tuple[list[torch.Tensor], list[Any]]:
+    """`steps` SGD steps through `call`; the losses, and per step the gradients seen."""
+    count = torch.zeros((), dtype=torch.long)
+    losses, seen = [], []
+    for i in range(steps):
+        x0 = _x(i).requires_grad_(x_grad)
+        x = x0 * 1.5 if x_grad else x0  # an activation from an earlier graph: its gradient is wanted
+        out = call(x, *params, count)
+        loss = _loss(out)
+        loss.backward()
+        losses.append(loss.detach())
+        seen.append([p.grad.clone() for p in params] + ([x0.grad.clone()] if x_grad else []))
+        with torch.no_grad():
+            for p in params:
+                p -= 0.01 * p.grad  # type: ignore[operator]
+        if zero:
+            for p in params:
+                p.grad = None
+    return losses, [count, *seen]
+
+
+@pytest.mark.parametrize("zero", [True, False], ids=["grad-set-to-none", "grad-accumulated"])
+@pytest.mark.parametrize("x_grad", [False, True], ids=["params", "params-and-activation"])
+def test_training_calls_replay_with_the_graphs_gradients(zero: bool, x_grad: bool) -> None:
+    gm = _graph()
+    step = _wrapped(gm)
+    got_losses, got = _train(step, _params(), 7, zero=zero, x_grad=x_grad)
+    exp_losses, exp = _train(gm, _params(), 7, zero=zero, x_grad=x_grad)
+    t = step.training
+    assert t is not None and t.declined is None, step.summary()
+    # call 1 runs as it is, call 2 is timed, call 3 is captured and replayed, then replays
+    assert (t.calls, t.captures, t.replays, t.backward_replays) == (7, 1, 5, 5), t.summary()
+    assert torch.equal(got[0], exp[0]) and int(got[0]) == 7  # the written buffer: once a call
+    for i, (a, b) in enumerate(zip(got_losses, exp_losses, strict=True)):
+        assert torch.equal(a, b), i
+    for i, (a, b) in enumerate(zip(got[1:], exp[1:], strict=True)):
+        for j, (ga, gb) in enumerate(zip(a, b, strict=True)):
+            torch.testing.assert_close(ga, gb, rtol=1e-6, atol=1e-6, msg=f"step {i} grad {j}")
+
+
+def test_a_second_call_before_the_backward_runs_as_it_is() -> None:
+    """Two micro-batches summed into one backward: the second forward would overwrite the first's
+    activations, so it runs with autograd's own graph, and the gradients are the sum's."""
+    gm = _graph()
+    step = _wrapped(gm)
+    params, ref = _params(), _params()
+    count, ref_count = torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long)
+    for i in range(3):  # up to the capture
+        _loss(step(_x(i), *params, count)).backward()
+        _loss(gm(_x(i), *ref, ref_count)).backward()
+    loss = _loss(step(_x(3), *params, count)) + _loss(step(_x(4), *params, count))
+    loss.backward()
+    ref_loss = _loss(gm(_x(3), *ref, ref_count)) + _loss(gm(_x(4), *ref, ref_count))
+    ref_loss.backward()
+    t = step.training
+    assert t is not None and (t.replays, t.eager_while_pending) == (2, 1), t.summary()
+    assert torch.equal(loss, ref_loss)
+    for p, r in zip(params, ref, strict=True):
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-6, atol=1e-6)
+    # the backward ran: the next call replays again
+    _loss(step(_x(5), *params, count)).backward()
+    assert (t.replays, t.eager_while_pending) == (3, 1)
+
+
+def test_a_call_whose_outputs_were_dropped_does_not_hold_the_next_one_back() -> None:
+    gm = _graph()
+    step = _wrapped(gm)
+    params = _params()
+    count = torch.zeros((), dtype=torch.long)
+    for i in range(3):
+        _loss(step(_x(i), *params, count)).backward()
+    step(_x(3), *params, count)  # an evaluation with autograd on: no backward, outputs dropped
+    out = step(_x(4), *params, count)
+    t = step.training
+    assert t is not None and (t.replays, t.eager_while_pending) == (3, 0), t.summary()
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    torch.testing.assert_close(out[0], gm(_x(4), *ref, count.clone())[0], rtol=0, atol=0)
+
+
+def test_a_backward_after_a_later_replay_overwrote_its_activations_raises() -> None:
+    gm = _graph()
+    step = _wrapped(gm)
+    params = _params()
+    count = torch.zeros((), dtype=torch.long)
+    for i in range(3):
+        _loss(step(_x(i), *params, count)).backward()
+    first = _loss(step(_x(3), *params, count))
+    first.backward(retain_graph=True)
+    first.backward(retain_graph=True)  # the activations are still this call's: allowed
+    _loss(step(_x(4), *params, count)).backward()
+    with pytest.raises(RuntimeError, match="overwritten"):
+        first.backward()
+
+
+def test_autograd_grad_returns_the_gradients_and_leaves_dot_grad_alone() -> None:
+    gm = _graph()
+    step = _wrapped(gm)
+    params, ref = _params(), _params()
+    count = torch.zeros((), dtype=torch.long)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    for i in range(4):
+        got = torch.autograd.grad(_loss(step(_x(i), *params, count)), params)
+        exp = torch.autograd.grad(_loss(gm(_x(i), *ref, count.clone())), ref)
+        for a, b in zip(got, exp, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert step.training is not None and step.training.replays == 2
+    assert all(torch.equal(p.grad, torch.ones_like(p)) for p in params)
+
+
+def test_not_launch_bound_training_calls_are_never_captured() -> None:
+    gm = _graph()
+    step = _wrapped(gm, gpu_bound)
+    got_losses, _ = _train(step, _params(), 5)
+    exp_losses, _ = _train(gm, _params(), 5)
+    assert all(torch.equal(a, b) for a, b in zip(got_losses, exp_losses, strict=True))
+    t = step.training
+    assert t is not None and t.captures == 0 and "not launch-bound" in (t.declined or ""), step.summary()
+    assert "training calls not replayed" in step.summary()
+
+
+def test_off_by_switch_by_block_and_without_inputs_that_require_grad(monkeypatch: pytest.MonkeyPatch) -> None:
+    gm = _graph()
+    step = _wrapped(gm)
+    with step_graphs(False):
+        _train(step, _params(), 4)
+    assert step.training is None
+    monkeypatch.setattr(traingraphs, "ENABLED", False)
+    _train(step, _params(), 4)
+    assert step.training is None
+    monkeypatch.setattr(traingraphs, "ENABLED", True)
+    frozen = [p.detach() for p in _params()]
+    for i in range(4):  # autograd on, nothing requires grad: the graph runs as it is
+        step(_x(i), *frozen, torch.zeros((), dtype=torch.long))
+    assert step.training is None and step.calls == 0
+
+
+def test_new_parameter_addresses_are_captured_again() -> None:
+    gm = _graph()
+    step = _wrapped(gm)
+    _train(step, _params(), 5)
+    got_losses, _ = _train(step, _params(1), 6)  # another model's parameters through the same graph
+    exp_losses, _ = _train(gm, _params(1), 6)
+    assert all(torch.equal(a, b) for a, b in zip(got_losses, exp_losses, strict=True))
+    t = step.training
+    assert t is not None and t.captures == 2, t.summary()
+
+
+def _mlp(depth: int = 16) -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(64, 64), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("zero", [True, False], ids=["grad-set-to-none", "grad-accumulated"])
+def test_an_optimized_small_models_training_steps_replay_on_the_gpu(zero: bool) -> None:
+    """Many tiny kernels: the training call is launch-bound and replays from CUDA graphs by itself;
+    its losses and gradients are those of the same model with the replays off."""
+    from solforge.integrate import integrate
+
+    model, ref_model = _mlp().cuda(), _mlp().cuda()
+    opt, stats = integrate(model, {})
+    ref, _ = integrate(ref_model, {}, cuda_graphs=False)
+
+    def steps(f: Any, m: torch.nn.Module) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+        sgd = torch.optim.SGD(m.parameters(), lr=0.01)
+        losses, grads = [], []
+        for i in range(8):
+            x = torch.full((8, 64), 0.01 * (i + 1), device="cuda")
+            loss = f(x).square().mean()
+            loss.backward()
+            losses.append(loss.detach())
+            grads.append([p.grad.clone() for p in m.parameters()])
+            sgd.step()
+            if zero:
+                sgd.zero_grad(set_to_none=True)
+        return losses, grads
+
+    got_losses, got = steps(opt, model)
+    exp_losses, exp = steps(ref, ref_model)
+    (step,) = stats.step_graphs
+    t = step.training
+    assert t is not None and t.declined is None and t.captures == 1 and t.replays == 6, step.summary()
+    assert t.backward_replays == 6
+    for i, (a, b) in enumerate(zip(got_losses, exp_losses, strict=True)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=f"loss {i}")
+    for i, (a, b) in enumerate(zip(got, exp, strict=True)):
+        for j, (ga, gb) in enumerate(zip(a, b, strict=True)):
+            torch.testing.assert_close(ga, gb, rtol=1e-4, atol=1e-6, msg=f"step {i} grad {j}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_tiny_transformers_models_training_replays_and_trains_the_same() -> None:
+    """qwen3-tiny through solforge's fused ops and their backward formulas: AdamW steps with the
+    training replays on (the default) and off give the same losses and parameters."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from solforge.integrate import integrate
+    from solforge.zoo import load_model
+
+    lm = load_model("qwen3-tiny", device="cuda", dtype=torch.float32, batch=2, seq=8, weights=None, seed=0)
+    models = {"on": lm.model.train(), "off": copy.deepcopy(lm.model).train()}
+    steps = {"on": integrate(models["on"], {}), "off": integrate(models["off"], {}, cuda_graphs=False)}
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, lm.model.config.vocab_size, (2, 9), generator=g).cuda() for _ in range(2)]
+    losses: dict[str, list[float]] = {"on": [], "off": []}
+    for name, model in models.items():
+        fn = steps[name][0]
+        optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for i in range(10):
+            ids = batches[i % 2]
+            loss = F.cross_entropy(fn(ids[:, :-1]).logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            optim.step()
+            losses[name].append(float(loss))
+    stats = steps["on"][1]
+    assert stats.total > 0
+    trained = [s.training for s in stats.step_graphs if s.training is not None]
+    assert trained and sum(t.replays for t in trained) >= 7, [s.summary() for s in stats.step_graphs]
+    assert all(t.backward_replays == t.replays for t in trained)
+    for a, b in zip(losses["on"], losses["off"], strict=True):
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(a)), losses
+    worst = max(float((q - p).norm() / p.norm())
+                for p, q in zip(models["off"].parameters(), models["on"].parameters(), strict=True))
+    assert worst < 1e-4, worst
