@@ -144,6 +144,9 @@ def embedding(weight: torch.Tensor, ids: torch.Tensor, padding_idx: int = -1, sc
     return _Embedding.apply(weight, ids, padding_idx, scale_grad_by_freq, sparse)
 
 
+embedding.solforge_pure = True  # type: ignore[attr-defined]  # writes no input, returns a new tensor (stepgraphs)
+
+
 # ----------------------------------------------------------------------------------------------
 # The graph pass
 

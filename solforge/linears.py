@@ -151,6 +151,9 @@ def linears(x: torch.Tensor, weights: Sequence[torch.Tensor],
     return _Linears.apply(x, len(biases), *weights, *biases)
 
 
+linears.solforge_pure = True  # type: ignore[attr-defined]  # writes no input, returns new tensors (stepgraphs)
+
+
 # ----------------------------------------------------------------------------------------------
 # The graph pass
 

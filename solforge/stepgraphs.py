@@ -88,7 +88,8 @@ def written_inputs(gm: fx.GraphModule) -> set[int]:
 
     A call whose schema is unknown (a higher-order op, a Python function other than getitem) is
     taken to write every input it reaches: such an input is then used in place, which is always
-    correct (only a moved address costs a replay)."""
+    correct (only a moved address costs a replay). solforge's own graph functions that write no
+    input and return new tensors say so (`solforge_pure`: linears.linears, embeddings.embedding)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     reach: dict[fx.Node, set[int]] = {n: {i} for i, n in enumerate(placeholders)}
     written: set[int] = set()
@@ -116,6 +117,8 @@ def written_inputs(gm: fx.GraphModule) -> set[int]:
                     written |= b
             if aliased and any(r.alias_info is not None for r in node.target._schema.returns):
                 reach[node] = aliased
+        elif getattr(node.target, "solforge_pure", False):
+            continue
         elif node.target.__name__ == "getitem":  # type: ignore[union-attr]
             b = bases(node.args[0])
             if b:
@@ -163,7 +166,7 @@ class StepGraph:
     def __init__(self, gm: fx.GraphModule, *, capture: Callable[..., tuple[Callable[[], None], Any]] = cuda_capture,
                  measure: Callable[..., tuple[Any, float, float]] = cuda_measure,
                  needs_cuda: bool = True, sizes_fixed: bool = False, auto: bool = False,
-                 capture_train: Callable[..., traingraphs.TrainCapture] = traingraphs.cuda_capture_train) -> None:
+                 capture_train: Callable[..., traingraphs.TrainCapture] | None = None) -> None:
         self.gm = gm
         # a graph with symbolic sizes is replayed only where every call has the same sizes
         # (shapes.ShapeDispatch makes one per set of sizes): a capture is of one set of sizes
@@ -184,6 +187,7 @@ class StepGraph:
         self.gpu_s: float | None = None
         self.declined: str | None = None
         self._refusal: str | None = None  # why no call of this graph can be captured (_classify)
+        self._written: list[int] = []  # the inputs an op of the graph may write (_classify)
         self._capture_train = capture_train
         # the calls made with autograd recording (traingraphs.py), made on the first such call
         self.training: traingraphs.TrainGraph | None = None
@@ -231,11 +235,12 @@ class StepGraph:
         if self._refusal is not None:
             return self.gm(*args)
         if self.training is None:
-            self.training = traingraphs.TrainGraph(self.gm, capture=self._capture_train, measure=self._measure)
+            self.training = traingraphs.TrainGraph(
+                self.gm, capture=self._capture_train or traingraphs.cuda_capture_train, measure=self._measure)
         elif self.training.declined is not None:
             return self.gm(*args)
         assert self._inplace is not None
-        return self.training(args, self._current_key(args), self._inplace)
+        return self.training(args, self._current_key(args), self._inplace, self._written)
 
     def _call(self, args: Sequence[Any]) -> Any:
         self.calls += 1
@@ -282,6 +287,7 @@ class StepGraph:
             if isinstance(x, torch.Tensor) and self._needs_cuda and not x.is_cuda:
                 return f"input {i} is on the {x.device.type}: a CUDA graph reads GPU memory only"
         written = written_inputs(self.gm)
+        self._written = sorted(written)
         self._inplace = [i for i, x in enumerate(args) if isinstance(x, torch.Tensor) and (
             i in written or isinstance(x, torch.nn.Parameter) or hasattr(x, "_dynamo_static_input_type"))]
         # the addresses are read on every call (~400 parameters for a 0.6B model): in C, not a loop

@@ -52,7 +52,10 @@ from torch.utils import _pytree as pytree
 from solforge.linears import accumulates_in_place
 
 ENABLED = os.environ.get("SOLFORGE_TRAIN_GRAPHS", "1").lower() not in ("0", "false", "no", "off")
-TRAIN_BOUND = 1.0  # host enqueue time / GPU time of a forward at or above which it is captured
+# host enqueue time / GPU time of a forward at or above which it is captured. The GPU time is
+# measured from events around the call, so a GPU waiting for the host counts too: a host-bound
+# call reads close to 1 (0.98 for qwen3-tiny's forward on an H100)
+TRAIN_BOUND = 0.8
 
 
 class TrainCaptureRefused(Exception):
@@ -72,25 +75,45 @@ class TrainCapture:
     generation: int = 0  # forward replays so far: the activations are the last one's
 
 
-def cuda_capture_train(fn: Callable[..., Any], args: Sequence[Any], needs: Sequence[int]) -> TrainCapture:
+def cuda_capture_train(fn: Callable[..., Any], args: Sequence[Any], needs: Sequence[int],
+                       written: Sequence[int] = ()) -> TrainCapture:
     """Capture `fn(*args)` with autograd recording into one CUDA graph, and the gradients of
     `args[i]` for i in `needs` into a second, sharing one private memory pool (the second reads the
-    activations the first saves)."""
+    activations the first saves).
+
+    One forward and backward run first on the capture's stream, as make_graphed_callables does:
+    what a first call does once (a cuBLAS workspace for the stream, the autograd device thread's
+    handles) must not happen inside a capture. The inputs in `written` are put back afterwards:
+    the run must leave no trace."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    saved = [(args[i], args[i].detach().clone()) for i in written]
+    with torch.cuda.stream(stream):
+        with torch.enable_grad():
+            out = fn(*args)
+        diff = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+        torch.autograd.grad(diff, [args[i] for i in needs], [torch.ones_like(o) for o in diff], allow_unused=True)
+        del out, diff
+        with torch.no_grad():
+            for x, before in saved:
+                x.copy_(before)
+    torch.cuda.current_stream().wait_stream(stream)
+    del saved
     fwd = torch.cuda.CUDAGraph()
-    with torch.enable_grad(), torch.cuda.graph(fwd):
+    with torch.enable_grad(), torch.cuda.graph(fwd, stream=stream):
         out = fn(*args)
     tensors = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
     diff = [o for o in tensors if o.requires_grad]
     grad_outputs = [torch.empty_like(o) for o in diff]
     bwd = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(bwd, pool=fwd.pool()):
+    with torch.cuda.graph(bwd, pool=fwd.pool(), stream=stream):
         grads = torch.autograd.grad(diff, [args[i] for i in needs], grad_outputs, allow_unused=True)
     detached = pytree.tree_map(lambda o: o.detach() if isinstance(o, torch.Tensor) else o, out)
     return TrainCapture(fwd.replay, bwd.replay, detached, [o.requires_grad for o in tensors], grad_outputs,
                         list(grads))
 
 
-CaptureTrain = Callable[[Callable[..., Any], Sequence[Any], Sequence[int]], TrainCapture]
+CaptureTrain = Callable[[Callable[..., Any], Sequence[Any], Sequence[int], Sequence[int]], TrainCapture]
 
 
 class _Token:
@@ -196,8 +219,10 @@ class TrainGraph:
         self._out_spec: Any = None
         self._differentiable: list[bool] = []
 
-    def __call__(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int]) -> Any:
-        """One call with autograd recording. `key`: the in-place inputs' addresses (StepGraph's)."""
+    def __call__(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int],
+                 written: Sequence[int] = ()) -> Any:
+        """One call with autograd recording. `key`: the in-place inputs' addresses (StepGraph's);
+        `written`: the inputs the graph writes."""
         self.calls += 1
         if self.declined is not None:
             return self.gm(*args)
@@ -223,21 +248,36 @@ class TrainGraph:
             return self.gm(*args)
         self._last_key = key
         try:
-            self._record(args, key, inplace)
+            self._record(args, key, inplace, written)
         except TrainCaptureRefused as e:
             self.declined = str(e)
             return self.gm(*args)
         except Exception as e:  # noqa: BLE001 - any capture failure leaves the graph as it is
             self.declined = f"training capture failed: {type(e).__name__}: {str(e)[:200]}"
             self._cap = None
+            self._reset()
             return self.gm(*args)
         return self._replay(args)
+
+    def _reset(self) -> None:
+        """After a failed CUDA capture: a capture that ends with an error leaves the CUDA random
+        generators in their capturing state (torch 2.11: every later random op on the GPU then
+        fails, "Offset increment outside graph capture"). An empty capture that succeeds puts them
+        back."""
+        if self._capture is not cuda_capture_train:
+            return
+        try:
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                pass
+        except Exception as e:  # noqa: BLE001 - the decline above says what failed first
+            self.declined = f"{self.declined}; resetting the capture state failed too: {type(e).__name__}: {e}"
 
     def _pending_backward(self) -> bool:
         token = self._pending() if self._pending is not None else None
         return token is not None and not token.backwarded
 
-    def _record(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int]) -> None:
+    def _record(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int],
+                written: Sequence[int]) -> None:
         self._cap = None  # the previous capture's memory goes first (a call still holding it keeps it)
         keep = set(inplace)
         needs = [i for i, x in enumerate(args) if isinstance(x, torch.Tensor) and x.requires_grad]
@@ -253,7 +293,14 @@ class TrainGraph:
                     buf.copy_(x)
                     static[i] = buf.requires_grad_(x.requires_grad)
                     copied.append((i, buf.detach()))
-        cap = self._capture(self.gm, static, needs)
+        for i in needs:
+            if i in keep:
+                # a parameter is captured through a leaf of its own over the same memory: the
+                # parameter's AccumulateGrad node may be alive from an earlier step's graph (the
+                # caller's last loss holds it), bound to the stream of that step, and a backward
+                # captured through it waits on that stream, which ends the capture
+                static[i] = args[i].detach().requires_grad_(True)
+        cap = self._capture(self.gm, static, needs, [i for i in written if isinstance(args[i], torch.Tensor)])
         leaves, spec = pytree.tree_flatten(cap.outputs)
         storages = {x.untyped_storage().data_ptr(): i for i, x in enumerate(static) if isinstance(x, torch.Tensor)}
         outs: list[tuple[str, Any]] = []

@@ -33,7 +33,7 @@ def _graph() -> torch.fx.GraphModule:
                        torch.zeros((), dtype=torch.long))
 
 
-def fake_capture_train(fn: Any, args: list[Any], needs: list[int]) -> TrainCapture:
+def fake_capture_train(fn: Any, args: list[Any], needs: list[int], written: list[int]) -> TrainCapture:
     snapshot = [(x, x.detach().clone()) for x in args if isinstance(x, torch.Tensor)]
     with torch.enable_grad():
         out = fn(*args)
