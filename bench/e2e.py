@@ -388,6 +388,9 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
         after = torch.cuda.memory_stats()
         out["train_step_ms"] = round(statistics.median(times), 2)
         out["peak_GB"] = round(torch.cuda.max_memory_allocated() / 1e9, 1)
+        stats = getattr(f, "solforge_stats", None)
+        if stats is not None:  # whether the step replayed from CUDA graphs (traingraphs.py)
+            out["step_graphs"] = [s.summary() for s in stats.step_graphs]
         out["during_do_bench"] = {**gpu.summary(), **spread(times)}
         out["allocator_during_do_bench"] = {k: after.get(k, 0) - before.get(k, 0) for k in ALLOC_COUNTS}
         # the same step once more, nothing changed: whether a slow first timing is only transient

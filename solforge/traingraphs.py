@@ -54,8 +54,9 @@ from solforge.linears import accumulates_in_place
 ENABLED = os.environ.get("SOLFORGE_TRAIN_GRAPHS", "1").lower() not in ("0", "false", "no", "off")
 # host enqueue time / GPU time of a forward at or above which it is captured. The GPU time is
 # measured from events around the call, so a GPU waiting for the host counts too: a host-bound
-# call reads close to 1 (0.98 for qwen3-tiny's forward on an H100)
-TRAIN_BOUND = 0.8
+# call reads close to 1 (qwen3-tiny's forward on an H100: 4.07 ms of host time for 4.16 ms), a
+# GPU-bound one below (Qwen3-4B's training forward, B1 S4096: 43.76 for 57.06 ms, 0.77)
+TRAIN_BOUND = 0.9
 
 
 class TrainCaptureRefused(Exception):
@@ -154,6 +155,11 @@ class _Call:
 
     def backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         owner, cap = self.owner, self.cap
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "solforge: a backward with create_graph=True (a double backward) went through a training "
+                "call replayed from a CUDA graph, whose gradients carry no graph of their own. Optimize "
+                "with cuda_graphs=False, or set SOLFORGE_TRAIN_GRAPHS=0, for this training loop.")
         if cap.generation != self.token.generation:
             raise RuntimeError(
                 "solforge: this backward reads activations that a later call of the same CUDA-graphed "
@@ -357,9 +363,11 @@ class TrainGraph:
     def summary(self) -> str:
         if self.declined is not None:
             return f"training calls not replayed: {self.declined}"
+        timed = "" if self.host_s is None or self.gpu_s is None else \
+            f" (timed forward: {self.host_s * 1e3:.2f} ms of host time for {self.gpu_s * 1e3:.2f} ms on the GPU)"
         if self.captures:
             return (f"training: replayed {self.replays} forward(s) and {self.backward_replays} backward(s) "
-                    f"from {self.captures} capture(s)"
+                    f"from {self.captures} capture(s){timed}"
                     + (f", {self.eager_while_pending} call(s) run as they are while a backward was due"
                        if self.eager_while_pending else ""))
         return f"training: {self.calls} call(s), not captured yet"

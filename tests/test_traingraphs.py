@@ -188,6 +188,17 @@ def test_a_backward_after_a_later_replay_overwrote_its_activations_raises() -> N
         first.backward()
 
 
+def test_a_double_backward_through_a_replay_says_what_to_do() -> None:
+    gm = _graph()
+    step = _wrapped(gm)
+    params = _params()
+    count = torch.zeros((), dtype=torch.long)
+    for i in range(3):
+        _loss(step(_x(i), *params, count)).backward()
+    with pytest.raises(RuntimeError, match="cuda_graphs=False"):
+        torch.autograd.grad(_loss(step(_x(3), *params, count)), params, create_graph=True)
+
+
 def test_autograd_grad_returns_the_gradients_and_leaves_dot_grad_alone() -> None:
     gm = _graph()
     step = _wrapped(gm)
@@ -248,6 +259,40 @@ def _mlp(depth: int = 16) -> torch.nn.Module:
     for _ in range(depth):
         layers += [torch.nn.Linear(64, 64), torch.nn.GELU()]
     return torch.nn.Sequential(*layers)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test below runs the real captures")
+def test_an_optimized_models_training_calls_reach_the_replay_through_dynamo() -> None:
+    """The whole path on the CPU: integrate's graph (with linears.py's grouped call, which writes no
+    input: the activation input is copied, not used in place, so its new address each step does not
+    stop the capture) sends training calls to the replay; the stand-in capture is put in after the
+    first call made the graph, since the real one needs CUDA tensors."""
+    from solforge.integrate import integrate
+
+    model, ref = _mlp(4), _mlp(4)
+    opt, stats = integrate(model, {})
+    sgd, ref_sgd = torch.optim.SGD(model.parameters(), lr=0.01), torch.optim.SGD(ref.parameters(), lr=0.01)
+    for i in range(6):
+        x = torch.full((8, 64), 0.01 * (i + 1))
+        loss, ref_loss = opt(x).square().mean(), ref(x).square().mean()
+        if i == 0:
+            (step,) = stats.step_graphs
+            step._needs_cuda, step._capture_train, step._measure = False, fake_capture_train, launch_bound
+            step._refusal, step._inplace = None, None  # classified again, without the CUDA-only refusal
+        loss.backward()
+        ref_loss.backward()
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        for p, r in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-6)
+        sgd.step()
+        ref_sgd.step()
+        sgd.zero_grad()
+        ref_sgd.zero_grad()
+    t = step.training
+    assert t is not None and (t.captures, t.replays) == (1, 3), step.summary()
+    shapes = [tuple(n.meta["val"].shape) for n in step.gm.graph.nodes if n.op == "placeholder"]
+    (xi,) = [i for i, sh in enumerate(shapes) if sh == (8, 64)]  # the activation input
+    assert step._written == [] and step._inplace is not None and xi not in step._inplace
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
