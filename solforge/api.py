@@ -206,9 +206,10 @@ def optimize(
     $SOLFORGE_DB; a path; False: none): a workload it knows is not tuned again unless `retune`
     (from the start) or `resume` (searches an earlier budget cut short go on where they stopped).
     `profile`: "on", "off", or "auto" (profile unless every kernel comes from the database).
-    `cuda_graphs`: the optimized model replays its launch-bound calls made without autograd
-    recording from CUDA graphs (stepgraphs.py): `generate`'s decode steps (transformers models), a
-    small model's forward under torch.no_grad.
+    `cuda_graphs`: the optimized model replays its launch-bound calls from CUDA graphs:
+    `generate`'s decode steps (transformers models) and a small model's forward under
+    torch.no_grad (stepgraphs.py), and a small model's training step, forward and backward
+    (traingraphs.py; SOLFORGE_TRAIN_GRAPHS=0 turns that part off).
     """
     if mode not in MODES:
         raise UserError(f"mode {mode!r} is not supported: use --mode inference or --mode train")

@@ -223,9 +223,10 @@ def integrate(model: torch.nn.Module, winners: Mapping[Workload, str], *, famili
               train: bool = False, keep: Collection[Workload] = (),
               db: str | Path | None = None, cuda_graphs: bool = True) -> tuple[Callable[..., Any], IntegrationStats]:
     """The optimized model (called like `model`) and the live stats of what it replaced.
-    `cuda_graphs`: the optimized model replays launch-bound calls made without autograd recording
-    (its `generate`'s decode steps, a small model's forward under no_grad) from CUDA graphs
-    (stepgraphs.py)."""
+    `cuda_graphs`: the optimized model replays launch-bound calls from CUDA graphs: calls made
+    without autograd recording (its `generate`'s decode steps, a small model's forward under
+    no_grad; stepgraphs.py), and a small model's training calls, forward and backward
+    (traingraphs.py)."""
     integrator = Integrator(dict(winners), families, train=train, keep=frozenset(keep),
                             db=Path(db) if db is not None else None)
     backend = SolforgeBackend(rewrite=integrator, auto_replay=cuda_graphs)

@@ -28,7 +28,9 @@ other tensor input (token ids, positions, the mask) is copied into a buffer the 
 output that is an input itself is returned as the caller's tensor; any other output is a copy of
 the graph's, so it stays valid after the next replay. A capture that fails (an op that syncs with the host, an
 input on the CPU, an output that is a view of an input) is recorded in `declined` and the graph
-runs as it is from then on. No replay with autograd recording (the graph holds no backward).
+runs as it is from then on. A call made with autograd recording, where an input requires grad (a
+training step), goes to the training side instead (traingraphs.py): its forward and backward are
+captured together.
 
 Dynamo guards each static graph on its inputs' shapes, strides and dtypes, so every call of it
 has the captured signature; copied inputs are checked again before the copy. A dynamic-shape graph
