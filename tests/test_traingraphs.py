@@ -370,3 +370,25 @@ def test_a_tiny_transformers_models_training_replays_and_trains_the_same() -> No
     worst = max(float((q - p).norm() / p.norm())
                 for p, q in zip(models["off"].parameters(), models["on"].parameters(), strict=True))
     assert worst < 1e-4, worst
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_graph_that_syncs_is_declined_and_random_ops_still_work() -> None:
+    """nonzero syncs with the host, which a capture refuses. The capture fails with the random
+    generator registered in it (dropout); afterwards the graph runs as it is, and random ops on the
+    GPU work (a failed capture left the generator in its capturing state until _reset)."""
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.dropout(x @ w, 0.1, training=True)
+        return h.square().sum() + (h > 0).nonzero().float().sum()
+
+    gm = make_fx(f)(torch.randn(4, 8, device="cuda"), torch.randn(8, 8, device="cuda"))
+    step = StepGraph(gm, measure=launch_bound, auto=True)
+    w = torch.nn.Parameter(torch.randn(8, 8, device="cuda"))
+    for i in range(4):
+        step(torch.randn(4, 8, device="cuda"), w).backward()
+        assert w.grad is not None and bool(torch.isfinite(w.grad).all()), i
+    t = step.training
+    assert t is not None and t.captures == 0 and "capture failed" in (t.declined or ""), step.summary()
+    assert torch.rand(4, device="cuda").shape == (4,)
+    torch.nn.functional.dropout(torch.ones(16, device="cuda"), 0.5)
