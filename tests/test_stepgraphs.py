@@ -259,7 +259,8 @@ def test_a_graph_rewritten_in_place_is_captured_again() -> None:
 def test_an_optimized_small_models_no_grad_forward_replays_on_the_gpu() -> None:
     """A forward of many tiny kernels is launch-bound: under no_grad the optimized model replays it
     from a CUDA graph by itself (calls 1 and 2 run as they are: compile, then timed), with the values
-    of the graph run as it is; with autograd recording it never does."""
+    of the graph run as it is. A call with autograd recording is not one of these replays: it goes
+    to the training side (traingraphs.py, tests/test_traingraphs.py), whose first call runs as it is."""
     from solforge.integrate import integrate
 
     torch.manual_seed(0)
@@ -278,3 +279,4 @@ def test_an_optimized_small_models_no_grad_forward_replays_on_the_gpu() -> None:
         assert torch.equal(a, b), i
     y = opt(torch.ones(8, 64, device="cuda"))  # autograd recording: run as it is, with a graph
     assert y.requires_grad and step.replays == 4
+    assert step.training is not None and step.training.calls == 1 and step.training.replays == 0
