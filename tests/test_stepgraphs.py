@@ -279,4 +279,6 @@ def test_an_optimized_small_models_no_grad_forward_replays_on_the_gpu() -> None:
         assert torch.equal(a, b), i
     y = opt(torch.ones(8, 64, device="cuda"))  # autograd recording: run as it is, with a graph
     assert y.requires_grad and step.replays == 4
-    assert step.training is not None and step.training.calls == 1 and step.training.replays == 0
+    # (dynamo guards on the grad mode: this call has a graph of its own)
+    trained = [s.training for s in stats.step_graphs if s.training is not None]
+    assert [(t.calls, t.replays) for t in trained] == [(1, 0)], [s.summary() for s in stats.step_graphs]
