@@ -39,6 +39,7 @@ an error instead of returning wrong gradients.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from collections.abc import Callable, Sequence
@@ -85,7 +86,15 @@ def cuda_capture_train(fn: Callable[..., Any], args: Sequence[Any], needs: Seque
     One forward and backward run first on the capture's stream, as make_graphed_callables does:
     what a first call does once (a cuBLAS workspace for the stream, the autograd device thread's
     handles) must not happen inside a capture. The inputs in `written` are put back afterwards:
-    the run must leave no trace."""
+    the run must leave no trace. Everything runs on the device of the inputs, whatever the
+    current device is."""
+    device = next(x.device for x in args if isinstance(x, torch.Tensor) and x.is_cuda)
+    with torch.cuda.device(device):
+        return _capture_train_here(fn, args, needs, written)
+
+
+def _capture_train_here(fn: Callable[..., Any], args: Sequence[Any], needs: Sequence[int],
+                        written: Sequence[int]) -> TrainCapture:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     saved = [(args[i], args[i].detach().clone()) for i in written]
@@ -224,6 +233,7 @@ class TrainGraph:
         self._outs: list[tuple[str, Any]] = []
         self._out_spec: Any = None
         self._differentiable: list[bool] = []
+        self._device: torch.device | None = None  # the CUDA device of the captured inputs
 
     def __call__(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int],
                  written: Sequence[int] = ()) -> Any:
@@ -328,6 +338,7 @@ class TrainGraph:
             raise TrainCaptureRefused("the captured outputs and their gradient buffers do not match")
         differentiable = list(cap.differentiable)
         self._cap, self._key, self._copied, self._needs = cap, key, copied, needs
+        self._device = next((x.device for x in args if isinstance(x, torch.Tensor) and x.is_cuda), None)
         self._outs, self._out_spec, self._differentiable = outs, spec, differentiable
         self.captures += 1
         self._served = 0
@@ -335,7 +346,9 @@ class TrainGraph:
     def _replay(self, args: Sequence[Any]) -> Any:
         cap = self._cap
         assert cap is not None
-        with torch.no_grad():
+        # a graph replays on the current stream of the current device: the model's device
+        on = contextlib.nullcontext() if self._device is None else torch.cuda.device(self._device)
+        with torch.no_grad(), on:
             for i, buf in self._copied:
                 x = args[i]
                 if x.shape != buf.shape or x.dtype != buf.dtype:  # dynamo's guards make this unreachable

@@ -392,3 +392,24 @@ def test_a_graph_that_syncs_is_declined_and_random_ops_still_work() -> None:
     assert t is not None and t.captures == 0 and "capture failed" in (t.declined or ""), step.summary()
     assert torch.rand(4, device="cuda").shape == (4,)
     torch.nn.functional.dropout(torch.ones(16, device="cuda"), 0.5)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_model_on_another_gpu_than_the_current_one_replays_there() -> None:
+    """The model on cuda:1 while cuda:0 is current: the capture and the replays run on cuda:1."""
+    from solforge.integrate import integrate
+
+    model, ref_model = _mlp().to("cuda:1"), _mlp().to("cuda:1")
+    opt, stats = integrate(model, {})
+    ref, _ = integrate(ref_model, {}, cuda_graphs=False)
+    with torch.cuda.device(0):
+        for i in range(6):
+            x = torch.full((8, 64), 0.01 * (i + 1), device="cuda:1")
+            loss, ref_loss = opt(x).square().mean(), ref(x).square().mean()
+            loss.backward()
+            ref_loss.backward()
+            torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-7)
+            for p, r in zip(model.parameters(), ref_model.parameters(), strict=True):
+                torch.testing.assert_close(p.grad, r.grad, rtol=1e-4, atol=1e-6)
+    trained = [s.training for s in stats.step_graphs if s.training is not None]
+    assert trained and trained[0].replays == 4, [s.summary() for s in stats.step_graphs]
