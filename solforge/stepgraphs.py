@@ -147,6 +147,19 @@ def cuda_capture(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Callable[
     return graph.replay, out
 
 
+def reset_capture_state() -> str | None:
+    """After a failed CUDA capture: one that ends with an error leaves the CUDA random generators in
+    their capturing state (torch 2.11: every later random op on the GPU then fails, "Offset
+    increment outside graph capture"). An empty capture that succeeds puts them back. Returns why
+    the reset failed, or None."""
+    try:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
+    except Exception as e:  # noqa: BLE001 - the caller's decline says what failed first
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def cuda_measure(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float, float]:
     """Run `fn(*args)`: (outputs, host seconds to enqueue it, GPU seconds from start to end)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -279,6 +292,10 @@ class StepGraph:
         except Exception as e:  # noqa: BLE001 - any capture failure leaves the graph as it is
             self.declined = f"capture failed: {type(e).__name__}: {str(e)[:200]}"
             self._replay = None
+            if self._capture is cuda_capture:
+                problem = reset_capture_state()
+                if problem is not None:
+                    self.declined += f"; resetting the capture state failed too: {problem}"
             return self.gm(*args)
         return self._run_replay(args)
 

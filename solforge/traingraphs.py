@@ -276,17 +276,14 @@ class TrainGraph:
         return self._replay(args)
 
     def _reset(self) -> None:
-        """After a failed CUDA capture: a capture that ends with an error leaves the CUDA random
-        generators in their capturing state (torch 2.11: every later random op on the GPU then
-        fails, "Offset increment outside graph capture"). An empty capture that succeeds puts them
-        back."""
+        """After a failed CUDA capture: the random generators' state (stepgraphs.reset_capture_state)."""
         if self._capture is not cuda_capture_train:
             return
-        try:
-            with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                pass
-        except Exception as e:  # noqa: BLE001 - the decline above says what failed first
-            self.declined = f"{self.declined}; resetting the capture state failed too: {type(e).__name__}: {e}"
+        from solforge.stepgraphs import reset_capture_state  # stepgraphs imports this module
+
+        problem = reset_capture_state()
+        if problem is not None:
+            self.declined = f"{self.declined}; resetting the capture state failed too: {problem}"
 
     def _pending_backward(self) -> bool:
         token = self._pending() if self._pending is not None else None

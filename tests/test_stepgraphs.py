@@ -282,3 +282,23 @@ def test_an_optimized_small_models_no_grad_forward_replays_on_the_gpu() -> None:
     # (dynamo guards on the grad mode: this call has a graph of its own)
     trained = [s.training for s in stats.step_graphs if s.training is not None]
     assert [(t.calls, t.replays) for t in trained] == [(1, 0)], [s.summary() for s in stats.step_graphs]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_no_grad_graph_that_syncs_is_declined_and_random_ops_still_work() -> None:
+    """As test_traingraphs' training case: a failed capture with dropout in it leaves the random
+    generator usable (stepgraphs.reset_capture_state)."""
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.dropout(x @ w, 0.1, training=True)
+        return h.square().sum() + (h > 0).nonzero().float().sum()
+
+    gm = make_fx(f)(torch.randn(4, 8, device="cuda"), torch.randn(8, 8, device="cuda"))
+    step = StepGraph(gm, measure=launch_bound, auto=True)
+    w = torch.randn(8, 8, device="cuda")
+    with torch.no_grad():
+        for _ in range(4):
+            assert bool(torch.isfinite(step(torch.randn(4, 8, device="cuda"), w)))
+    assert step.captures == 0 and "capture failed" in (step.declined or ""), step.summary()
+    assert torch.rand(4, device="cuda").shape == (4,)
+    torch.nn.functional.dropout(torch.ones(16, device="cuda"), 0.5)
