@@ -20,6 +20,10 @@ Where it is on: inside `step_graphs()`, and in an optimized model made with `cud
    addresses as on the call before it, then replayed on every call with those addresses. When
    they move after a capture that served calls (each `generate` call makes a new static cache),
    the graph is captured again at once.
+4. The first capture's first replays are timed on the host too. If the fastest of them (the
+   input copies, the replay and the output copies) costs at least what running the graph cost
+   in step 2, the capture is dropped and the graph runs as it is from then on: a piece of one or
+   two kernels between graph breaks, or a lone norm, can be cheaper to run than to replay.
 
 The inputs a CUDA graph reads are addresses. Parameters, tensors marked static for dynamo and
 inputs the graph writes to (the KV cache, its length counter) are used in place: a replay needs
@@ -57,6 +61,11 @@ from solforge.shapes import symbolic_inputs
 
 _DATA_PTR = torch.Tensor.data_ptr
 LAUNCH_BOUND = 0.5  # host enqueue time / GPU time at or above which a graph is worth capturing
+# Replays of a new capture whose host time is compared with the timed call's (the first replay,
+# which uploads the graph, is not one of them): a capture is kept only if the fastest of them is
+# quicker than running the graph. A graph of one or two kernels (a piece between graph breaks, a
+# lone norm) can cost less to run than a replay's input copies, launch and output copies.
+PAY_SAMPLES = 4
 
 # None: each StepGraph's own default (`auto`: on in an optimized model made with cuda_graphs=True)
 _ON: contextvars.ContextVar[bool | None] = contextvars.ContextVar("solforge_step_graphs", default=None)
@@ -161,13 +170,14 @@ def reset_capture_state() -> str | None:
 
 
 def cuda_measure(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float, float]:
-    """Run `fn(*args)`: (outputs, host seconds to enqueue it, GPU seconds from start to end)."""
+    """Run `fn(*args)`: (outputs, host seconds to enqueue it, GPU seconds from start to end). The
+    host time leaves out the two event records, so that it compares with a replay's (`PAYS`)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t = time.perf_counter()
     start.record()
+    t = time.perf_counter()
     out = fn(*args)
-    end.record()
     host = time.perf_counter() - t
+    end.record()
     end.synchronize()
     return out, host, start.elapsed_time(end) / 1e3
 
@@ -212,6 +222,8 @@ class StepGraph:
         self._replay: Callable[[], None] | None = None
         self._key: tuple[Any, ...] | None = None
         self._served = 0  # replays of the current capture
+        self._replay_times: list[float] = []  # host seconds of the first capture's first replays
+        self.replay_host_s: float | None = None  # the fastest of them, once judged (_judged_replay)
         self._lock = threading.Lock()
         self._copied: list[tuple[int, torch.Tensor]] = []
         self._outs: list[tuple[str, Any]] = []
@@ -266,7 +278,7 @@ class StepGraph:
             return self.gm(*args)
         key = self._current_key(args)
         if self._replay is not None and key == self._key:
-            return self._run_replay(args)
+            return self._run_replay(args) if self.replay_host_s is not None else self._judged_replay(args)
         if self.launch_bound is None:
             if self.calls == 1:  # compilation and first launches: not a measure of anything
                 self._last_key = key
@@ -297,7 +309,21 @@ class StepGraph:
                 if problem is not None:
                     self.declined += f"; resetting the capture state failed too: {problem}"
             return self.gm(*args)
-        return self._run_replay(args)
+        return self._run_replay(args) if self.replay_host_s is not None else self._judged_replay(args)
+
+    def _judged_replay(self, args: Sequence[Any]) -> Any:
+        """A replay of the first capture, timed on the host: after PAY_SAMPLES of them (and the
+        first), the capture is dropped if the fastest cost at least the timed call's host time."""
+        t = time.perf_counter()
+        out = self._run_replay(args)
+        self._replay_times.append(time.perf_counter() - t)
+        if len(self._replay_times) > PAY_SAMPLES:
+            self.replay_host_s = min(self._replay_times[1:])  # the first replay uploaded the graph
+            if self.host_s is not None and self.replay_host_s >= self.host_s:
+                self.declined = (f"a replay costs more host time than running the graph: "
+                                 f"{self.replay_host_s * 1e6:.1f} us against {self.host_s * 1e6:.1f} us")
+                self._drop_capture()
+        return out
 
     def _classify(self, args: Sequence[Any]) -> str | None:
         if not self._sizes_fixed and symbolic_inputs(self.gm):
@@ -368,17 +394,24 @@ class StepGraph:
             if x.shape != buf.shape or x.dtype != buf.dtype:  # dynamo's guards make this unreachable
                 raise RuntimeError(f"solforge step graph: input {i} is {tuple(x.shape)} {x.dtype}, "
                                    f"captured as {tuple(buf.shape)} {buf.dtype}")
-            buf.copy_(x)
+        if len(self._copied) == 1:
+            i, buf = self._copied[0]
+            buf.copy_(args[i])
+        elif self._copied:  # one launch for all of them where the dtypes allow (ids, positions, mask)
+            torch._foreach_copy_([buf for _, buf in self._copied], [args[i] for i, _ in self._copied])
         self._replay()
         self.replays += 1
         self._served += 1
         leaves = [args[v] if kind == "input" else v.clone() if kind == "owned" else v for kind, v in self._outs]
         return pytree.tree_unflatten(leaves, self._out_spec)
 
+    def _drop_capture(self) -> None:
+        self._replay, self._key, self._copied, self._outs = None, None, [], []
+
     def release(self) -> None:
         """Drop the capture, its buffers and its memory pool (a graph no longer called)."""
         with self._lock:
-            self._replay, self._key, self._copied, self._outs = None, None, [], []
+            self._drop_capture()
             if self.training is not None:
                 self.training.release()
 
@@ -387,6 +420,9 @@ class StepGraph:
             text = f"not replayed: {self.declined}"
         elif self.captures:
             text = f"replayed {self.replays} call(s) from {self.captures} capture(s)"
+            if self.replay_host_s is not None and self.host_s is not None:
+                text += (f" (host time a call: {self.replay_host_s * 1e6:.1f} us replayed, "
+                         f"{self.host_s * 1e6:.1f} us run as it is)")
         else:
             text = f"{self.calls} call(s), not captured yet"
         return text if self.training is None else f"{text}; {self.training.summary()}"

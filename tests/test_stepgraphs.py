@@ -14,7 +14,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-from solforge.stepgraphs import StepGraph, step_graphs, written_inputs
+from solforge.stepgraphs import PAY_SAMPLES, StepGraph, step_graphs, written_inputs
 
 
 def _step(ids: torch.Tensor, cache: torch.Tensor, length: torch.Tensor, w: torch.Tensor) -> Any:
@@ -135,6 +135,46 @@ def test_no_replay_outside_the_block_with_grad_or_when_not_launch_bound() -> Non
         length = run(slow)
     assert slow.captures == 0 and slow.declined is not None and "not launch-bound" in slow.declined
     assert int(length) == 4  # every call ran
+
+
+def test_a_capture_whose_replays_cost_more_than_running_the_graph_is_dropped() -> None:
+    """The timed call's host time is a nanosecond here: no replay (copies, replay, copies) beats it,
+    so after the judged replays the capture goes and every later call runs the graph. Each result
+    still equals the graph's."""
+    gm = _graph()
+    w = torch.randn(10, 4)
+
+    def cheap(fn: Any, args: Any) -> tuple[Any, float, float]:
+        return fn(*args), 1e-9, 1e-9  # launch-bound, and cheaper than any replay
+
+    step = _wrapped(gm, cheap)
+    cache, length = _cache()
+    ref_cache, ref_length = cache.clone(), length.clone()
+    with torch.no_grad(), step_graphs():
+        for t in range(12):
+            ids = torch.tensor([t % 10])
+            length.zero_(), ref_length.zero_()  # in place: the cache holds 6 entries
+            logits, _ = step(ids, cache, length, w)
+            assert torch.equal(logits, gm(ids, ref_cache, ref_length, w)[0]), t
+            assert torch.equal(cache, ref_cache) and torch.equal(length, ref_length), t
+    # plain, timed, then the capture's first replay and PAY_SAMPLES judged ones; plain from then on
+    assert (step.captures, step.replays) == (1, 1 + PAY_SAMPLES)
+    assert step.declined is not None and "costs more host time than running the graph" in step.declined
+    assert step._replay is None and step._outs == [] and step._copied == []  # its memory is let go
+    assert step.replay_host_s is not None and step.replay_host_s > 0
+
+
+def test_a_kept_capture_says_what_a_call_costs_each_way() -> None:
+    gm = _graph()
+    step = _wrapped(gm)  # the timed call took 1 s of host time: every replay is cheaper
+    w = torch.randn(10, 4)
+    cache, length = _cache()
+    with torch.no_grad(), step_graphs():
+        for t in range(10):
+            length.zero_()  # in place: the cache holds 6 entries
+            step(torch.tensor([t]), cache, length, w)
+    assert step.declined is None and step.replays == 8 and step.replay_host_s is not None
+    assert "us replayed, 1000000.0 us run as it is" in step.summary()
 
 
 def test_auto_replays_without_the_block_and_step_graphs_false_turns_it_off() -> None:
