@@ -20,10 +20,12 @@ Where it is on: inside `step_graphs()`, and in an optimized model made with `cud
    addresses as on the call before it, then replayed on every call with those addresses. When
    they move after a capture that served calls (each `generate` call makes a new static cache),
    the graph is captured again at once.
-4. The first capture's first replays are timed on the host too. If the fastest of them (the
-   input copies, the replay and the output copies) costs at least what running the graph cost
-   in step 2, the capture is dropped and the graph runs as it is from then on: a piece of one or
-   two kernels between graph breaks, or a lone norm, can be cheaper to run than to replay.
+4. The first capture is judged on its next calls, which alternate between a replay and a run of
+   the graph as it is, each timed on the host, until the fastest of one is under half the other's
+   (a decode step: after one run) or PAY_SAMPLES replays. If the fastest replay (the input
+   copies, the replay and the output copies) costs at least what the fastest run did, the capture
+   is dropped and the graph runs as it is from then on: a piece of one or two kernels between
+   graph breaks, or a lone norm, can be cheaper to run than to replay.
 
 The inputs a CUDA graph reads are addresses. Parameters, tensors marked static for dynamo and
 inputs the graph writes to (the KV cache, its length counter) are used in place: a replay needs
@@ -61,11 +63,13 @@ from solforge.shapes import symbolic_inputs
 
 _DATA_PTR = torch.Tensor.data_ptr
 LAUNCH_BOUND = 0.5  # host enqueue time / GPU time at or above which a graph is worth capturing
-# Replays of a new capture whose host time is compared with the timed call's (the first replay,
-# which uploads the graph, is not one of them): a capture is kept only if the fastest of them is
-# quicker than running the graph. A graph of one or two kernels (a piece between graph breaks, a
-# lone norm) can cost less to run than a replay's input copies, launch and output copies.
-PAY_SAMPLES = 4
+# Replays of a new capture, and runs of the graph between them, timed on the host: a capture is
+# kept only if the fastest replay is quicker than the fastest run (_judged_replay). A graph of one
+# or two kernels (a piece between graph breaks, a lone norm) can cost less to run than a replay's
+# input copies, launch and output copies. The verdict comes once one is under PAY_CLEAR of the
+# other (a decode step: after one run and two replays), else after PAY_SAMPLES replays.
+PAY_SAMPLES = 16
+PAY_CLEAR = 0.5
 
 # None: each StepGraph's own default (`auto`: on in an optimized model made with cuda_graphs=True)
 _ON: contextvars.ContextVar[bool | None] = contextvars.ContextVar("solforge_step_graphs", default=None)
@@ -171,7 +175,7 @@ def reset_capture_state() -> str | None:
 
 def cuda_measure(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float, float]:
     """Run `fn(*args)`: (outputs, host seconds to enqueue it, GPU seconds from start to end). The
-    host time leaves out the two event records, so that it compares with a replay's (`PAYS`)."""
+    host time leaves out the two event records."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     t = time.perf_counter()
@@ -222,8 +226,12 @@ class StepGraph:
         self._replay: Callable[[], None] | None = None
         self._key: tuple[Any, ...] | None = None
         self._served = 0  # replays of the current capture
-        self._replay_times: list[float] = []  # host seconds of the first capture's first replays
-        self.replay_host_s: float | None = None  # the fastest of them, once judged (_judged_replay)
+        # host seconds of the first capture's first replays and of the runs between them
+        self._replay_times: list[float] = []
+        self._run_times: list[float] = []
+        # the fastest of each, once judged (_judged_replay)
+        self.replay_host_s: float | None = None
+        self.run_host_s: float | None = None
         self._lock = threading.Lock()
         self._copied: list[tuple[int, torch.Tensor]] = []
         self._outs: list[tuple[str, Any]] = []
@@ -312,17 +320,26 @@ class StepGraph:
         return self._run_replay(args) if self.replay_host_s is not None else self._judged_replay(args)
 
     def _judged_replay(self, args: Sequence[Any]) -> Any:
-        """A replay of the first capture, timed on the host: after PAY_SAMPLES of them (and the
-        first), the capture is dropped if the fastest cost at least the timed call's host time."""
+        """A call while the first capture is judged: the first replays (it uploads the graph), then
+        calls alternate between running the graph as it is and replaying it, each timed on the
+        host; alternating puts both under the same conditions (a graph's first calls run slower
+        than its later ones). The fastest of each decide: as soon as one is under PAY_CLEAR of
+        the other, else after PAY_SAMPLES replays. A capture whose replay is not the faster is
+        dropped."""
+        run_plain = len(self._replay_times) > len(self._run_times)
         t = time.perf_counter()
-        out = self._run_replay(args)
-        self._replay_times.append(time.perf_counter() - t)
-        if len(self._replay_times) > PAY_SAMPLES:
-            self.replay_host_s = min(self._replay_times[1:])  # the first replay uploaded the graph
-            if self.host_s is not None and self.replay_host_s >= self.host_s:
-                self.declined = (f"a replay costs more host time than running the graph: "
-                                 f"{self.replay_host_s * 1e6:.1f} us against {self.host_s * 1e6:.1f} us")
-                self._drop_capture()
+        out = self.gm(*args) if run_plain else self._run_replay(args)
+        (self._run_times if run_plain else self._replay_times).append(time.perf_counter() - t)
+        if len(self._replay_times) < 2 or not self._run_times:
+            return out
+        replay, run = min(self._replay_times[1:]), min(self._run_times)  # the first replay uploaded
+        if replay > PAY_CLEAR * run and run > PAY_CLEAR * replay and len(self._replay_times) <= PAY_SAMPLES:
+            return out  # too close to call yet
+        self.replay_host_s, self.run_host_s = replay, run
+        if replay >= run:
+            self.declined = (f"a replay costs more host time than running the graph: "
+                             f"{replay * 1e6:.1f} us against {run * 1e6:.1f} us")
+            self._drop_capture()
         return out
 
     def _classify(self, args: Sequence[Any]) -> str | None:
@@ -420,9 +437,9 @@ class StepGraph:
             text = f"not replayed: {self.declined}"
         elif self.captures:
             text = f"replayed {self.replays} call(s) from {self.captures} capture(s)"
-            if self.replay_host_s is not None and self.host_s is not None:
+            if self.replay_host_s is not None and self.run_host_s is not None:
                 text += (f" (host time a call: {self.replay_host_s * 1e6:.1f} us replayed, "
-                         f"{self.host_s * 1e6:.1f} us run as it is)")
+                         f"{self.run_host_s * 1e6:.1f} us run as it is)")
         else:
             text = f"{self.calls} call(s), not captured yet"
         return text if self.training is None else f"{text}; {self.training.summary()}"
