@@ -23,9 +23,11 @@ Where it is on: inside `step_graphs()`, and in an optimized model made with `cud
 4. The first capture is judged on its next calls, which alternate between a replay and a run of
    the graph as it is, each timed on the host, until the fastest of one is under half the other's
    (a decode step: after one run) or PAY_SAMPLES replays. If the fastest replay (the input
-   copies, the replay and the output copies) costs at least what the fastest run did, the capture
-   is dropped and the graph runs as it is from then on: a piece of one or two kernels between
-   graph breaks, or a lone norm, can be cheaper to run than to replay.
+   copies, the replay and the output copies) does not save a tenth of the fastest run's host
+   time, the capture is dropped and the graph runs as it is from then on: a piece of one or two
+   kernels between graph breaks, or a lone norm, costs about as much to run as to replay, and a
+   replay adds its copies to the GPU's work (a lone norm: two copy kernels around one) and holds
+   memory.
 
 The inputs a CUDA graph reads are addresses. Parameters, tensors marked static for dynamo and
 inputs the graph writes to (the KV cache, its length counter) are used in place: a replay needs
@@ -64,12 +66,15 @@ from solforge.shapes import symbolic_inputs
 _DATA_PTR = torch.Tensor.data_ptr
 LAUNCH_BOUND = 0.5  # host enqueue time / GPU time at or above which a graph is worth capturing
 # Replays of a new capture, and runs of the graph between them, timed on the host: a capture is
-# kept only if the fastest replay is quicker than the fastest run (_judged_replay). A graph of one
+# kept only if the fastest replay is quicker than PAY_MARGIN of the fastest run (_judged_replay). A graph of one
 # or two kernels (a piece between graph breaks, a lone norm) can cost less to run than a replay's
 # input copies, launch and output copies. The verdict comes once one is under PAY_CLEAR of the
-# other (a decode step: after one run and two replays), else after PAY_SAMPLES replays.
+# other (a decode step: after one run and two replays), else after PAY_SAMPLES replays. A replay
+# must save at least 1 - PAY_MARGIN of a run's host time: it also adds its copies' kernels to the
+# GPU's work, and its capture holds a memory pool.
 PAY_SAMPLES = 16
 PAY_CLEAR = 0.5
+PAY_MARGIN = 0.9
 
 # None: each StepGraph's own default (`auto`: on in an optimized model made with cuda_graphs=True)
 _ON: contextvars.ContextVar[bool | None] = contextvars.ContextVar("solforge_step_graphs", default=None)
@@ -324,8 +329,8 @@ class StepGraph:
         calls alternate between running the graph as it is and replaying it, each timed on the
         host; alternating puts both under the same conditions (a graph's first calls run slower
         than its later ones). The fastest of each decide: as soon as one is under PAY_CLEAR of
-        the other, else after PAY_SAMPLES replays. A capture whose replay is not the faster is
-        dropped."""
+        the other, else after PAY_SAMPLES replays. A capture whose replay does not save at least
+        1 - PAY_MARGIN of a run's host time is dropped."""
         run_plain = len(self._replay_times) > len(self._run_times)
         t = time.perf_counter()
         out = self.gm(*args) if run_plain else self._run_replay(args)
@@ -336,8 +341,8 @@ class StepGraph:
         if replay > PAY_CLEAR * run and run > PAY_CLEAR * replay and len(self._replay_times) <= PAY_SAMPLES:
             return out  # too close to call yet
         self.replay_host_s, self.run_host_s = replay, run
-        if replay >= run:
-            self.declined = (f"a replay costs more host time than running the graph: "
+        if replay >= PAY_MARGIN * run:
+            self.declined = (f"a replay saves too little host time over running the graph: "
                              f"{replay * 1e6:.1f} us against {run * 1e6:.1f} us")
             self._drop_capture()
         return out
