@@ -28,6 +28,15 @@ calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off
      gets no gradient for it, as linears.py does;
    - any other input gets a copy (the captured gradient is overwritten by the next replay, and
      AccumulateGrad would keep the tensor it is handed as `.grad`).
+4. Where `.grad` is kept from step to step (gradient accumulation, BASELINES.md's step), that add
+   is a pass of its own over every weight, which the graph run as it is does inside its GEMMs
+   (linears.py) and row by row (embeddings.py): Llama-3.2-1B's step had 4.5 ms more kernel time
+   replayed than run as it is (session 17). So when the last two backwards of a capture found
+   every input a parameter whose `.grad` may be added to in place, each at the same address, the
+   backward is captured once more before the next forward replay, with the captured leaves'
+   `.grad` set to those tensors: the fused paths then add into them as they do when run as they
+   are. A backward that finds its `.grad` tensors there replays that graph, and autograd gets no
+   gradient; any other replays the regular one. The addresses are checked on every backward.
 
 The activations a backward replay reads are those of the last forward replay. So a forward is
 replayed only when no earlier replay of this capture may still be backpropagated: a second call
@@ -58,6 +67,9 @@ ENABLED = os.environ.get("SOLFORGE_TRAIN_GRAPHS", "1").lower() not in ("0", "fal
 # call reads close to 1 (qwen3-tiny's forward on an H100: 4.07 ms of host time for 4.16 ms), a
 # GPU-bound one below (Qwen3-4B's training forward, B1 S4096: 43.76 for 57.06 ms, 0.77)
 TRAIN_BOUND = 0.9
+# captures of the accumulating backward per capture of the graph, before .grad tensors that keep
+# moving (a new .grad each step) are left to the regular backward
+MAX_ACCUMULATING = 4
 
 
 class TrainCaptureRefused(Exception):
@@ -75,6 +87,10 @@ class TrainCapture:
     grad_outputs: list[torch.Tensor]  # one buffer per differentiable output leaf; backward reads them
     grads: list[torch.Tensor | None]  # the gradient of each input that requires grad; backward writes them
     generation: int = 0  # forward replays so far: the activations are the last one's
+    # captures the backward once more, adding each input's gradient into the given tensor in place
+    # instead of writing `grads` (one per input that requires grad; None where its gradient is
+    # None): the replay of the result (TrainGraph's accumulating backward); None where not offered
+    accumulating: Callable[[Sequence[torch.Tensor | None]], Callable[[], None]] | None = None
 
 
 def cuda_capture_train(fn: Callable[..., Any], args: Sequence[Any], needs: Sequence[int],
@@ -116,11 +132,33 @@ def _capture_train_here(fn: Callable[..., Any], args: Sequence[Any], needs: Sequ
     diff = [o for o in tensors if o.requires_grad]
     grad_outputs = [torch.empty_like(o) for o in diff]
     bwd = torch.cuda.CUDAGraph()
+    leaves = [args[i] for i in needs]
     with torch.cuda.graph(bwd, pool=fwd.pool(), stream=stream):
-        grads = torch.autograd.grad(diff, [args[i] for i in needs], grad_outputs, allow_unused=True)
+        # retained: the accumulating backward is captured from the same autograd graph later, and
+        # the activations it saves stay allocated in the pool, so no later capture into the pool
+        # can put its temporaries where a forward replay writes them
+        grads = torch.autograd.grad(diff, leaves, grad_outputs, allow_unused=True, retain_graph=True)
+    device = torch.cuda.current_device()
+
+    def accumulating(targets: Sequence[torch.Tensor | None]) -> Callable[[], None]:
+        """The backward as a third graph in the pool, run by `backward(inputs=...)` on the captured
+        leaves with `.grad` set to `targets`: linears.py and embeddings.py add into them inside their
+        GEMMs and row by row (accumulates_in_place), AccumulateGrad adds the rest in place."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(device):
+            try:
+                for leaf, t in zip(leaves, targets, strict=True):
+                    leaf.grad = t
+                with torch.cuda.graph(graph, pool=fwd.pool(), stream=stream):
+                    torch.autograd.backward(diff, grad_outputs, inputs=leaves, retain_graph=True)
+            finally:
+                for leaf in leaves:
+                    leaf.grad = None
+        return graph.replay
+
     detached = pytree.tree_map(lambda o: o.detach() if isinstance(o, torch.Tensor) else o, out)
     return TrainCapture(fwd.replay, bwd.replay, detached, [o.requires_grad for o in tensors], grad_outputs,
-                        list(grads))
+                        list(grads), accumulating=accumulating)
 
 
 CaptureTrain = Callable[[Callable[..., Any], Sequence[Any], Sequence[int], Sequence[int]], TrainCapture]
@@ -184,6 +222,17 @@ class _Call:
                 buf.zero_()
             elif g.data_ptr() != buf.data_ptr():
                 buf.copy_(g)
+        # every input a parameter whose .grad may be added to here: where they are
+        targets = self._targets()
+        where = None if targets is None else tuple(0 if t is None else t.data_ptr() for t in targets)
+        acc = owner._acc
+        if where is not None and acc is not None and acc[0] is cap and acc[1] == where:
+            acc[2]()  # adds into .grad itself: autograd gets no gradient
+            self.token.backwarded = True
+            owner.backward_replays += 1
+            owner.accumulated += 1
+            return [None] * len(self.params)
+        owner._grads_at(where)
         cap.backward()
         self.token.backwarded = True
         owner.backward_replays += 1
@@ -202,6 +251,21 @@ class _Call:
         if add_to:
             torch._foreach_add_(add_to, add_from)
         return out
+
+    def _targets(self) -> list[torch.Tensor | None] | None:
+        """The `.grad` of each input, where every input is a parameter and each one with a gradient
+        may have it added to its `.grad` in place now (linears.accumulates_in_place); else None."""
+        targets: list[torch.Tensor | None] = []
+        for x, g in zip(self.params, self.cap.grads, strict=True):
+            if x is None:
+                return None
+            if g is None:
+                targets.append(None)
+            elif accumulates_in_place(x, g.dtype):
+                targets.append(x.grad)
+            else:
+                return None
+        return targets
 
 
 class TrainGraph:
@@ -234,6 +298,13 @@ class TrainGraph:
         self._out_spec: Any = None
         self._differentiable: list[bool] = []
         self._device: torch.device | None = None  # the CUDA device of the captured inputs
+        # the accumulating backward (module doc): (the capture it belongs to, the .grad addresses it
+        # adds into, its replay); the addresses the last two regular backwards saw
+        self._acc: tuple[TrainCapture, tuple[int, ...], Callable[[], None]] | None = None
+        self._grads_seen: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None)
+        self.accumulating_captures = 0
+        self.accumulated = 0  # backwards replayed into .grad itself
+        self.accumulating_declined: str | None = None
 
     def __call__(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int],
                  written: Sequence[int] = ()) -> Any:
@@ -258,6 +329,7 @@ class TrainGraph:
             self.eager_while_pending += 1
             return self.gm(*args)
         if self._cap is not None and key == self._key:
+            self._accumulate_from_now(args)
             return self._replay(args)
         if key != self._last_key and self._served < 2:
             self._last_key = key
@@ -285,13 +357,44 @@ class TrainGraph:
         if problem is not None:
             self.declined = f"{self.declined}; resetting the capture state failed too: {problem}"
 
+    def _grads_at(self, where: tuple[int, ...] | None) -> None:
+        self._grads_seen = (self._grads_seen[1], where)
+
+    def _accumulate_from_now(self, args: Sequence[Any]) -> None:
+        """Before a forward replay: capture the accumulating backward for the `.grad` tensors the
+        last two backwards found at the same addresses (gradient accumulation, BASELINES.md's step,
+        zero_grad(set_to_none=False)) and still find there. Tensors that keep moving get no more
+        than MAX_ACCUMULATING captures."""
+        cap = self._cap
+        before, last = self._grads_seen
+        if (cap is None or cap.accumulating is None or last is None or before != last
+                or self.accumulating_declined is not None
+                or (self._acc is not None and self._acc[0] is cap and self._acc[1] == last)):
+            return
+        targets = [None if a == 0 else args[i].grad for i, a in zip(self._needs, last, strict=True)]
+        if tuple(0 if t is None else t.data_ptr() for t in targets) != last:
+            return
+        if self.accumulating_captures >= MAX_ACCUMULATING:
+            self.accumulating_declined = f"the .grad tensors moved after {MAX_ACCUMULATING} captures"
+            return
+        self._acc = None
+        try:
+            replay = cap.accumulating(targets)
+        except Exception as e:  # noqa: BLE001 - the regular backward stays
+            self.accumulating_declined = f"capture failed: {type(e).__name__}: {str(e)[:200]}"
+            self._reset()
+            return
+        self._acc = (cap, last, replay)
+        self.accumulating_captures += 1
+
     def _pending_backward(self) -> bool:
         token = self._pending() if self._pending is not None else None
         return token is not None and not token.backwarded
 
     def _record(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int],
                 written: Sequence[int]) -> None:
-        self._cap = None  # the previous capture's memory goes first (a call still holding it keeps it)
+        # the previous capture's memory goes first (a call still holding it keeps it)
+        self._cap, self._acc, self._grads_seen = None, None, (None, None)
         keep = set(inplace)
         needs = [i for i, x in enumerate(args) if isinstance(x, torch.Tensor) and x.requires_grad]
         for i in needs:
@@ -368,7 +471,7 @@ class TrainGraph:
         return pytree.tree_unflatten(leaves, self._out_spec)
 
     def release(self) -> None:
-        self._cap, self._key, self._copied, self._outs = None, None, [], []
+        self._cap, self._key, self._copied, self._outs, self._acc = None, None, [], [], None
 
     def summary(self) -> str:
         if self.declined is not None:
@@ -378,6 +481,10 @@ class TrainGraph:
         if self.captures:
             return (f"training: replayed {self.replays} forward(s) and {self.backward_replays} backward(s) "
                     f"from {self.captures} capture(s){timed}"
+                    + (f", {self.accumulated} backward(s) adding into .grad in place"
+                       if self.accumulated else "")
+                    + (f", accumulating backward not used: {self.accumulating_declined}"
+                       if self.accumulating_declined else "")
                     + (f", {self.eager_while_pending} call(s) run as they are while a backward was due"
                        if self.eager_while_pending else ""))
         return f"training: {self.calls} call(s), not captured yet"

@@ -64,8 +64,28 @@ def fake_capture_train(fn: Any, args: list[Any], needs: list[int], written: list
             if s is not None:
                 s.copy_(g)
 
+    def accumulating(targets: list[torch.Tensor | None]) -> Any:
+        leaves = [args[i] for i in needs]
+
+        def replay() -> None:  # the CUDA version's backward(inputs=...), run on the last activations
+            new_diff = [n for n in pytree.tree_leaves(last["out"]) if isinstance(n, torch.Tensor) and n.requires_grad]
+            for leaf, t in zip(leaves, targets, strict=True):
+                leaf.grad = t
+            try:
+                torch.autograd.backward(new_diff, grad_outputs, inputs=leaves, retain_graph=True)
+            finally:
+                for leaf in leaves:
+                    leaf.grad = None
+
+        accumulating_made.append(targets)
+        return replay
+
     detached = pytree.tree_map(lambda o: o.detach() if isinstance(o, torch.Tensor) else o, out)
-    return TrainCapture(forward, backward, detached, [o.requires_grad for o in tensors], grad_outputs, grads)
+    return TrainCapture(forward, backward, detached, [o.requires_grad for o in tensors], grad_outputs, grads,
+                        accumulating=accumulating)
+
+
+accumulating_made: list[Any] = []  # the targets of each accumulating backward the stand-in captured
 
 
 def launch_bound(fn: Any, args: Any) -> tuple[Any, float, float]:
@@ -126,6 +146,10 @@ def test_training_calls_replay_with_the_graphs_gradients(zero: bool, x_grad: boo
     assert t is not None and t.declined is None, step.summary()
     # call 1 runs as it is, call 2 is timed, call 3 is captured and replayed, then replays
     assert (t.calls, t.captures, t.replays, t.backward_replays) == (7, 1, 5, 5), t.summary()
+    # with .grad kept and every input a parameter, backwards 3 and 4 found the .grad tensors at the
+    # same addresses: call 5 captured the accumulating backward, and backwards 5 to 7 replayed it
+    assert t.accumulated == (3 if not zero and not x_grad else 0), t.summary()
+    assert t.accumulating_captures == (1 if not zero and not x_grad else 0)
     assert torch.equal(got[0], exp[0]) and int(got[0]) == 7  # the written buffer: once a call
     for i, (a, b) in enumerate(zip(got_losses, exp_losses, strict=True)):
         assert torch.equal(a, b), i
