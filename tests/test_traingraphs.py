@@ -158,6 +158,31 @@ def test_training_calls_replay_with_the_graphs_gradients(zero: bool, x_grad: boo
             torch.testing.assert_close(ga, gb, rtol=1e-6, atol=1e-6, msg=f"step {i} grad {j}")
 
 
+def test_grad_tensors_that_move_get_the_regular_backward_then_a_capture_of_their_own() -> None:
+    """After the accumulating backward is captured for one set of .grad tensors, new ones (the
+    caller replaced them) get the regular backward until they have held for two backwards."""
+    gm = _graph()
+    step = _wrapped(gm)
+    params, ref = _params(), _params()
+    count, ref_count = torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long)
+    t = None
+    for i in range(10):
+        if i == 6:  # new .grad tensors, same values
+            for p in params:
+                p.grad = p.grad.clone()  # type: ignore[union-attr]
+        _loss(step(_x(i), *params, count)).backward()
+        _loss(gm(_x(i), *ref, ref_count)).backward()
+        t = step.training
+        for p, r in zip(params, ref, strict=True):
+            torch.testing.assert_close(p.grad, r.grad, rtol=1e-6, atol=1e-6, msg=f"step {i}")
+    assert t is not None
+    # backwards 5 and 6 added into the first .grad tensors; the moved ones were found by backwards
+    # 7 and 8 (the regular one), the accumulating one was captured for them before call 9, and
+    # backwards 9 and 10 added into them
+    assert (t.accumulating_captures, t.accumulated) == (2, 4), t.summary()
+    assert "4 backward(s) adding into .grad in place" in t.summary()
+
+
 def test_a_second_call_before_the_backward_runs_as_it_is() -> None:
     """Two micro-batches summed into one backward: the second forward would overwrite the first's
     activations, so it runs with autograd's own graph, and the gradients are the sum's."""
