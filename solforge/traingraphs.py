@@ -38,6 +38,7 @@ calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off
    `.grad` set to those tensors: the fused paths then add into them as they do when run as they
    are. A backward that finds its `.grad` tensors there replays that graph, and autograd gets no
    gradient; any other replays the regular one. The addresses are checked on every backward.
+   `SOLFORGE_TRAIN_ACCUMULATE=0` turns this part off.
 
 The activations a backward replay reads are those of the last forward replay. So a forward is
 replayed only when no earlier replay of this capture may still be backpropagated: a second call
@@ -63,6 +64,9 @@ from torch.utils import _pytree as pytree
 from solforge.linears import accumulates_in_place
 
 ENABLED = os.environ.get("SOLFORGE_TRAIN_GRAPHS", "1").lower() not in ("0", "false", "no", "off")
+# the accumulating backward (module doc, 4); SOLFORGE_TRAIN_ACCUMULATE=0 leaves every backward to
+# the regular one
+ACCUMULATE = os.environ.get("SOLFORGE_TRAIN_ACCUMULATE", "1").lower() not in ("0", "false", "no", "off")
 # host enqueue time / GPU time of a forward at or above which it is captured. The GPU time is
 # measured from events around the call, so a GPU waiting for the host counts too: a host-bound
 # call reads close to 1 (qwen3-tiny's forward on an H100: 4.07 ms of host time for 4.16 ms), a
@@ -390,7 +394,7 @@ class TrainGraph:
         than MAX_ACCUMULATING captures."""
         cap = self._cap
         before, last = self._grads_seen
-        if (cap is None or cap.accumulating is None or last is None or before != last
+        if (not ACCUMULATE or cap is None or cap.accumulating is None or last is None or before != last
                 or self.accumulating_declined is not None
                 or (self._acc is not None and self._acc[0] is cap and self._acc[1] == last)):
             return

@@ -158,6 +158,19 @@ def test_training_calls_replay_with_the_graphs_gradients(zero: bool, x_grad: boo
             torch.testing.assert_close(ga, gb, rtol=1e-6, atol=1e-6, msg=f"step {i} grad {j}")
 
 
+def test_the_accumulating_backward_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(traingraphs, "ACCUMULATE", False)
+    gm = _graph()
+    step = _wrapped(gm)
+    got_losses, got = _train(step, _params(), 7, zero=False)
+    exp_losses, exp = _train(gm, _params(), 7, zero=False)
+    t = step.training
+    assert t is not None and (t.replays, t.accumulated, t.accumulating_captures) == (5, 0, 0), t.summary()
+    for i, (a, b) in enumerate(zip(got[1:], exp[1:], strict=True)):
+        for j, (ga, gb) in enumerate(zip(a, b, strict=True)):
+            torch.testing.assert_close(ga, gb, rtol=1e-6, atol=1e-6, msg=f"step {i} grad {j}")
+
+
 def test_grad_tensors_that_move_get_the_regular_backward_then_a_capture_of_their_own() -> None:
     """After the accumulating backward is captured for one set of .grad tensors, new ones (the
     caller replaced them) get the regular backward until they have held for two backwards."""
