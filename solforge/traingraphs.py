@@ -38,6 +38,11 @@ calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off
    `.grad` set to those tensors: the fused paths then add into them as they do when run as they
    are. A backward that finds its `.grad` tensors there replays that graph, and autograd gets no
    gradient; any other replays the regular one. The addresses are checked on every backward.
+   When every input is a parameter whose `.grad` is already such a tensor at the capture (a step
+   that never zeroes it, after the first calls), the capture makes the accumulating backward
+   straight away and leaves the regular one, whose gradient buffers hold a copy of every weight,
+   until a backward needs it: that backward runs from the captured autograd graph without a CUDA
+   graph, and the regular one is captured before the next replay.
    `SOLFORGE_TRAIN_ACCUMULATE=0` turns this part off.
 
 The activations a backward replay reads are those of the last forward replay. So a forward is
@@ -59,9 +64,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.autograd.graph import get_gradient_edge
 from torch.utils import _pytree as pytree
 
-from solforge.linears import accumulates_in_place
+from solforge.linears import accumulates_in_place, grad_takes_adds
 
 ENABLED = os.environ.get("SOLFORGE_TRAIN_GRAPHS", "1").lower() not in ("0", "false", "no", "off")
 # the accumulating backward (module doc, 4); SOLFORGE_TRAIN_ACCUMULATE=0 leaves every backward to
@@ -89,23 +95,45 @@ class TrainCapture:
     """What a capture leaves: two replays and the fixed tensors they read and write."""
 
     forward: Callable[[], None]
-    backward: Callable[[], None]
+    # the regular backward's replay; None until captured (`regular`) where the capture was asked to
+    # add into `.grad` tensors instead (`first_accumulating`)
+    backward: Callable[[], None] | None
     outputs: Any  # the graph's outputs as captured (pytree); forward replays write them
     differentiable: list[bool]  # per tensor leaf of `outputs`: whether it required grad
     grad_outputs: list[torch.Tensor]  # one buffer per differentiable output leaf; backward reads them
-    grads: list[torch.Tensor | None]  # the gradient of each input that requires grad; backward writes them
+    # the gradient of each input that requires grad (None where it gets none); the regular backward
+    # writes them. None while that backward is not captured
+    grads: list[torch.Tensor | None] | None
     generation: int = 0  # forward replays so far: the activations are the last one's
     # captures the backward once more, adding each input's gradient into the given tensor in place
     # instead of writing `grads` (one per input that requires grad; None where its gradient is
     # None): the replay of the result (TrainGraph's accumulating backward); None where not offered
     accumulating: Callable[[Sequence[torch.Tensor | None]], Callable[[], None]] | None = None
+    # per input that requires grad: whether the outputs depend on it (its gradient is not None)
+    used: list[bool] | None = None
+    # the replay of the accumulating backward captured with the forward (the `.grad` tensors the
+    # capture was given), where the regular one was left for later
+    first_accumulating: Callable[[], None] | None = None
+    # captures the regular backward: (its replay, `grads`)
+    regular: Callable[[], tuple[Callable[[], None], list[torch.Tensor | None]]] | None = None
+    # runs the backward now, without a graph, from the last forward replay's activations: the
+    # gradients, new tensors (a backward that needs the regular one before it is captured)
+    run_now: Callable[[], list[torch.Tensor | None]] | None = None
+
+    def inputs_used(self) -> list[bool]:
+        if self.used is not None:
+            return self.used
+        assert self.grads is not None
+        return [g is not None for g in self.grads]
 
 
 def cuda_capture_train(fn: Callable[..., Any], args: Sequence[Any], needs: Sequence[int],
-                       written: Sequence[int] = ()) -> TrainCapture:
+                       written: Sequence[int] = (), targets: Sequence[torch.Tensor] | None = None) -> TrainCapture:
     """Capture `fn(*args)` with autograd recording into one CUDA graph, and the gradients of
     `args[i]` for i in `needs` into a second, sharing one private memory pool (the second reads the
-    activations the first saves).
+    activations the first saves). With `targets` (a `.grad` tensor per input in `needs`), the second
+    adds the gradients into them (`accumulating`) and the regular backward is left for later: its
+    gradient buffers, a copy of every weight, are then not held while the accumulating one serves.
 
     One forward and backward run first on the capture's stream, as make_graphed_callables does:
     what a first call does once (a cuBLAS workspace for the stream, the autograd device thread's
@@ -114,11 +142,25 @@ def cuda_capture_train(fn: Callable[..., Any], args: Sequence[Any], needs: Seque
     current device is."""
     device = next(x.device for x in args if isinstance(x, torch.Tensor) and x.is_cuda)
     with torch.cuda.device(device):
-        return _capture_train_here(fn, args, needs, written)
+        return _capture_train_here(fn, args, needs, written, targets)
+
+
+def reachable(roots: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor]) -> list[bool]:
+    """Whether the gradient of each of `leaves` flows from `roots` (autograd.grad's allow_unused
+    None otherwise), from the autograd graph alone: nothing runs."""
+    seen: set[Any] = set()
+    stack = [r.grad_fn for r in roots if r.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.extend(n for n, _ in node.next_functions if n is not None and n not in seen)
+    return [get_gradient_edge(leaf).node in seen for leaf in leaves]
 
 
 def _capture_train_here(fn: Callable[..., Any], args: Sequence[Any], needs: Sequence[int],
-                        written: Sequence[int]) -> TrainCapture:
+                        written: Sequence[int], targets: Sequence[torch.Tensor] | None) -> TrainCapture:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     saved = [(args[i], args[i].detach().clone()) for i in written]
@@ -139,19 +181,37 @@ def _capture_train_here(fn: Callable[..., Any], args: Sequence[Any], needs: Sequ
     tensors = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
     diff = [o for o in tensors if o.requires_grad]
     grad_outputs = [torch.empty_like(o) for o in diff]
-    bwd = torch.cuda.CUDAGraph()
     leaves = [args[i] for i in needs]
-    with torch.cuda.graph(bwd, pool=fwd.pool(), stream=stream):
-        # retained: the accumulating backward is captured from the same autograd graph later, and
-        # the activations it saves stay allocated in the pool, so no later capture into the pool
-        # can put its temporaries where a forward replay writes them
-        grads = torch.autograd.grad(diff, leaves, grad_outputs, allow_unused=True, retain_graph=True)
     device = torch.cuda.current_device()
-    # the versions the saved tensors were checked against: by the time the accumulating backward is
-    # captured, the optimizer has updated the parameters in place and each replay has copied into
-    # the input buffers, which autograd's check would refuse (replays read the memory, not versions)
+    # Every backward below runs on the autograd graph of the forward's capture, which is retained:
+    # the activations it saves stay allocated in the pool, so no later capture into the pool can
+    # put its temporaries where a forward replay writes them. The versions its saved tensors were
+    # checked against are put back while one runs: by then the optimizer has updated the
+    # parameters in place and each replay has copied into the input buffers, which autograd's
+    # check would refuse (replays read the memory, not versions).
     inputs = [x for x in args if isinstance(x, torch.Tensor)]
     versions = [x._version for x in inputs]
+
+    def regular() -> tuple[Callable[[], None], list[torch.Tensor | None]]:
+        graph = torch.cuda.CUDAGraph()
+        now = [x._version for x in inputs]
+        with torch.cuda.device(device):
+            try:
+                _set_versions(inputs, versions)
+                with torch.cuda.graph(graph, pool=fwd.pool(), stream=stream):
+                    got = torch.autograd.grad(diff, leaves, grad_outputs, allow_unused=True, retain_graph=True)
+            finally:
+                _set_versions(inputs, now)
+        return graph.replay, list(got)
+
+    def run_now() -> list[torch.Tensor | None]:
+        now = [x._version for x in inputs]
+        with torch.cuda.device(device):
+            try:
+                _set_versions(inputs, versions)
+                return list(torch.autograd.grad(diff, leaves, grad_outputs, allow_unused=True, retain_graph=True))
+            finally:
+                _set_versions(inputs, now)
 
     def accumulating(targets: Sequence[torch.Tensor | None]) -> Callable[[], None]:
         """The backward as a third graph in the pool, run by `backward(inputs=...)` on the captured
@@ -172,9 +232,18 @@ def _capture_train_here(fn: Callable[..., Any], args: Sequence[Any], needs: Sequ
                     leaf.grad = None
         return graph.replay
 
+    used = reachable(diff, leaves)
+    first = None
+    backward: Callable[[], None] | None = None
+    grads: list[torch.Tensor | None] | None = None
+    if targets is None:
+        backward, grads = regular()
+    else:
+        first = accumulating([t if u else None for t, u in zip(targets, used, strict=True)])
     detached = pytree.tree_map(lambda o: o.detach() if isinstance(o, torch.Tensor) else o, out)
-    return TrainCapture(fwd.replay, bwd.replay, detached, [o.requires_grad for o in tensors], grad_outputs,
-                        list(grads), accumulating=accumulating)
+    return TrainCapture(fwd.replay, backward, detached, [o.requires_grad for o in tensors], grad_outputs,
+                        grads, accumulating=accumulating, used=used, first_accumulating=first, regular=regular,
+                        run_now=run_now)
 
 
 def _set_versions(tensors: Sequence[torch.Tensor], versions: Sequence[int]) -> None:
@@ -183,7 +252,8 @@ def _set_versions(tensors: Sequence[torch.Tensor], versions: Sequence[int]) -> N
         torch._C._autograd._unsafe_set_version_counter(tuple(tensors), tuple(versions))
 
 
-CaptureTrain = Callable[[Callable[..., Any], Sequence[Any], Sequence[int], Sequence[int]], TrainCapture]
+CaptureTrain = Callable[[Callable[..., Any], Sequence[Any], Sequence[int], Sequence[int],
+                         Sequence[torch.Tensor] | None], TrainCapture]
 
 
 class _Token:
@@ -255,13 +325,22 @@ class _Call:
             owner.accumulated += 1
             return [None] * len(self.params)
         owner._grads_at(where)
-        cap.backward()
+        if cap.backward is None:
+            owner._want_regular = True
+        if cap.backward is not None:
+            cap.backward()
+            computed, fresh = cap.grads, False
+            owner.backward_replays += 1
+        else:  # the capture added into other .grad tensors, and the regular one is not captured yet
+            assert cap.run_now is not None
+            computed, fresh = cap.run_now(), True
+            owner.run_now += 1
+        assert computed is not None
         self.token.backwarded = True
-        owner.backward_replays += 1
         out: list[torch.Tensor | None] = []
         add_to: list[torch.Tensor] = []
         add_from: list[torch.Tensor] = []
-        for x, g in zip(self.params, cap.grads, strict=True):
+        for x, g in zip(self.params, computed, strict=True):
             if g is None:
                 out.append(None)
             elif x is not None and accumulates_in_place(x, g.dtype):
@@ -269,7 +348,7 @@ class _Call:
                 add_from.append(g)
                 out.append(None)
             else:
-                out.append(g.clone())
+                out.append(g if fresh else g.clone())
         if add_to:
             torch._foreach_add_(add_to, add_from)
         return out
@@ -278,12 +357,12 @@ class _Call:
         """The `.grad` of each input, where every input is a parameter and each one with a gradient
         may have it added to its `.grad` in place now (linears.accumulates_in_place); else None."""
         targets: list[torch.Tensor | None] = []
-        for x, g in zip(self.params, self.cap.grads, strict=True):
+        for x, used in zip(self.params, self.cap.inputs_used(), strict=True):
             if x is None:
                 return None
-            if g is None:
+            if not used:
                 targets.append(None)
-            elif accumulates_in_place(x, g.dtype):
+            elif accumulates_in_place(x, x.dtype):  # a leaf's gradient has the leaf's dtype
                 targets.append(x.grad)
             else:
                 return None
@@ -326,6 +405,9 @@ class TrainGraph:
         self._grads_seen: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None)
         self.accumulating_captures = 0
         self.accumulated = 0  # backwards replayed into .grad itself
+        self.run_now = 0  # backwards run without a graph: the regular one was not captured yet
+        self._want_regular = False  # a backward needed the regular one: capture it before the next replay
+        self.regular_declined: str | None = None  # its capture failed: backwards run without a graph
         self.accumulating_declined: str | None = None
 
     def __call__(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int],
@@ -393,6 +475,13 @@ class TrainGraph:
         zero_grad(set_to_none=False)) and still find there. Tensors that keep moving get no more
         than MAX_ACCUMULATING captures."""
         cap = self._cap
+        if cap is not None and cap.backward is None and self._want_regular and self.regular_declined is None:
+            assert cap.regular is not None
+            try:
+                cap.backward, cap.grads = cap.regular()
+            except Exception as e:  # noqa: BLE001 - backwards then run without a graph
+                self.regular_declined = f"capture failed: {type(e).__name__}: {str(e)[:200]}"
+                self._reset()
         before, last = self._grads_seen
         if (not ACCUMULATE or cap is None or cap.accumulating is None or last is None or before != last
                 or self.accumulating_declined is not None
@@ -421,7 +510,7 @@ class TrainGraph:
     def _record(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int],
                 written: Sequence[int]) -> None:
         # the previous capture's memory goes first (a call still holding it keeps it)
-        self._cap, self._acc, self._grads_seen = None, None, (None, None)
+        self._cap, self._acc, self._grads_seen, self._want_regular = None, None, (None, None), False
         keep = set(inplace)
         needs = [i for i, x in enumerate(args) if isinstance(x, torch.Tensor) and x.requires_grad]
         for i in needs:
@@ -443,7 +532,14 @@ class TrainGraph:
                 # caller's last loss holds it), bound to the stream of that step, and a backward
                 # captured through it waits on that stream, which ends the capture
                 static[i] = args[i].detach().requires_grad_(True)
-        cap = self._capture(self.gm, static, needs, [i for i in written if isinstance(args[i], torch.Tensor)])
+        # .grad tensors the backwards are likely to find (a step that never zeroes them, gradient
+        # accumulation): the capture adds into them, and the regular backward waits until needed
+        targets = None
+        if ACCUMULATE and all(isinstance(args[i], torch.nn.Parameter) and grad_takes_adds(args[i], args[i].dtype)
+                              for i in needs):
+            targets = [args[i].grad for i in needs]
+        cap = self._capture(self.gm, static, needs, [i for i in written if isinstance(args[i], torch.Tensor)],
+                            targets)
         leaves, spec = pytree.tree_flatten(cap.outputs)
         storages = {x.untyped_storage().data_ptr(): i for i, x in enumerate(static) if isinstance(x, torch.Tensor)}
         outs: list[tuple[str, Any]] = []
@@ -469,6 +565,13 @@ class TrainGraph:
         self._outs, self._out_spec, self._differentiable = outs, spec, differentiable
         self.captures += 1
         self._served = 0
+        self._want_regular = False
+        if cap.first_accumulating is not None:
+            assert targets is not None
+            used = cap.inputs_used()
+            where = tuple(t.data_ptr() if u and t is not None else 0 for t, u in zip(targets, used, strict=True))
+            self._acc = (cap, where, cap.first_accumulating)
+            self.accumulating_captures += 1
 
     def _replay(self, args: Sequence[Any]) -> Any:
         cap = self._cap
@@ -512,6 +615,8 @@ class TrainGraph:
                        if self.accumulated else "")
                     + (f", accumulating backward not used: {self.accumulating_declined}"
                        if self.accumulating_declined else "")
+                    + (f", {self.run_now} backward(s) run without a graph" if self.run_now else "")
+                    + (f" (regular backward: {self.regular_declined})" if self.regular_declined else "")
                     + (f", {self.eager_while_pending} call(s) run as they are while a backward was due"
                        if self.eager_while_pending else ""))
         return f"training: {self.calls} call(s), not captured yet"

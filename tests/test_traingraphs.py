@@ -33,7 +33,8 @@ def _graph() -> torch.fx.GraphModule:
                        torch.zeros((), dtype=torch.long))
 
 
-def fake_capture_train(fn: Any, args: list[Any], needs: list[int], written: list[int]) -> TrainCapture:
+def fake_capture_train(fn: Any, args: list[Any], needs: list[int], written: list[int],
+                       targets: list[torch.Tensor] | None = None) -> TrainCapture:
     snapshot = [(x, x.detach().clone()) for x in args if isinstance(x, torch.Tensor)]
     with torch.enable_grad():
         out = fn(*args)
@@ -80,9 +81,17 @@ def fake_capture_train(fn: Any, args: list[Any], needs: list[int], written: list
         accumulating_made.append(targets)
         return replay
 
+    def run_now() -> list[torch.Tensor | None]:
+        new_diff = [n for n in pytree.tree_leaves(last["out"]) if isinstance(n, torch.Tensor) and n.requires_grad]
+        return list(torch.autograd.grad(new_diff, [args[i] for i in needs], grad_outputs, allow_unused=True,
+                                        retain_graph=True))
+
+    used = [g is not None for g in probe]
     detached = pytree.tree_map(lambda o: o.detach() if isinstance(o, torch.Tensor) else o, out)
-    return TrainCapture(forward, backward, detached, [o.requires_grad for o in tensors], grad_outputs, grads,
-                        accumulating=accumulating)
+    first = None if targets is None else accumulating([t if u else None for t, u in zip(targets, used, strict=True)])
+    return TrainCapture(forward, backward if first is None else None, detached, [o.requires_grad for o in tensors],
+                        grad_outputs, grads if first is None else None, accumulating=accumulating, used=used,
+                        first_accumulating=first, regular=lambda: (backward, grads), run_now=run_now)
 
 
 accumulating_made: list[Any] = []  # the targets of each accumulating backward the stand-in captured
@@ -146,10 +155,12 @@ def test_training_calls_replay_with_the_graphs_gradients(zero: bool, x_grad: boo
     assert t is not None and t.declined is None, step.summary()
     # call 1 runs as it is, call 2 is timed, call 3 is captured and replayed, then replays
     assert (t.calls, t.captures, t.replays, t.backward_replays) == (7, 1, 5, 5), t.summary()
-    # with .grad kept and every input a parameter, backwards 3 and 4 found the .grad tensors at the
-    # same addresses: call 5 captured the accumulating backward, and backwards 5 to 7 replayed it
-    assert t.accumulated == (3 if not zero and not x_grad else 0), t.summary()
-    assert t.accumulating_captures == (1 if not zero and not x_grad else 0)
+    # with .grad kept and every input a parameter, the capture (call 3) found .grad tensors to add
+    # into: every replayed backward added into them, and the regular one was never captured
+    accumulating = not zero and not x_grad
+    assert t.accumulated == (5 if accumulating else 0), t.summary()
+    assert t.accumulating_captures == (1 if accumulating else 0) and t.run_now == 0
+    assert (t._cap.backward is None) == accumulating  # type: ignore[union-attr]
     assert torch.equal(got[0], exp[0]) and int(got[0]) == 7  # the written buffer: once a call
     for i, (a, b) in enumerate(zip(got_losses, exp_losses, strict=True)):
         assert torch.equal(a, b), i
@@ -189,11 +200,12 @@ def test_grad_tensors_that_move_get_the_regular_backward_then_a_capture_of_their
         for p, r in zip(params, ref, strict=True):
             torch.testing.assert_close(p.grad, r.grad, rtol=1e-6, atol=1e-6, msg=f"step {i}")
     assert t is not None
-    # backwards 5 and 6 added into the first .grad tensors; the moved ones were found by backwards
-    # 7 and 8 (the regular one), the accumulating one was captured for them before call 9, and
-    # backwards 9 and 10 added into them
-    assert (t.accumulating_captures, t.accumulated) == (2, 4), t.summary()
-    assert "4 backward(s) adding into .grad in place" in t.summary()
+    # backwards 3 to 6 added into the .grad tensors the capture found; backward 7 found new ones
+    # and no regular backward captured, so it ran without a graph; the regular one was captured
+    # before call 8 and replayed by backward 8; the accumulating one was captured for the new
+    # tensors before call 9, and backwards 9 and 10 added into them
+    assert (t.accumulating_captures, t.accumulated, t.run_now) == (2, 6, 1), t.summary()
+    assert "6 backward(s) adding into .grad in place, 1 backward(s) run without a graph" in t.summary()
 
 
 def test_a_second_call_before_the_backward_runs_as_it_is() -> None:
@@ -358,10 +370,14 @@ def test_an_optimized_models_training_calls_reach_the_replay_through_dynamo() ->
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("zero", [True, False], ids=["grad-set-to-none", "grad-accumulated"])
-def test_an_optimized_small_models_training_steps_replay_on_the_gpu(zero: bool) -> None:
+@pytest.mark.parametrize("grads", ["set-to-none", "accumulated", "moved"])
+def test_an_optimized_small_models_training_steps_replay_on_the_gpu(grads: str) -> None:
     """Many tiny kernels: the training call is launch-bound and replays from CUDA graphs by itself;
-    its losses and gradients are those of the same model with the replays off."""
+    its losses and gradients are those of the same model with the replays off. `.grad` set to None
+    after each step, kept (accumulated), or kept and replaced by a copy before step 6 (the
+    accumulating backward made with the capture no longer applies: that backward runs without a
+    graph, and the regular one is captured for the next)."""
+    zero = grads == "set-to-none"
     from solforge.integrate import integrate
 
     model, ref_model = _mlp().cuda(), _mlp().cuda()
@@ -370,26 +386,33 @@ def test_an_optimized_small_models_training_steps_replay_on_the_gpu(zero: bool) 
 
     def steps(f: Any, m: torch.nn.Module) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
         sgd = torch.optim.SGD(m.parameters(), lr=0.01)
-        losses, grads = [], []
+        losses: list[torch.Tensor] = []
+        seen: list[list[torch.Tensor]] = []
         for i in range(8):
             x = torch.full((8, 64), 0.01 * (i + 1), device="cuda")
             loss = f(x).square().mean()
             loss.backward()
             losses.append(loss.detach())
-            grads.append([p.grad.clone() for p in m.parameters()])
+            seen.append([p.grad.clone() for p in m.parameters()])
             sgd.step()
             if zero:
                 sgd.zero_grad(set_to_none=True)
-        return losses, grads
+            if grads == "moved" and i == 4:
+                for p in m.parameters():
+                    p.grad = p.grad.clone()  # type: ignore[union-attr]
+        return losses, seen
 
     got_losses, got = steps(opt, model)
     exp_losses, exp = steps(ref, ref_model)
     (step,) = stats.step_graphs
     t = step.training
     assert t is not None and t.declined is None and t.captures == 1 and t.replays == 6, step.summary()
-    assert t.backward_replays == 6
-    # with .grad kept: backwards 3 and 4 found it in place, so 5 to 8 replayed the accumulating one
-    assert (t.accumulated, t.accumulating_declined) == (0 if zero else 4, None), step.summary()
+    assert t.backward_replays + t.run_now == 6
+    # with .grad kept, the capture (call 3) added into it: every replayed backward did so. With it
+    # moved, backwards 3 to 5 added into the first tensors, 6 ran without a graph, 7 replayed the
+    # regular one (captured before call 7), and 8 added into the new tensors (found by 6 and 7)
+    expected = {"set-to-none": (0, 0), "accumulated": (6, 0), "moved": (4, 1)}[grads]
+    assert (t.accumulated, t.run_now, t.accumulating_declined) == (*expected, None), step.summary()
     for i, (a, b) in enumerate(zip(got_losses, exp_losses, strict=True)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=f"loss {i}")
     for i, (a, b) in enumerate(zip(got, exp, strict=True)):
