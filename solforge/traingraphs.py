@@ -34,16 +34,15 @@ calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off
    (linears.py) and row by row (embeddings.py): Llama-3.2-1B's step had 4.5 ms more kernel time
    replayed than run as it is (session 17). So when the last two backwards of a capture found
    every input a parameter whose `.grad` may be added to in place, each at the same address, the
-   backward is captured once more before the next forward replay, with the captured leaves'
-   `.grad` set to those tensors: the fused paths then add into them as they do when run as they
-   are. A backward that finds its `.grad` tensors there replays that graph, and autograd gets no
-   gradient; any other replays the regular one. The addresses are checked on every backward.
-   When every input is a parameter whose `.grad` is already such a tensor at the capture (a step
-   that never zeroes it, after the first calls), the capture makes the accumulating backward
-   straight away and leaves the regular one, whose gradient buffers hold a copy of every weight,
-   until a backward needs it: that backward runs from the captured autograd graph without a CUDA
-   graph, and the regular one is captured before the next replay.
-   `SOLFORGE_TRAIN_ACCUMULATE=0` turns this part off.
+   graph is captured again before the next forward replay: the forward, and a backward run with
+   the captured leaves' `.grad` set to those tensors, so that the fused paths add into them as
+   they do when run as they are. The regular backward is left out: its gradient buffers, a copy
+   of every weight, would sit idle in the pool. The old capture's memory goes back to the device
+   first (each backward refers to its capture weakly). A backward that finds its `.grad` tensors
+   at those addresses replays the accumulating graph, and autograd gets no gradient. Any other
+   backward (`.grad` set to None, replaced) runs once from the captured autograd graph without a
+   CUDA graph, and the regular backward is captured into the pool before the next replay. The
+   addresses are checked on every backward. `SOLFORGE_TRAIN_ACCUMULATE=0` turns this part off.
 
 The activations a backward replay reads are those of the last forward replay. So a forward is
 replayed only when no earlier replay of this capture may still be backpropagated: a second call
@@ -289,17 +288,19 @@ class _Call:
 
     def __init__(self, owner: TrainGraph, cap: TrainCapture, token: _Token, outputs: list[torch.Tensor],
                  differentiable: list[bool], params: list[torch.nn.Parameter | None]) -> None:
-        self.owner, self.cap, self.token = owner, cap, token
+        # weakly: once the graph is captured again (_record_again), the old capture's memory goes,
+        # even while the caller still holds an earlier step's loss
+        self.owner, self._cap, self.token = owner, weakref.ref(cap), token
         self.outputs, self.differentiable, self.params = outputs, differentiable, params
 
     def backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        owner, cap = self.owner, self.cap
+        owner, cap = self.owner, self._cap()
         if torch.is_grad_enabled():
             raise RuntimeError(
                 "solforge: a backward with create_graph=True (a double backward) went through a training "
                 "call replayed from a CUDA graph, whose gradients carry no graph of their own. Optimize "
                 "with cuda_graphs=False, or set SOLFORGE_TRAIN_GRAPHS=0, for this training loop.")
-        if cap.generation != self.token.generation:
+        if cap is None or cap.generation != self.token.generation:
             raise RuntimeError(
                 "solforge: this backward reads activations that a later call of the same CUDA-graphed "
                 "training graph has overwritten (a second backward with retain_graph=True after another "
@@ -315,7 +316,7 @@ class _Call:
             elif g.data_ptr() != buf.data_ptr():
                 buf.copy_(g)
         # every input a parameter whose .grad may be added to here: where they are
-        targets = self._targets()
+        targets = self._targets(cap)
         where = None if targets is None else tuple(0 if t is None else t.data_ptr() for t in targets)
         acc = owner._acc
         if where is not None and acc is not None and acc[0] is cap and acc[1] == where:
@@ -353,11 +354,11 @@ class _Call:
             torch._foreach_add_(add_to, add_from)
         return out
 
-    def _targets(self) -> list[torch.Tensor | None] | None:
+    def _targets(self, cap: TrainCapture) -> list[torch.Tensor | None] | None:
         """The `.grad` of each input, where every input is a parameter and each one with a gradient
         may have it added to its `.grad` in place now (linears.accumulates_in_place); else None."""
         targets: list[torch.Tensor | None] = []
-        for x, used in zip(self.params, self.cap.inputs_used(), strict=True):
+        for x, used in zip(self.params, cap.inputs_used(), strict=True):
             if x is None:
                 return None
             if not used:
@@ -438,7 +439,9 @@ class TrainGraph:
             self.eager_while_pending += 1
             return self.gm(*args)
         if self._cap is not None and key == self._key:
-            self._accumulate_from_now(args)
+            self._accumulate_from_now(args, key, inplace, written)
+            if self._cap is None:  # captured again, and failed both ways
+                return self.gm(*args)
             return self._replay(args)
         if key != self._last_key and self._served < 2:
             self._last_key = key
@@ -469,11 +472,13 @@ class TrainGraph:
     def _grads_at(self, where: tuple[int, ...] | None) -> None:
         self._grads_seen = (self._grads_seen[1], where)
 
-    def _accumulate_from_now(self, args: Sequence[Any]) -> None:
+    def _accumulate_from_now(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int],
+                             written: Sequence[int]) -> None:
         """Before a forward replay: capture the accumulating backward for the `.grad` tensors the
         last two backwards found at the same addresses (gradient accumulation, BASELINES.md's step,
         zero_grad(set_to_none=False)) and still find there. Tensors that keep moving get no more
-        than MAX_ACCUMULATING captures."""
+        than MAX_ACCUMULATING captures. A capture that holds the regular backward is made again
+        instead, without it (module doc, 4)."""
         cap = self._cap
         if cap is not None and cap.backward is None and self._want_regular and self.regular_declined is None:
             assert cap.regular is not None
@@ -493,6 +498,11 @@ class TrainGraph:
         if self.accumulating_captures >= MAX_ACCUMULATING:
             self.accumulating_declined = f"the .grad tensors moved after {MAX_ACCUMULATING} captures"
             return
+        if cap.backward is not None:
+            # the regular backward's buffers (a gradient per weight) would stay idle in the pool:
+            # capture again, with the accumulating backward only (the regular one when needed)
+            self._record_again(args, key, inplace, written)
+            return
         self._acc = None
         try:
             replay = cap.accumulating(targets)
@@ -503,12 +513,35 @@ class TrainGraph:
         self._acc = (cap, last, replay)
         self.accumulating_captures += 1
 
+    def _record_again(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int],
+                      written: Sequence[int]) -> None:
+        """The capture made again with the accumulating backward for the `.grad` tensors there now.
+        The old one's memory is returned to the device first (no backward still holds it: each
+        refers to its capture weakly), so the two pools are never held together. If the new
+        capture fails, the graph is captured the regular way again."""
+        self._cap = self._acc = None
+        if self._capture is cuda_capture_train:
+            torch.cuda.empty_cache()
+        try:
+            self._record(args, key, inplace, written, accumulate=True)
+            return
+        except Exception as e:  # noqa: BLE001 - the regular way, as before
+            self._cap = None
+            self.accumulating_declined = f"capture failed: {type(e).__name__}: {str(e)[:200]}"
+            self._reset()
+        try:
+            self._record(args, key, inplace, written)
+        except Exception as e:  # noqa: BLE001 - the graph runs as it is from now on
+            self._cap = None
+            self.declined = f"training capture failed: {type(e).__name__}: {str(e)[:200]}"
+            self._reset()
+
     def _pending_backward(self) -> bool:
         token = self._pending() if self._pending is not None else None
         return token is not None and not token.backwarded
 
     def _record(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int],
-                written: Sequence[int]) -> None:
+                written: Sequence[int], accumulate: bool = False) -> None:
         # the previous capture's memory goes first (a call still holding it keeps it)
         self._cap, self._acc, self._grads_seen, self._want_regular = None, None, (None, None), False
         keep = set(inplace)
@@ -532,10 +565,10 @@ class TrainGraph:
                 # caller's last loss holds it), bound to the stream of that step, and a backward
                 # captured through it waits on that stream, which ends the capture
                 static[i] = args[i].detach().requires_grad_(True)
-        # .grad tensors the backwards are likely to find (a step that never zeroes them, gradient
-        # accumulation): the capture adds into them, and the regular backward waits until needed
+        # .grad tensors the last two backwards found (_accumulate_from_now): the capture adds into
+        # them, and the regular backward waits until a backward needs it
         targets = None
-        if ACCUMULATE and all(isinstance(args[i], torch.nn.Parameter) and grad_takes_adds(args[i], args[i].dtype)
+        if accumulate and all(isinstance(args[i], torch.nn.Parameter) and grad_takes_adds(args[i], args[i].dtype)
                               for i in needs):
             targets = [args[i].grad for i in needs]
         cap = self._capture(self.gm, static, needs, [i for i in written if isinstance(args[i], torch.Tensor)],

@@ -154,11 +154,12 @@ def test_training_calls_replay_with_the_graphs_gradients(zero: bool, x_grad: boo
     t = step.training
     assert t is not None and t.declined is None, step.summary()
     # call 1 runs as it is, call 2 is timed, call 3 is captured and replayed, then replays
-    assert (t.calls, t.captures, t.replays, t.backward_replays) == (7, 1, 5, 5), t.summary()
-    # with .grad kept and every input a parameter, the capture (call 3) found .grad tensors to add
-    # into: every replayed backward added into them, and the regular one was never captured
     accumulating = not zero and not x_grad
-    assert t.accumulated == (5 if accumulating else 0), t.summary()
+    assert (t.calls, t.captures - accumulating, t.replays, t.backward_replays) == (7, 1, 5, 5), t.summary()
+    # with .grad kept and every input a parameter, backwards 3 and 4 found the .grad tensors at the
+    # same addresses: call 5 captured the graph again, with the accumulating backward and without
+    # the regular one, and backwards 5 to 7 replayed it
+    assert t.accumulated == (3 if accumulating else 0), t.summary()
     assert t.accumulating_captures == (1 if accumulating else 0) and t.run_now == 0
     assert (t._cap.backward is None) == accumulating  # type: ignore[union-attr]
     assert torch.equal(got[0], exp[0]) and int(got[0]) == 7  # the written buffer: once a call
@@ -167,6 +168,32 @@ def test_training_calls_replay_with_the_graphs_gradients(zero: bool, x_grad: boo
     for i, (a, b) in enumerate(zip(got[1:], exp[1:], strict=True)):
         for j, (ga, gb) in enumerate(zip(a, b, strict=True)):
             torch.testing.assert_close(ga, gb, rtol=1e-6, atol=1e-6, msg=f"step {i} grad {j}")
+
+
+def test_capturing_again_for_the_accumulating_backward_lets_the_old_capture_go() -> None:
+    """Call 5 captures the graph again (backwards 3 and 4 found .grad in place): the first capture
+    is freed though the caller still holds call 4's loss, whose second backward then raises."""
+    import weakref
+
+    gm = _graph()
+    step = _wrapped(gm)
+    params = _params()
+    count = torch.zeros((), dtype=torch.long)
+    loss = None
+    first = None
+    for i in range(5):
+        loss = _loss(step(_x(i), *params, count))
+        loss.backward(retain_graph=True)
+        t = step.training
+        if i == 3:
+            assert t is not None and t._cap is not None
+            first = weakref.ref(t._cap)
+            held = loss  # the caller keeps call 4's loss
+    assert first is not None and first() is None, "the first capture is still alive"
+    assert step.training is not None and step.training.captures == 2 and step.training.accumulated == 1
+    with pytest.raises(RuntimeError, match="overwritten"):
+        held.backward()
+    del loss
 
 
 def test_the_accumulating_backward_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,12 +227,13 @@ def test_grad_tensors_that_move_get_the_regular_backward_then_a_capture_of_their
         for p, r in zip(params, ref, strict=True):
             torch.testing.assert_close(p.grad, r.grad, rtol=1e-6, atol=1e-6, msg=f"step {i}")
     assert t is not None
-    # backwards 3 to 6 added into the .grad tensors the capture found; backward 7 found new ones
-    # and no regular backward captured, so it ran without a graph; the regular one was captured
-    # before call 8 and replayed by backward 8; the accumulating one was captured for the new
-    # tensors before call 9, and backwards 9 and 10 added into them
-    assert (t.accumulating_captures, t.accumulated, t.run_now) == (2, 6, 1), t.summary()
-    assert "6 backward(s) adding into .grad in place, 1 backward(s) run without a graph" in t.summary()
+    # backwards 3 and 4 (regular) found the first .grad tensors: call 5 captured the graph again
+    # with the accumulating backward, which backwards 5 and 6 replayed; backward 7 found new ones
+    # and no regular backward, so it ran without a graph; the regular one was captured into the
+    # pool before call 8, and replayed by backward 8; backwards 7 and 8 found the new tensors, so
+    # call 9 captured the graph again for them, and backwards 9 and 10 replayed that
+    assert (t.captures, t.accumulating_captures, t.accumulated, t.run_now) == (3, 2, 4, 1), t.summary()
+    assert "4 backward(s) adding into .grad in place, 1 backward(s) run without a graph" in t.summary()
 
 
 def test_a_second_call_before_the_backward_runs_as_it_is() -> None:
@@ -408,10 +436,11 @@ def test_an_optimized_small_models_training_steps_replay_on_the_gpu(grads: str) 
     t = step.training
     assert t is not None and t.declined is None and t.captures == 1 and t.replays == 6, step.summary()
     assert t.backward_replays + t.run_now == 6
-    # with .grad kept, the capture (call 3) added into it: every replayed backward did so. With it
-    # moved, backwards 3 to 5 added into the first tensors, 6 ran without a graph, 7 replayed the
-    # regular one (captured before call 7), and 8 added into the new tensors (found by 6 and 7)
-    expected = {"set-to-none": (0, 0), "accumulated": (6, 0), "moved": (4, 1)}[grads]
+    # with .grad kept, backwards 3 and 4 found it in place: call 5 captured the graph again, with
+    # the accumulating backward, which backwards 5 to 8 replayed. With it moved before call 6, 6
+    # ran without a graph, 7 replayed the regular one (captured into the pool before call 7), and
+    # call 8 captured the graph again for the new tensors (found by 6 and 7)
+    expected = {"set-to-none": (0, 0), "accumulated": (4, 0), "moved": (2, 1)}[grads]
     assert (t.accumulated, t.run_now, t.accumulating_declined) == (*expected, None), step.summary()
     for i, (a, b) in enumerate(zip(got_losses, exp_losses, strict=True)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=f"loss {i}")
