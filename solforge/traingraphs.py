@@ -55,6 +55,7 @@ an error instead of returning wrong gradients.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import weakref
 from collections.abc import Callable, Sequence
@@ -501,8 +502,11 @@ class TrainGraph:
         if cap.backward is not None:
             # the regular backward's buffers (a gradient per weight) would stay idle in the pool:
             # capture again, with the accumulating backward only (the regular one when needed)
-            self._record_again(args, key, inplace, written)
-            return
+            del cap
+            if self._record_again(args, key, inplace, written):
+                return
+            cap = self._cap
+            assert cap is not None
         self._acc = None
         try:
             replay = cap.accumulating(targets)
@@ -514,17 +518,28 @@ class TrainGraph:
         self.accumulating_captures += 1
 
     def _record_again(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int],
-                      written: Sequence[int]) -> None:
+                      written: Sequence[int]) -> bool:
         """The capture made again with the accumulating backward for the `.grad` tensors there now.
-        The old one's memory is returned to the device first (no backward still holds it: each
-        refers to its capture weakly), so the two pools are never held together. If the new
-        capture fails, the graph is captured the regular way again."""
-        self._cap = self._acc = None
+        The old one's memory is returned to the device first (backwards refer to their capture
+        weakly), so that the two pools are never held together. Something else still holding the
+        old capture leaves it in place: False, and the accumulating backward goes into its pool.
+        If the new capture fails, the graph is captured the regular way again."""
+        assert self._cap is not None
+        old = weakref.ref(self._cap)
+        kept = (self._cap, self._acc, self._outs)
+        self._cap, self._acc, self._outs = None, None, []  # the outputs are the pool's tensors
+        del kept
+        if old() is not None:
+            gc.collect()
+        if old() is not None:
+            self._cap, self._outs = old(), [("owned", o) if isinstance(o, torch.Tensor) else ("value", o)
+                                              for o in pytree.tree_leaves(old().outputs)]  # type: ignore[union-attr]
+            return False
         if self._capture is cuda_capture_train:
             torch.cuda.empty_cache()
         try:
             self._record(args, key, inplace, written, accumulate=True)
-            return
+            return True
         except Exception as e:  # noqa: BLE001 - the regular way, as before
             self._cap = None
             self.accumulating_declined = f"capture failed: {type(e).__name__}: {str(e)[:200]}"
@@ -535,6 +550,7 @@ class TrainGraph:
             self._cap = None
             self.declined = f"training capture failed: {type(e).__name__}: {str(e)[:200]}"
             self._reset()
+        return True
 
     def _pending_backward(self) -> bool:
         token = self._pending() if self._pending is not None else None
