@@ -73,24 +73,17 @@ class Counters:
 COUNTERS = Counters()
 
 
-def grad_takes_adds(w: torch.Tensor, dtype: torch.dtype) -> bool:
-    """The part of `accumulates_in_place` that does not depend on the backward running: `w` is a
-    leaf without tensor hooks whose `.grad` is a plain dense contiguous tensor of its shape, dtype
-    and device, dW's dtype is that too, and torch.distributed is not initialized."""
-    if not IN_PLACE or not w.is_leaf or w._backward_hooks:
+def accumulates_in_place(w: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether `w.grad += dW` may be done here, with dW of `dtype`, instead of by autograd
+    (module docstring). Called inside the backward."""
+    if not IN_PLACE or not w.is_leaf or w._backward_hooks or torch.is_grad_enabled():
         return False
     grad = w.grad
     if grad is None or type(grad) is not torch.Tensor or grad.layout != torch.strided \
             or grad.requires_grad or grad.dtype != dtype or grad.dtype != w.dtype \
             or grad.shape != w.shape or grad.device != w.device or not grad.is_contiguous():
         return False
-    return not (torch.distributed.is_available() and torch.distributed.is_initialized())
-
-
-def accumulates_in_place(w: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether `w.grad += dW` may be done here, with dW of `dtype`, instead of by autograd
-    (module docstring). Called inside the backward."""
-    if torch.is_grad_enabled() or not grad_takes_adds(w, dtype):
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
         return False
     try:
         return bool(torch._C._will_engine_execute_node(get_gradient_edge(w).node))

@@ -34,15 +34,11 @@ calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off
    (linears.py) and row by row (embeddings.py): Llama-3.2-1B's step had 4.5 ms more kernel time
    replayed than run as it is (session 17). So when the last two backwards of a capture found
    every input a parameter whose `.grad` may be added to in place, each at the same address, the
-   graph is captured again before the next forward replay: the forward, and a backward run with
-   the captured leaves' `.grad` set to those tensors, so that the fused paths add into them as
-   they do when run as they are. The regular backward is left out: its gradient buffers, a copy
-   of every weight, would sit idle in the pool. The old capture's memory goes back to the device
-   first (each backward refers to its capture weakly). A backward that finds its `.grad` tensors
-   at those addresses replays the accumulating graph, and autograd gets no gradient. Any other
-   backward (`.grad` set to None, replaced) runs once from the captured autograd graph without a
-   CUDA graph, and the regular backward is captured into the pool before the next replay. The
-   addresses are checked on every backward. `SOLFORGE_TRAIN_ACCUMULATE=0` turns this part off.
+   backward is captured once more before the next forward replay, with the captured leaves'
+   `.grad` set to those tensors: the fused paths then add into them as they do when run as they
+   are. A backward that finds its `.grad` tensors there replays that graph, and autograd gets no
+   gradient; any other replays the regular one. The addresses are checked on every backward.
+   `SOLFORGE_TRAIN_ACCUMULATE=0` turns this part off.
 
 The activations a backward replay reads are those of the last forward replay. So a forward is
 replayed only when no earlier replay of this capture may still be backpropagated: a second call
@@ -55,7 +51,6 @@ an error instead of returning wrong gradients.
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import weakref
 from collections.abc import Callable, Sequence
@@ -64,10 +59,9 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.autograd.graph import get_gradient_edge
 from torch.utils import _pytree as pytree
 
-from solforge.linears import accumulates_in_place, grad_takes_adds
+from solforge.linears import accumulates_in_place
 
 ENABLED = os.environ.get("SOLFORGE_TRAIN_GRAPHS", "1").lower() not in ("0", "false", "no", "off")
 # the accumulating backward (module doc, 4); SOLFORGE_TRAIN_ACCUMULATE=0 leaves every backward to
@@ -95,45 +89,23 @@ class TrainCapture:
     """What a capture leaves: two replays and the fixed tensors they read and write."""
 
     forward: Callable[[], None]
-    # the regular backward's replay; None until captured (`regular`) where the capture was asked to
-    # add into `.grad` tensors instead (`first_accumulating`)
-    backward: Callable[[], None] | None
+    backward: Callable[[], None]
     outputs: Any  # the graph's outputs as captured (pytree); forward replays write them
     differentiable: list[bool]  # per tensor leaf of `outputs`: whether it required grad
     grad_outputs: list[torch.Tensor]  # one buffer per differentiable output leaf; backward reads them
-    # the gradient of each input that requires grad (None where it gets none); the regular backward
-    # writes them. None while that backward is not captured
-    grads: list[torch.Tensor | None] | None
+    grads: list[torch.Tensor | None]  # the gradient of each input that requires grad; backward writes them
     generation: int = 0  # forward replays so far: the activations are the last one's
     # captures the backward once more, adding each input's gradient into the given tensor in place
     # instead of writing `grads` (one per input that requires grad; None where its gradient is
     # None): the replay of the result (TrainGraph's accumulating backward); None where not offered
     accumulating: Callable[[Sequence[torch.Tensor | None]], Callable[[], None]] | None = None
-    # per input that requires grad: whether the outputs depend on it (its gradient is not None)
-    used: list[bool] | None = None
-    # the replay of the accumulating backward captured with the forward (the `.grad` tensors the
-    # capture was given), where the regular one was left for later
-    first_accumulating: Callable[[], None] | None = None
-    # captures the regular backward: (its replay, `grads`)
-    regular: Callable[[], tuple[Callable[[], None], list[torch.Tensor | None]]] | None = None
-    # runs the backward now, without a graph, from the last forward replay's activations: the
-    # gradients, new tensors (a backward that needs the regular one before it is captured)
-    run_now: Callable[[], list[torch.Tensor | None]] | None = None
-
-    def inputs_used(self) -> list[bool]:
-        if self.used is not None:
-            return self.used
-        assert self.grads is not None
-        return [g is not None for g in self.grads]
 
 
 def cuda_capture_train(fn: Callable[..., Any], args: Sequence[Any], needs: Sequence[int],
-                       written: Sequence[int] = (), targets: Sequence[torch.Tensor] | None = None) -> TrainCapture:
+                       written: Sequence[int] = ()) -> TrainCapture:
     """Capture `fn(*args)` with autograd recording into one CUDA graph, and the gradients of
     `args[i]` for i in `needs` into a second, sharing one private memory pool (the second reads the
-    activations the first saves). With `targets` (a `.grad` tensor per input in `needs`), the second
-    adds the gradients into them (`accumulating`) and the regular backward is left for later: its
-    gradient buffers, a copy of every weight, are then not held while the accumulating one serves.
+    activations the first saves).
 
     One forward and backward run first on the capture's stream, as make_graphed_callables does:
     what a first call does once (a cuBLAS workspace for the stream, the autograd device thread's
@@ -142,25 +114,11 @@ def cuda_capture_train(fn: Callable[..., Any], args: Sequence[Any], needs: Seque
     current device is."""
     device = next(x.device for x in args if isinstance(x, torch.Tensor) and x.is_cuda)
     with torch.cuda.device(device):
-        return _capture_train_here(fn, args, needs, written, targets)
-
-
-def reachable(roots: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor]) -> list[bool]:
-    """Whether the gradient of each of `leaves` flows from `roots` (autograd.grad's allow_unused
-    None otherwise), from the autograd graph alone: nothing runs."""
-    seen: set[Any] = set()
-    stack = [r.grad_fn for r in roots if r.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        stack.extend(n for n, _ in node.next_functions if n is not None and n not in seen)
-    return [get_gradient_edge(leaf).node in seen for leaf in leaves]
+        return _capture_train_here(fn, args, needs, written)
 
 
 def _capture_train_here(fn: Callable[..., Any], args: Sequence[Any], needs: Sequence[int],
-                        written: Sequence[int], targets: Sequence[torch.Tensor] | None) -> TrainCapture:
+                        written: Sequence[int]) -> TrainCapture:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     saved = [(args[i], args[i].detach().clone()) for i in written]
@@ -181,37 +139,19 @@ def _capture_train_here(fn: Callable[..., Any], args: Sequence[Any], needs: Sequ
     tensors = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
     diff = [o for o in tensors if o.requires_grad]
     grad_outputs = [torch.empty_like(o) for o in diff]
+    bwd = torch.cuda.CUDAGraph()
     leaves = [args[i] for i in needs]
+    with torch.cuda.graph(bwd, pool=fwd.pool(), stream=stream):
+        # retained: the accumulating backward is captured from the same autograd graph later, and
+        # the activations it saves stay allocated in the pool, so no later capture into the pool
+        # can put its temporaries where a forward replay writes them
+        grads = torch.autograd.grad(diff, leaves, grad_outputs, allow_unused=True, retain_graph=True)
     device = torch.cuda.current_device()
-    # Every backward below runs on the autograd graph of the forward's capture, which is retained:
-    # the activations it saves stay allocated in the pool, so no later capture into the pool can
-    # put its temporaries where a forward replay writes them. The versions its saved tensors were
-    # checked against are put back while one runs: by then the optimizer has updated the
-    # parameters in place and each replay has copied into the input buffers, which autograd's
-    # check would refuse (replays read the memory, not versions).
+    # the versions the saved tensors were checked against: by the time the accumulating backward is
+    # captured, the optimizer has updated the parameters in place and each replay has copied into
+    # the input buffers, which autograd's check would refuse (replays read the memory, not versions)
     inputs = [x for x in args if isinstance(x, torch.Tensor)]
     versions = [x._version for x in inputs]
-
-    def regular() -> tuple[Callable[[], None], list[torch.Tensor | None]]:
-        graph = torch.cuda.CUDAGraph()
-        now = [x._version for x in inputs]
-        with torch.cuda.device(device):
-            try:
-                _set_versions(inputs, versions)
-                with torch.cuda.graph(graph, pool=fwd.pool(), stream=stream):
-                    got = torch.autograd.grad(diff, leaves, grad_outputs, allow_unused=True, retain_graph=True)
-            finally:
-                _set_versions(inputs, now)
-        return graph.replay, list(got)
-
-    def run_now() -> list[torch.Tensor | None]:
-        now = [x._version for x in inputs]
-        with torch.cuda.device(device):
-            try:
-                _set_versions(inputs, versions)
-                return list(torch.autograd.grad(diff, leaves, grad_outputs, allow_unused=True, retain_graph=True))
-            finally:
-                _set_versions(inputs, now)
 
     def accumulating(targets: Sequence[torch.Tensor | None]) -> Callable[[], None]:
         """The backward as a third graph in the pool, run by `backward(inputs=...)` on the captured
@@ -232,18 +172,9 @@ def _capture_train_here(fn: Callable[..., Any], args: Sequence[Any], needs: Sequ
                     leaf.grad = None
         return graph.replay
 
-    used = reachable(diff, leaves)
-    first = None
-    backward: Callable[[], None] | None = None
-    grads: list[torch.Tensor | None] | None = None
-    if targets is None:
-        backward, grads = regular()
-    else:
-        first = accumulating([t if u else None for t, u in zip(targets, used, strict=True)])
     detached = pytree.tree_map(lambda o: o.detach() if isinstance(o, torch.Tensor) else o, out)
-    return TrainCapture(fwd.replay, backward, detached, [o.requires_grad for o in tensors], grad_outputs,
-                        grads, accumulating=accumulating, used=used, first_accumulating=first, regular=regular,
-                        run_now=run_now)
+    return TrainCapture(fwd.replay, bwd.replay, detached, [o.requires_grad for o in tensors], grad_outputs,
+                        list(grads), accumulating=accumulating)
 
 
 def _set_versions(tensors: Sequence[torch.Tensor], versions: Sequence[int]) -> None:
@@ -252,8 +183,7 @@ def _set_versions(tensors: Sequence[torch.Tensor], versions: Sequence[int]) -> N
         torch._C._autograd._unsafe_set_version_counter(tuple(tensors), tuple(versions))
 
 
-CaptureTrain = Callable[[Callable[..., Any], Sequence[Any], Sequence[int], Sequence[int],
-                         Sequence[torch.Tensor] | None], TrainCapture]
+CaptureTrain = Callable[[Callable[..., Any], Sequence[Any], Sequence[int], Sequence[int]], TrainCapture]
 
 
 class _Token:
@@ -289,19 +219,17 @@ class _Call:
 
     def __init__(self, owner: TrainGraph, cap: TrainCapture, token: _Token, outputs: list[torch.Tensor],
                  differentiable: list[bool], params: list[torch.nn.Parameter | None]) -> None:
-        # weakly: once the graph is captured again (_record_again), the old capture's memory goes,
-        # even while the caller still holds an earlier step's loss
-        self.owner, self._cap, self.token = owner, weakref.ref(cap), token
+        self.owner, self.cap, self.token = owner, cap, token
         self.outputs, self.differentiable, self.params = outputs, differentiable, params
 
     def backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        owner, cap = self.owner, self._cap()
+        owner, cap = self.owner, self.cap
         if torch.is_grad_enabled():
             raise RuntimeError(
                 "solforge: a backward with create_graph=True (a double backward) went through a training "
                 "call replayed from a CUDA graph, whose gradients carry no graph of their own. Optimize "
                 "with cuda_graphs=False, or set SOLFORGE_TRAIN_GRAPHS=0, for this training loop.")
-        if cap is None or cap.generation != self.token.generation:
+        if cap.generation != self.token.generation:
             raise RuntimeError(
                 "solforge: this backward reads activations that a later call of the same CUDA-graphed "
                 "training graph has overwritten (a second backward with retain_graph=True after another "
@@ -317,7 +245,7 @@ class _Call:
             elif g.data_ptr() != buf.data_ptr():
                 buf.copy_(g)
         # every input a parameter whose .grad may be added to here: where they are
-        targets = self._targets(cap)
+        targets = self._targets()
         where = None if targets is None else tuple(0 if t is None else t.data_ptr() for t in targets)
         acc = owner._acc
         if where is not None and acc is not None and acc[0] is cap and acc[1] == where:
@@ -327,22 +255,13 @@ class _Call:
             owner.accumulated += 1
             return [None] * len(self.params)
         owner._grads_at(where)
-        if cap.backward is None:
-            owner._want_regular = True
-        if cap.backward is not None:
-            cap.backward()
-            computed, fresh = cap.grads, False
-            owner.backward_replays += 1
-        else:  # the capture added into other .grad tensors, and the regular one is not captured yet
-            assert cap.run_now is not None
-            computed, fresh = cap.run_now(), True
-            owner.run_now += 1
-        assert computed is not None
+        cap.backward()
         self.token.backwarded = True
+        owner.backward_replays += 1
         out: list[torch.Tensor | None] = []
         add_to: list[torch.Tensor] = []
         add_from: list[torch.Tensor] = []
-        for x, g in zip(self.params, computed, strict=True):
+        for x, g in zip(self.params, cap.grads, strict=True):
             if g is None:
                 out.append(None)
             elif x is not None and accumulates_in_place(x, g.dtype):
@@ -350,21 +269,21 @@ class _Call:
                 add_from.append(g)
                 out.append(None)
             else:
-                out.append(g if fresh else g.clone())
+                out.append(g.clone())
         if add_to:
             torch._foreach_add_(add_to, add_from)
         return out
 
-    def _targets(self, cap: TrainCapture) -> list[torch.Tensor | None] | None:
+    def _targets(self) -> list[torch.Tensor | None] | None:
         """The `.grad` of each input, where every input is a parameter and each one with a gradient
         may have it added to its `.grad` in place now (linears.accumulates_in_place); else None."""
         targets: list[torch.Tensor | None] = []
-        for x, used in zip(self.params, cap.inputs_used(), strict=True):
+        for x, g in zip(self.params, self.cap.grads, strict=True):
             if x is None:
                 return None
-            if not used:
+            if g is None:
                 targets.append(None)
-            elif accumulates_in_place(x, x.dtype):  # a leaf's gradient has the leaf's dtype
+            elif accumulates_in_place(x, g.dtype):
                 targets.append(x.grad)
             else:
                 return None
@@ -407,9 +326,6 @@ class TrainGraph:
         self._grads_seen: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None)
         self.accumulating_captures = 0
         self.accumulated = 0  # backwards replayed into .grad itself
-        self.run_now = 0  # backwards run without a graph: the regular one was not captured yet
-        self._want_regular = False  # a backward needed the regular one: capture it before the next replay
-        self.regular_declined: str | None = None  # its capture failed: backwards run without a graph
         self.accumulating_declined: str | None = None
 
     def __call__(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int],
@@ -440,9 +356,7 @@ class TrainGraph:
             self.eager_while_pending += 1
             return self.gm(*args)
         if self._cap is not None and key == self._key:
-            self._accumulate_from_now(args, key, inplace, written)
-            if self._cap is None:  # captured again, and failed both ways
-                return self.gm(*args)
+            self._accumulate_from_now(args)
             return self._replay(args)
         if key != self._last_key and self._served < 2:
             self._last_key = key
@@ -473,21 +387,12 @@ class TrainGraph:
     def _grads_at(self, where: tuple[int, ...] | None) -> None:
         self._grads_seen = (self._grads_seen[1], where)
 
-    def _accumulate_from_now(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int],
-                             written: Sequence[int]) -> None:
+    def _accumulate_from_now(self, args: Sequence[Any]) -> None:
         """Before a forward replay: capture the accumulating backward for the `.grad` tensors the
         last two backwards found at the same addresses (gradient accumulation, BASELINES.md's step,
         zero_grad(set_to_none=False)) and still find there. Tensors that keep moving get no more
-        than MAX_ACCUMULATING captures. A capture that holds the regular backward is made again
-        instead, without it (module doc, 4)."""
+        than MAX_ACCUMULATING captures."""
         cap = self._cap
-        if cap is not None and cap.backward is None and self._want_regular and self.regular_declined is None:
-            assert cap.regular is not None
-            try:
-                cap.backward, cap.grads = cap.regular()
-            except Exception as e:  # noqa: BLE001 - backwards then run without a graph
-                self.regular_declined = f"capture failed: {type(e).__name__}: {str(e)[:200]}"
-                self._reset()
         before, last = self._grads_seen
         if (not ACCUMULATE or cap is None or cap.accumulating is None or last is None or before != last
                 or self.accumulating_declined is not None
@@ -499,14 +404,6 @@ class TrainGraph:
         if self.accumulating_captures >= MAX_ACCUMULATING:
             self.accumulating_declined = f"the .grad tensors moved after {MAX_ACCUMULATING} captures"
             return
-        if cap.backward is not None:
-            # the regular backward's buffers (a gradient per weight) would stay idle in the pool:
-            # capture again, with the accumulating backward only (the regular one when needed)
-            del cap
-            if self._record_again(args, key, inplace, written):
-                return
-            cap = self._cap
-            assert cap is not None
         self._acc = None
         try:
             replay = cap.accumulating(targets)
@@ -517,49 +414,14 @@ class TrainGraph:
         self._acc = (cap, last, replay)
         self.accumulating_captures += 1
 
-    def _record_again(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int],
-                      written: Sequence[int]) -> bool:
-        """The capture made again with the accumulating backward for the `.grad` tensors there now.
-        The old one's memory is returned to the device first (backwards refer to their capture
-        weakly), so that the two pools are never held together. Something else still holding the
-        old capture leaves it in place: False, and the accumulating backward goes into its pool.
-        If the new capture fails, the graph is captured the regular way again."""
-        assert self._cap is not None
-        old = weakref.ref(self._cap)
-        kept = (self._cap, self._acc, self._outs)
-        self._cap, self._acc, self._outs = None, None, []  # the outputs are the pool's tensors
-        del kept
-        if old() is not None:
-            gc.collect()
-        if old() is not None:
-            self._cap, self._outs = old(), [("owned", o) if isinstance(o, torch.Tensor) else ("value", o)
-                                              for o in pytree.tree_leaves(old().outputs)]  # type: ignore[union-attr]
-            return False
-        if self._capture is cuda_capture_train:
-            torch.cuda.empty_cache()
-        try:
-            self._record(args, key, inplace, written, accumulate=True)
-            return True
-        except Exception as e:  # noqa: BLE001 - the regular way, as before
-            self._cap = None
-            self.accumulating_declined = f"capture failed: {type(e).__name__}: {str(e)[:200]}"
-            self._reset()
-        try:
-            self._record(args, key, inplace, written)
-        except Exception as e:  # noqa: BLE001 - the graph runs as it is from now on
-            self._cap = None
-            self.declined = f"training capture failed: {type(e).__name__}: {str(e)[:200]}"
-            self._reset()
-        return True
-
     def _pending_backward(self) -> bool:
         token = self._pending() if self._pending is not None else None
         return token is not None and not token.backwarded
 
     def _record(self, args: Sequence[Any], key: tuple[Any, ...], inplace: Sequence[int],
-                written: Sequence[int], accumulate: bool = False) -> None:
+                written: Sequence[int]) -> None:
         # the previous capture's memory goes first (a call still holding it keeps it)
-        self._cap, self._acc, self._grads_seen, self._want_regular = None, None, (None, None), False
+        self._cap, self._acc, self._grads_seen = None, None, (None, None)
         keep = set(inplace)
         needs = [i for i, x in enumerate(args) if isinstance(x, torch.Tensor) and x.requires_grad]
         for i in needs:
@@ -581,14 +443,7 @@ class TrainGraph:
                 # caller's last loss holds it), bound to the stream of that step, and a backward
                 # captured through it waits on that stream, which ends the capture
                 static[i] = args[i].detach().requires_grad_(True)
-        # .grad tensors the last two backwards found (_accumulate_from_now): the capture adds into
-        # them, and the regular backward waits until a backward needs it
-        targets = None
-        if accumulate and all(isinstance(args[i], torch.nn.Parameter) and grad_takes_adds(args[i], args[i].dtype)
-                              for i in needs):
-            targets = [args[i].grad for i in needs]
-        cap = self._capture(self.gm, static, needs, [i for i in written if isinstance(args[i], torch.Tensor)],
-                            targets)
+        cap = self._capture(self.gm, static, needs, [i for i in written if isinstance(args[i], torch.Tensor)])
         leaves, spec = pytree.tree_flatten(cap.outputs)
         storages = {x.untyped_storage().data_ptr(): i for i, x in enumerate(static) if isinstance(x, torch.Tensor)}
         outs: list[tuple[str, Any]] = []
@@ -614,13 +469,6 @@ class TrainGraph:
         self._outs, self._out_spec, self._differentiable = outs, spec, differentiable
         self.captures += 1
         self._served = 0
-        self._want_regular = False
-        if cap.first_accumulating is not None:
-            assert targets is not None
-            used = cap.inputs_used()
-            where = tuple(t.data_ptr() if u and t is not None else 0 for t, u in zip(targets, used, strict=True))
-            self._acc = (cap, where, cap.first_accumulating)
-            self.accumulating_captures += 1
 
     def _replay(self, args: Sequence[Any]) -> Any:
         cap = self._cap
@@ -664,8 +512,6 @@ class TrainGraph:
                        if self.accumulated else "")
                     + (f", accumulating backward not used: {self.accumulating_declined}"
                        if self.accumulating_declined else "")
-                    + (f", {self.run_now} backward(s) run without a graph" if self.run_now else "")
-                    + (f" (regular backward: {self.regular_declined})" if self.regular_declined else "")
                     + (f", {self.eager_while_pending} call(s) run as they are while a backward was due"
                        if self.eager_while_pending else ""))
         return f"training: {self.calls} call(s), not captured yet"

@@ -33,8 +33,7 @@ def _graph() -> torch.fx.GraphModule:
                        torch.zeros((), dtype=torch.long))
 
 
-def fake_capture_train(fn: Any, args: list[Any], needs: list[int], written: list[int],
-                       targets: list[torch.Tensor] | None = None) -> TrainCapture:
+def fake_capture_train(fn: Any, args: list[Any], needs: list[int], written: list[int]) -> TrainCapture:
     snapshot = [(x, x.detach().clone()) for x in args if isinstance(x, torch.Tensor)]
     with torch.enable_grad():
         out = fn(*args)
@@ -81,17 +80,9 @@ def fake_capture_train(fn: Any, args: list[Any], needs: list[int], written: list
         accumulating_made.append(targets)
         return replay
 
-    def run_now() -> list[torch.Tensor | None]:
-        new_diff = [n for n in pytree.tree_leaves(last["out"]) if isinstance(n, torch.Tensor) and n.requires_grad]
-        return list(torch.autograd.grad(new_diff, [args[i] for i in needs], grad_outputs, allow_unused=True,
-                                        retain_graph=True))
-
-    used = [g is not None for g in probe]
     detached = pytree.tree_map(lambda o: o.detach() if isinstance(o, torch.Tensor) else o, out)
-    first = None if targets is None else accumulating([t if u else None for t, u in zip(targets, used, strict=True)])
-    return TrainCapture(forward, backward if first is None else None, detached, [o.requires_grad for o in tensors],
-                        grad_outputs, grads if first is None else None, accumulating=accumulating, used=used,
-                        first_accumulating=first, regular=lambda: (backward, grads), run_now=run_now)
+    return TrainCapture(forward, backward, detached, [o.requires_grad for o in tensors], grad_outputs, grads,
+                        accumulating=accumulating)
 
 
 accumulating_made: list[Any] = []  # the targets of each accumulating backward the stand-in captured
@@ -154,64 +145,17 @@ def test_training_calls_replay_with_the_graphs_gradients(zero: bool, x_grad: boo
     t = step.training
     assert t is not None and t.declined is None, step.summary()
     # call 1 runs as it is, call 2 is timed, call 3 is captured and replayed, then replays
-    accumulating = not zero and not x_grad
-    assert (t.calls, t.captures - accumulating, t.replays, t.backward_replays) == (7, 1, 5, 5), t.summary()
+    assert (t.calls, t.captures, t.replays, t.backward_replays) == (7, 1, 5, 5), t.summary()
     # with .grad kept and every input a parameter, backwards 3 and 4 found the .grad tensors at the
-    # same addresses: call 5 captured the graph again, with the accumulating backward and without
-    # the regular one, and backwards 5 to 7 replayed it
-    assert t.accumulated == (3 if accumulating else 0), t.summary()
-    assert t.accumulating_captures == (1 if accumulating else 0) and t.run_now == 0
-    assert (t._cap.backward is None) == accumulating  # type: ignore[union-attr]
+    # same addresses: call 5 captured the accumulating backward, and backwards 5 to 7 replayed it
+    assert t.accumulated == (3 if not zero and not x_grad else 0), t.summary()
+    assert t.accumulating_captures == (1 if not zero and not x_grad else 0)
     assert torch.equal(got[0], exp[0]) and int(got[0]) == 7  # the written buffer: once a call
     for i, (a, b) in enumerate(zip(got_losses, exp_losses, strict=True)):
         assert torch.equal(a, b), i
     for i, (a, b) in enumerate(zip(got[1:], exp[1:], strict=True)):
         for j, (ga, gb) in enumerate(zip(a, b, strict=True)):
             torch.testing.assert_close(ga, gb, rtol=1e-6, atol=1e-6, msg=f"step {i} grad {j}")
-
-
-def test_capturing_again_for_the_accumulating_backward_lets_the_old_capture_go() -> None:
-    """Call 5 captures the graph again (backwards 3 and 4 found .grad in place): the first capture
-    is freed though the caller still holds call 4's loss, whose second backward then raises."""
-    import weakref
-
-    gm = _graph()
-    step = _wrapped(gm)
-    params = _params()
-    count = torch.zeros((), dtype=torch.long)
-    loss = None
-    first = None
-    for i in range(5):
-        loss = _loss(step(_x(i), *params, count))
-        loss.backward(retain_graph=True)
-        t = step.training
-        if i == 3:
-            assert t is not None and t._cap is not None
-            first = weakref.ref(t._cap)
-            held = loss  # the caller keeps call 4's loss
-    assert first is not None and first() is None, "the first capture is still alive"
-    assert step.training is not None and step.training.captures == 2 and step.training.accumulated == 1
-    with pytest.raises(RuntimeError, match="overwritten"):
-        held.backward()
-    del loss
-
-
-def test_an_old_capture_someone_still_holds_gets_the_accumulating_backward_in_its_pool() -> None:
-    gm = _graph()
-    step = _wrapped(gm)
-    params, ref = _params(), _params()
-    count, ref_count = torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long)
-    holder = []
-    for i in range(7):
-        _loss(step(_x(i), *params, count)).backward()
-        _loss(gm(_x(i), *ref, ref_count)).backward()
-        if i == 2:
-            holder.append(step.training._cap)  # type: ignore[union-attr]  # (a debugger, say)
-        for p, r in zip(params, ref, strict=True):
-            torch.testing.assert_close(p.grad, r.grad, rtol=1e-6, atol=1e-6, msg=f"step {i}")
-    t = step.training
-    assert t is not None and t._cap is holder[0] and t.captures == 1, t.summary()
-    assert (t.accumulating_captures, t.accumulated) == (1, 3), t.summary()
 
 
 def test_the_accumulating_backward_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -245,13 +189,11 @@ def test_grad_tensors_that_move_get_the_regular_backward_then_a_capture_of_their
         for p, r in zip(params, ref, strict=True):
             torch.testing.assert_close(p.grad, r.grad, rtol=1e-6, atol=1e-6, msg=f"step {i}")
     assert t is not None
-    # backwards 3 and 4 (regular) found the first .grad tensors: call 5 captured the graph again
-    # with the accumulating backward, which backwards 5 and 6 replayed; backward 7 found new ones
-    # and no regular backward, so it ran without a graph; the regular one was captured into the
-    # pool before call 8, and replayed by backward 8; backwards 7 and 8 found the new tensors, so
-    # call 9 captured the graph again for them, and backwards 9 and 10 replayed that
-    assert (t.captures, t.accumulating_captures, t.accumulated, t.run_now) == (3, 2, 4, 1), t.summary()
-    assert "4 backward(s) adding into .grad in place, 1 backward(s) run without a graph" in t.summary()
+    # backwards 5 and 6 added into the first .grad tensors; the moved ones were found by backwards
+    # 7 and 8 (the regular one), the accumulating one was captured for them before call 9, and
+    # backwards 9 and 10 added into them
+    assert (t.accumulating_captures, t.accumulated) == (2, 4), t.summary()
+    assert "4 backward(s) adding into .grad in place" in t.summary()
 
 
 def test_a_second_call_before_the_backward_runs_as_it_is() -> None:
@@ -416,14 +358,10 @@ def test_an_optimized_models_training_calls_reach_the_replay_through_dynamo() ->
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("grads", ["set-to-none", "accumulated", "moved"])
-def test_an_optimized_small_models_training_steps_replay_on_the_gpu(grads: str) -> None:
+@pytest.mark.parametrize("zero", [True, False], ids=["grad-set-to-none", "grad-accumulated"])
+def test_an_optimized_small_models_training_steps_replay_on_the_gpu(zero: bool) -> None:
     """Many tiny kernels: the training call is launch-bound and replays from CUDA graphs by itself;
-    its losses and gradients are those of the same model with the replays off. `.grad` set to None
-    after each step, kept (accumulated), or kept and replaced by a copy before step 6 (the
-    accumulating backward made with the capture no longer applies: that backward runs without a
-    graph, and the regular one is captured for the next)."""
-    zero = grads == "set-to-none"
+    its losses and gradients are those of the same model with the replays off."""
     from solforge.integrate import integrate
 
     model, ref_model = _mlp().cuda(), _mlp().cuda()
@@ -432,35 +370,26 @@ def test_an_optimized_small_models_training_steps_replay_on_the_gpu(grads: str) 
 
     def steps(f: Any, m: torch.nn.Module) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
         sgd = torch.optim.SGD(m.parameters(), lr=0.01)
-        losses: list[torch.Tensor] = []
-        seen: list[list[torch.Tensor]] = []
+        losses, grads = [], []
         for i in range(8):
             x = torch.full((8, 64), 0.01 * (i + 1), device="cuda")
             loss = f(x).square().mean()
             loss.backward()
             losses.append(loss.detach())
-            seen.append([p.grad.clone() for p in m.parameters()])
+            grads.append([p.grad.clone() for p in m.parameters()])
             sgd.step()
             if zero:
                 sgd.zero_grad(set_to_none=True)
-            if grads == "moved" and i == 4:
-                for p in m.parameters():
-                    p.grad = p.grad.clone()  # type: ignore[union-attr]
-        return losses, seen
+        return losses, grads
 
     got_losses, got = steps(opt, model)
     exp_losses, exp = steps(ref, ref_model)
     (step,) = stats.step_graphs
     t = step.training
-    captures = {"set-to-none": 1, "accumulated": 2, "moved": 3}[grads]  # (the comment below says when)
-    assert t is not None and t.declined is None and t.captures == captures and t.replays == 6, step.summary()
-    assert t.backward_replays + t.run_now == 6
-    # with .grad kept, backwards 3 and 4 found it in place: call 5 captured the graph again, with
-    # the accumulating backward, which backwards 5 to 8 replayed. With it moved before call 6, 6
-    # ran without a graph, 7 replayed the regular one (captured into the pool before call 7), and
-    # call 8 captured the graph again for the new tensors (found by 6 and 7)
-    expected = {"set-to-none": (0, 0), "accumulated": (4, 0), "moved": (2, 1)}[grads]
-    assert (t.accumulated, t.run_now, t.accumulating_declined) == (*expected, None), step.summary()
+    assert t is not None and t.declined is None and t.captures == 1 and t.replays == 6, step.summary()
+    assert t.backward_replays == 6
+    # with .grad kept: backwards 3 and 4 found it in place, so 5 to 8 replayed the accumulating one
+    assert (t.accumulated, t.accumulating_declined) == (0 if zero else 4, None), step.summary()
     for i, (a, b) in enumerate(zip(got_losses, exp_losses, strict=True)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=f"loss {i}")
     for i, (a, b) in enumerate(zip(got, exp, strict=True)):
