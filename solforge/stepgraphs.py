@@ -65,13 +65,13 @@ from solforge.shapes import symbolic_inputs
 
 _DATA_PTR = torch.Tensor.data_ptr
 LAUNCH_BOUND = 0.5  # host enqueue time / GPU time at or above which a graph is worth capturing
-# Replays of a new capture, and runs of the graph between them, timed on the host: a capture is
-# kept only if the fastest replay is quicker than PAY_MARGIN of the fastest run (_judged_replay). A graph of one
-# or two kernels (a piece between graph breaks, a lone norm) can cost less to run than a replay's
-# input copies, launch and output copies. The verdict comes once one is under PAY_CLEAR of the
-# other (a decode step: after one run and two replays), else after PAY_SAMPLES replays. A replay
-# must save at least 1 - PAY_MARGIN of a run's host time: it also adds its copies' kernels to the
-# GPU's work, and its capture holds a memory pool.
+# Replays of a new capture, and runs of the graph between them, timed on the host
+# (_judged_replay): a capture is kept only if its fastest replay took under PAY_MARGIN of the
+# fastest run's time. A graph of one or two kernels (a piece between graph breaks, a lone norm) can
+# cost less to run than a replay's input copies, launch and output copies, and a replay also adds
+# its copies' kernels to the GPU's work while its capture holds a memory pool. The verdict comes
+# once one is under PAY_CLEAR of the other (a decode step: after one run and two replays), else
+# after PAY_SAMPLES replays.
 PAY_SAMPLES = 16
 PAY_CLEAR = 0.5
 PAY_MARGIN = 0.9

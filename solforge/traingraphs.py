@@ -72,8 +72,8 @@ ACCUMULATE = os.environ.get("SOLFORGE_TRAIN_ACCUMULATE", "1").lower() not in ("0
 # call reads close to 1 (qwen3-tiny's forward on an H100: 4.07 ms of host time for 4.16 ms), a
 # GPU-bound one below (Qwen3-4B's training forward, B1 S4096: 43.76 for 57.06 ms, 0.77)
 TRAIN_BOUND = 0.9
-# captures of the accumulating backward per capture of the graph, before .grad tensors that keep
-# moving (a new .grad each step) are left to the regular backward
+# captures of the accumulating backward a graph gets, in all, before .grad tensors that keep moving
+# (a new .grad each step) are left to the regular backward
 MAX_ACCUMULATING = 4
 # timed calls (the calls after the first) a graph gets to read launch-bound before it is declined:
 # a host-bound forward read 0.85 on its first timing once (qwen3-tiny, session 18)
