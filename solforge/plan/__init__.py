@@ -35,6 +35,14 @@ class Match:
     `output` is then the first of them); a single-output family gives `output` alone. An op that
     returns more items than the region has outputs (cross_entropy's per-row logsumexp, kept only
     for its backward) says how many in `results`; its first len(outputs) items replace the outputs.
+
+    `flatten` > 1: the region normalizes over the last `flatten` dims together (KernelBench's
+    LayerNorm over (features, dim1, dim2), an RMSNorm whose mean takes the last three dims). The op
+    is called with those dims of every tensor argument merged into one (a view where the strides
+    allow, a copy as the kernels' own reshape would make otherwise), and each output is unflattened
+    back, so the family's kernels, backward and workload see the usual (rows, H). The workload
+    must be the flattened one, and the merged dims' sizes plain ints (the outputs' unflatten
+    repeats them).
     """
 
     family: str
@@ -45,6 +53,7 @@ class Match:
     workload: Workload
     outputs: tuple[fx.Node, ...] = ()
     results: int = 0  # items the op returns, when more than the outputs (0: one per output)
+    flatten: int = 1  # trailing dims of every tensor argument merged into one for the op (see above)
 
     def __post_init__(self) -> None:
         if not self.outputs:
@@ -76,6 +85,17 @@ class Match:
             module=module_path(self.outputs[-1]),  # add_rmsnorm: the norm, not the add
             kept=tuple(n.name for n in self.kept),
         )
+
+
+def static_dims(sizes: Sequence[Any]) -> bool:
+    """Every size a plain int (not a SymInt of a graph for many sizes): what `Match.flatten` needs
+    of the dims it merges."""
+    return all(type(d) is int for d in sizes)
+
+
+def flattened(v: torch.Tensor | None, k: int) -> torch.Tensor | None:
+    """The value `v` (a node's fake tensor) as the op sees it under `Match.flatten` = k."""
+    return v.flatten(-k) if v is not None and k > 1 else v
 
 
 @dataclass(frozen=True)
@@ -251,6 +271,7 @@ def region_signature(match: Match) -> str:
 
 
 _META = ("val", "nn_module_stack", "stack_trace")
+aten = torch.ops.aten
 
 
 def late_inputs(node: fx.Node, before: fx.Node, order: Mapping[fx.Node, int]) -> list[fx.Node] | None:
@@ -311,9 +332,15 @@ def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]
         args = tuple(replaced.get(a, a) if isinstance(a, fx.Node) else a for a in m.args)
         order = _hoist(graph, args, first, order)
         with graph.inserting_before(first):
+            if m.flatten > 1:
+                args = tuple(graph.call_function(aten.flatten.using_ints, (a, -m.flatten, -1))
+                             if isinstance(a, fx.Node) else a for a in args)
             new = graph.call_function(m.op, (*args, config))
             items = [graph.call_function(operator.getitem, (new, i)) for i in range(len(m.outputs))] \
                 if m.multi else [new]
+            if m.flatten > 1:  # the normalized dims are plain ints (the matchers check), leading ones any
+                items = [graph.call_function(aten.unflatten.int, (item, -1, list(old.meta["val"].shape[-m.flatten:])))
+                         for item, old in zip(items, m.outputs, strict=True)]
         for item, old in zip(items, m.outputs, strict=True):
             item.meta.update({k: v for k, v in old.meta.items() if k in _META})
             old.replace_all_uses_with(item)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match, late_inputs
+from solforge.plan import Match, flattened, late_inputs
 from solforge.plan import layernorm as _ln
 
 aten = torch.ops.aten
@@ -39,9 +39,11 @@ def match(graph: fx.Graph) -> list[Match]:
         _x, weight, bias, eps, out_dtype = m.args
         if any(p is not None and late_inputs(p, s, order) is None for p in (weight, bias)):
             continue
-        wl = family.workload_for(av, bv, _ln._val(weight), _ln._val(bias), eps, out_dtype)
+        k = m.flatten
+        wl = family.workload_for(flattened(av, k), flattened(bv, k), flattened(_ln._val(weight), k),
+                                 flattened(_ln._val(bias), k), eps, out_dtype)
         if not family.supported(wl):
             continue
         found.append(Match(family.FAMILY, family.add_layernorm_op, s, (a, b, weight, bias, eps, out_dtype),
-                           [s, *m.nodes], wl, outputs=(s, m.output)))
+                           [s, *m.nodes], wl, outputs=(s, m.output), flatten=k))
     return found

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match, late_inputs
+from solforge.plan import Match, flattened, late_inputs
 from solforge.plan import rmsnorm as _rms
 
 aten = torch.ops.aten
@@ -36,9 +36,11 @@ def match(graph: fx.Graph) -> list[Match]:
         _x, weight, eps, out_dtype, rbw = m.args
         if weight is not None and late_inputs(weight, s, order) is None:
             continue
-        wl = family.workload_for(av, bv, _rms._val(weight) if weight is not None else None, eps, out_dtype, rbw)
+        k = m.flatten
+        wl = family.workload_for(flattened(av, k), flattened(bv, k), flattened(_rms._val(weight), k), eps,
+                                 out_dtype, rbw)
         if not family.supported(wl):
             continue
         found.append(Match("add_rmsnorm", family.add_rmsnorm_op, s, (a, b, weight, eps, out_dtype, rbw),
-                           [s, *m.nodes], wl, outputs=(s, m.output)))
+                           [s, *m.nodes], wl, outputs=(s, m.output), flatten=k))
     return found

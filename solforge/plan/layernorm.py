@@ -6,10 +6,11 @@ graph as one op, since LayerNorm is not decomposed there (tests/test_layernorm.p
     out, mean, rstd = native_layer_norm(x, [H], weight?, bias?, eps)    mean/rstd getitems dead
     out = layer_norm(x, [H], weight?, bias?, eps, cudnn_enable)          if a graph keeps the composite
 
-Only normalization over the last dim is matched (normalized_shape of length 1: what transformers'
-LayerNorms use); a graph that needs mean or rstd (a hand-written backward) keeps the ATen op. A
-hand-written LayerNorm (x - x.mean(-1)) / sqrt(var + eps) is not matched: none of the supported
-architectures writes one.
+Normalization over the last dim (normalized_shape of length 1: what transformers' LayerNorms
+use) and over several trailing dims (KernelBench's `nn.LayerNorm((features, dim1, dim2))`: those
+dims are merged into one for the kernel, `Match.flatten`) is matched; a graph that needs mean or
+rstd (a hand-written backward) keeps the ATen op. A hand-written LayerNorm
+(x - x.mean(-1)) / sqrt(var + eps) is not matched: none of the supported architectures writes one.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match
+from solforge.plan import Match, flattened, static_dims
 
 aten = torch.ops.aten
 
@@ -32,12 +33,13 @@ def _val(node: Any) -> torch.Tensor | None:
     return v if isinstance(v, torch.Tensor) else None
 
 
-def _param(node: Any, H: int) -> tuple[bool, torch.Tensor | None]:
-    """(acceptable, value) for a weight/bias argument: absent, or an (H,) tensor of a kernel dtype."""
+def _param(node: Any, dims: tuple[int, ...]) -> tuple[bool, torch.Tensor | None]:
+    """(acceptable, value) for a weight/bias argument: absent, or a tensor of the normalized shape
+    and a kernel dtype (its value as the op sees it: flattened to (H,))."""
     if node is None:
         return True, None
     v = _val(node)
-    return (v is not None and tuple(v.shape) == (H,) and v.dtype in _SUPPORTED), v
+    return (v is not None and tuple(v.shape) == dims and v.dtype in _SUPPORTED), flattened(v, len(dims))
 
 
 def _match_node(node: fx.Node) -> Match | None:
@@ -48,12 +50,15 @@ def _match_node(node: fx.Node) -> Match | None:
     x, shape = args.get("input"), args.get("normalized_shape")
     weight, bias, eps = args.get("weight"), args.get("bias"), args.get("eps", 1e-5)
     xv = _val(x)
-    if xv is None or xv.dtype not in _SUPPORTED or xv.dim() < 1 or shape is None or len(shape) != 1:
+    if xv is None or xv.dtype not in _SUPPORTED or shape is None or not 1 <= len(shape) <= xv.dim():
         return None
-    H = int(xv.shape[-1])
-    if int(shape[0]) != H or H == 0:
+    k = len(shape)
+    dims = tuple(xv.shape[-k:])
+    if k > 1 and not (static_dims(dims) and static_dims(shape)):  # merged dims: plain sizes only
         return None
-    (wok, wv), (bok, bv) = _param(weight, H), _param(bias, H)
+    if k == 1 and int(shape[0]) != int(xv.shape[-1]) or k > 1 and tuple(shape) != dims or 0 in dims:
+        return None
+    (wok, wv), (bok, bv) = _param(weight, dims), _param(bias, dims)
     if not (wok and bok) or not isinstance(eps, int | float):
         return None
     if node.target == aten.native_layer_norm.default:
@@ -67,10 +72,11 @@ def _match_node(node: fx.Node) -> Match | None:
     ov = _val(out)
     if ov is None or ov.dtype not in _SUPPORTED or tuple(ov.shape) != tuple(xv.shape):
         return None
-    workload = family.workload_for(xv, wv, bv, float(eps), out_dtype=ov.dtype)
+    workload = family.workload_for(flattened(xv, k), wv, bv, float(eps), out_dtype=ov.dtype)
     if not family.supported(workload):
         return None
-    return Match(family.FAMILY, family.layernorm_op, out, (x, weight, bias, float(eps), ov.dtype), nodes, workload)
+    return Match(family.FAMILY, family.layernorm_op, out, (x, weight, bias, float(eps), ov.dtype), nodes, workload,
+                 flatten=k)
 
 
 def match(graph: fx.Graph) -> list[Match]:

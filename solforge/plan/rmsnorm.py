@@ -5,12 +5,12 @@ to it, or to the fused ATen op handled at the end):
 
     xf = x.to(float32)                      optional upcast
     s  = pow(xf, 2) | mul(xf, xf)
-    m  = mean(s, [last dim], keepdim=True)
+    m  = mean(s, [last dim], keepdim=True)  or the last k dims (merged for the kernel: Match.flatten)
     a  = add(m, eps)                        add / add_ with a Python number
     r  = rsqrt(a)                           or reciprocal(sqrt(a)), pow(a, -0.5)
     y  = mul(xf, r)                         or div(xf, sqrt(a))
     then optionally: cast to x.dtype (rounds before the weight, as HF does), mul by a weight of
-    size H, a final downcast.
+    the normalized shape, a final downcast.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match
+from solforge.plan import Match, flattened, static_dims
 
 aten = torch.ops.aten
 
@@ -111,11 +111,16 @@ def _match_chain(mean: fx.Node) -> Match | None:
     xv = _val(xf)
     if xv is None or not xv.dtype.is_floating_point or xv.dim() < 1 or xv.shape[-1] == 0:
         return None
-    H = int(xv.shape[-1])
     dims = mean.args[1] if len(mean.args) > 1 else mean.kwargs.get("dim")
     keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
-    if not keepdim or list(dims or []) not in ([-1], [xv.dim() - 1]) or mean.kwargs.get("dtype") is not None:
+    nd = xv.dim()
+    if not keepdim or not dims or mean.kwargs.get("dtype") is not None \
+            or len({d % nd for d in dims}) != len(dims):
         return None
+    k = len(dims)  # the mean must take the last k dims (several: merged into one row for the kernel)
+    if sorted(d % nd for d in dims) != list(range(nd - k, nd)) or k > 1 and not static_dims(xv.shape[-k:]):
+        return None
+    norm_shape = tuple(xv.shape[-k:])
     # the square, the mean, + eps and 1/sqrt may have readers outside the norm too (a model returning
     # its variance): they are inner nodes the region keeps if plan/sharing.py allows it
     for a in mean.users:
@@ -148,7 +153,7 @@ def _match_chain(mean: fx.Node) -> Match | None:
     if nxt is not None and nxt.target in _MULS:
         w = nxt.args[1] if nxt.args[0] is tail else nxt.args[0] if nxt.args[1] is tail else None
         wv = _val(w)
-        if wv is not None and tuple(wv.shape) == (H,) and wv.dtype.is_floating_point \
+        if wv is not None and tuple(wv.shape) == norm_shape and wv.dtype.is_floating_point \
                 and tuple(_val(nxt).shape) == tuple(xv.shape):  # type: ignore[union-attr]
             tail, weight = nxt, w
             nodes.append(nxt)
@@ -160,10 +165,10 @@ def _match_chain(mean: fx.Node) -> Match | None:
     if round_before_weight and weight is None:
         round_before_weight = False  # a lone cast back is just the output dtype
     out_dtype = _val(tail).dtype  # type: ignore[union-attr]
-    workload = family.workload_for(_val(x), _val(weight) if weight is not None else None, eps,
+    workload = family.workload_for(flattened(_val(x), k), flattened(_val(weight), k), eps,
                                    out_dtype=out_dtype, round_before_weight=round_before_weight)
     return Match("rmsnorm", family.rmsnorm_op.default, tail,
-                 (x, weight, eps, out_dtype, round_before_weight), nodes, workload)
+                 (x, weight, eps, out_dtype, round_before_weight), nodes, workload, flatten=k)
 
 
 def _match_fused(node: fx.Node) -> Match | None:
@@ -175,7 +180,11 @@ def _match_fused(node: fx.Node) -> Match | None:
     eps = node.kwargs.get("eps", eps)
     weight = node.kwargs.get("weight", weight)
     xv = _val(x)
-    if xv is None or len(shape) != 1 or int(shape[0]) != int(xv.shape[-1]):
+    k = len(shape) if xv is not None else 0
+    if k == 0 or k > xv.dim() or k == 1 and int(shape[0]) != int(xv.shape[-1]):  # type: ignore[union-attr]
+        return None
+    norm_shape = tuple(xv.shape[-k:])  # type: ignore[union-attr]
+    if k > 1 and not (static_dims(norm_shape) and static_dims(shape) and tuple(shape) == norm_shape):
         return None
     if node.target == aten._fused_rms_norm.default:
         # (out, rstd): the rstd getitem may exist but must be dead (inference)
@@ -189,12 +198,13 @@ def _match_fused(node: fx.Node) -> Match | None:
     if eps is None:  # PyTorch's default: the eps of the compute dtype (fp32 for half types)
         eps = torch.finfo(torch.float32 if xv.dtype in (torch.bfloat16, torch.float16) else xv.dtype).eps
     wv = _val(weight)
-    if weight is not None and (wv is None or tuple(wv.shape) != (int(xv.shape[-1]),)):
+    if weight is not None and (wv is None or tuple(wv.shape) != tuple(int(d) for d in norm_shape)):
         return None
     out_dtype = _val(out).dtype  # type: ignore[union-attr]
-    workload = family.workload_for(xv, wv, float(eps), out_dtype=out_dtype, round_before_weight=False)
+    workload = family.workload_for(flattened(xv, k), flattened(wv, k), float(eps), out_dtype=out_dtype,
+                                   round_before_weight=False)
     return Match("rmsnorm", family.rmsnorm_op.default, out, (x, weight, float(eps), out_dtype, False), nodes,
-                 workload)
+                 workload, flatten=k)
 
 
 def match(graph: fx.Graph) -> list[Match]:
