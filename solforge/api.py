@@ -123,6 +123,21 @@ def _model_dtype(model: torch.nn.Module, inputs: Sequence[Any]) -> torch.dtype:
     return torch.float32
 
 
+def _check_trainable(model: torch.nn.Module, inputs: Sequence[Any]) -> None:
+    """--mode train differentiates the outputs with respect to the parameters and the inputs that
+    require grad: with neither (a KernelBench operator: no parameters, plain input tensors) there
+    is no backward to optimize or check. Said before any tuning, not after it (validate's loss)."""
+    from solforge.validate import flatten_tensors
+
+    if any(p.requires_grad for p in model.parameters()):
+        return
+    if any(t.requires_grad for _, t in flatten_tensors(tuple(inputs))):
+        return
+    raise UserError("--mode train: the model has no parameter that requires grad and no example input that "
+                    "does, so there is no backward to optimize; use --mode inference (or, from Python, pass "
+                    "inputs with requires_grad=True)")
+
+
 def _baseline(group: _plan.WorkloadGroup, device: str) -> RunResult:
     """Time the region exactly as the model ran it (the extracted ATen subgraph); for a backward
     group, eager autograd's backward of that subgraph."""
@@ -237,6 +252,8 @@ def optimize(
         notes.append("no GPU: kernels ran in Triton's interpreter; every timing here means nothing")
 
     train = mode == "train"
+    if train:
+        _check_trainable(model, example_inputs)
     rep.stage("capture", "torch.compile backend -> ATen graphs")
     model.train(train)
     lowering_cache = _lowering_cache(db)

@@ -120,6 +120,33 @@ def test_bad_input_is_one_clear_line(argv: list[str], message: str, capsys: pyte
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+PARAMETERLESS_FILE = """
+import torch
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5)
+
+def get_inputs():
+    return [torch.randn(2, 8, 4, 4)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_train_mode_without_anything_to_train(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A KernelBench operator (no parameters, plain inputs) in --mode train: said at once, before any
+    tuning, in one line (it was a traceback from the validation, after the tuning)."""
+    f = tmp_path / "op.py"
+    f.write_text(PARAMETERLESS_FILE)
+    rc = main(["optimize", str(f), "--device", DEVICE, "--mode", "train", "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "--mode train" in err and "--mode inference" in err
+    assert not (tmp_path / "o" / "report.json").exists()
+
+
 def test_file_without_model_class(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "nomodel.py"
     f.write_text("def get_inputs():\n    return []\n")
