@@ -1,7 +1,10 @@
-"""Norms over several trailing dims (KernelBench's `nn.LayerNorm((features, dim1, dim2))`, an RMSNorm
-whose mean takes the last three dims): matched, run by the usual kernels with those dims merged into
-one (`plan.Match.flatten`), the outputs given back in their own shape; forward values and training
-gradients against the model's own; reductions that do not end at the last dim are left alone."""
+"""Norms over other dims than the last one alone: over several trailing dims (KernelBench's
+`nn.LayerNorm((features, dim1, dim2))`, an RMSNorm whose mean takes the last three dims), run by the
+usual kernels with those dims merged into one (`plan.merged_dims`), and an RMSNorm over one middle
+dim (KernelBench's over `features`, a channel norm), moved last for the kernels whose rows are
+columns (`plan.moved_dim`, kernels/rmsnorm_cols.py). The outputs come back in their own shape and
+layout; forward values and training gradients are compared with the model's own; other
+reductions are left alone."""
 
 from __future__ import annotations
 
@@ -158,19 +161,102 @@ def test_gradients_through_the_merged_dims(cls: type[nn.Module]) -> None:
         torch.testing.assert_close(g, t.grad, atol=1e-5, rtol=1e-4)
 
 
-class NotTrailing(nn.Module):
-    """Means that do not end at the last dim, or skip one: left as the model wrote them."""
+class KernelBenchFeatures(nn.Module):
+    """KernelBench level 1's RMSNorm as it is: over dim 1 (`features`) of (batch, features, dim1, dim2)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = x / torch.sqrt(torch.mean(x**2, dim=1, keepdim=True) + 1e-5)  # KernelBench's own: features
-        b = x * torch.rsqrt(x.pow(2).mean((-3, -1), keepdim=True) + 1e-6)  # a gap
-        c = x * torch.rsqrt(x.pow(2).mean((1, 2), keepdim=True) + 1e-6)  # not the last
-        return a + b + c
+        return x / torch.sqrt(torch.mean(x**2, dim=1, keepdim=True) + 1e-5)
 
 
-def test_reductions_not_ending_at_the_last_dim_are_left_alone() -> None:
+class ChannelRMS(nn.Module):
+    """Hugging Face's formula over the channels of (B, C, L) or (B, C, H, W), with a weight that
+    broadcasts along them: (C, 1) / (1, C, 1, 1)."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(1, keepdim=True) + 1e-6)
+        return self.weight * xf.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+@pytest.mark.parametrize("case", ["kernelbench", "channels 3-D", "channels 4-D"])
+def test_a_middle_dim_is_moved_last(case: str, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    if case == "kernelbench":
+        m, x, shapes = KernelBenchFeatures(), _inputs(dtype)[0], ((3 * 5 * 6, 4),)
+    elif case == "channels 3-D":
+        m, x, shapes = ChannelRMS((4, 1)), _inputs(dtype)[0].flatten(2), ((3 * 30, 4), (4,))
+    else:
+        m, x, shapes = ChannelRMS((1, 4, 1, 1)), _inputs(dtype)[0], ((3 * 30, 4), (4,))
+    m = m.to(DEVICE, dtype)
+    (wl,) = _families(m, (x,))["rmsnorm"]
+    assert wl.shapes == shapes and wl.param("inner") == x[0, 0].numel()  # rows that are columns
+    opt, stats = integrate(m, {})
+    with torch.no_grad():
+        out, ref = opt(x), m(x)
+    assert stats.total == 1
+    assert out.shape == ref.shape and out.dtype == ref.dtype and out.is_contiguous()
+    c = compare(out, ref)
+    assert c.ok, c.reason
+
+
+class ChannelTrain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = ChannelRMS((4, 1, 1))
+        self.conv = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(self.norm(x)) + KernelBenchFeatures()(x * 2)
+
+
+def test_gradients_through_a_moved_dim() -> None:
+    torch.manual_seed(0)
+    m = ChannelTrain().to(DEVICE).train()
     (x,) = _inputs(FP32)
-    assert _families(NotTrailing(), (x,)) == {}
+    x.requires_grad_()
+    opt, stats = integrate(m, {})
+    opt(x).square().mean().backward()
+    assert stats.total == 2
+    got = {name: p.grad.clone() for name, p in m.named_parameters()}  # type: ignore[union-attr]
+    gx = x.grad.clone()  # type: ignore[union-attr]
+    m.zero_grad()
+    x.grad = None
+    m(x).square().mean().backward()
+    for name, p in m.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
+    torch.testing.assert_close(gx, x.grad, atol=1e-5, rtol=1e-4)
+
+
+class NotOneRow(nn.Module):
+    """Means over several dims that do not end at the last one: left as the model wrote them."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = x * torch.rsqrt(x.pow(2).mean((-3, -1), keepdim=True) + 1e-6)  # a gap
+        c = x * torch.rsqrt(x.pow(2).mean((1, 2), keepdim=True) + 1e-6)  # two middle dims
+        return b + c
+
+
+def test_reductions_that_are_not_one_row_are_left_alone() -> None:
+    (x,) = _inputs(FP32)
+    assert _families(NotOneRow(), (x,)) == {}
+
+
+def test_a_residual_add_before_a_moved_dim_stays_outside() -> None:
+    """add_rmsnorm has no kernels whose rows are columns: the norm is an rmsnorm, the add stays."""
+
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+            h = x + r
+            return h * torch.rsqrt(h.pow(2).mean(1, keepdim=True) + 1e-6) + h
+
+    x, r = _inputs(FP32, 2)
+    assert list(_families(M(), (x, r))) == ["rmsnorm"]
 
 
 def test_fused_rms_norm_over_two_dims_is_rewritten_with_views() -> None:
@@ -193,7 +279,8 @@ def test_fused_rms_norm_over_two_dims_is_rewritten_with_views() -> None:
     g.output(g.call_function(torch.ops.aten.mul.Tensor, (out, 2)))
     gm = torch.fx.GraphModule(nn.Module(), g)
     (m,) = plan.find_matches(gm.graph)
-    assert m.flatten == 2 and m.workload.shapes == ((14, 24), (24,))
+    assert m.out_view is not None and m.out_view[0] is torch.ops.aten.unflatten.int
+    assert m.workload.shapes == ((14, 24), (24,))
     plan.rewrite(gm, [m], [fam.heuristic(m.workload).encode()])
     ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
     assert ops == ["aten.flatten.using_ints", "aten.flatten.using_ints", "solforge.rmsnorm.default",

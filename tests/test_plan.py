@@ -126,10 +126,11 @@ def test_workload_records_what_the_region_computes() -> None:
 
 
 class LookAlikes(nn.Module):
-    """Reductions that are not an RMSNorm over the last dim must be left alone."""
+    """Reductions that are not an RMSNorm must be left alone (an RMSNorm over another dim than the
+    last is one: tests/test_norm_dims.py)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + 1e-6)  # over the first dim
+        a = x * torch.rsqrt(x.pow(2).mean(0) + 1e-6)  # the same numbers, but no keepdim: not matched
         b = x * torch.rsqrt(x.pow(3).mean(-1, keepdim=True) + 1e-6)  # not a square
         c = (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True) + 1e-6)  # layernorm
         y = x + 1

@@ -14,6 +14,7 @@ from solforge.kernels import rmsnorm as R
 from solforge.kernels.rmsnorm import Config, heuristic, is_valid, rmsnorm, rmsnorm_ref, space, workload_for
 from solforge.numerics import compare, tolerance
 from solforge.records import Workload
+from solforge.tune.verify import odd_rows
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 EPS = 1e-6
@@ -293,6 +294,75 @@ def test_custom_op_fake_impl() -> None:
     torch.library.opcheck(torch.ops.solforge.rmsnorm.default,
                           (torch.randn(3, 64, device=DEVICE), None, EPS, FP32, False, ""),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+# ---------------------------------------------------------------------------------------------
+# rows that are columns (kernels/rmsnorm_cols.py): a norm over a middle dim, moved last
+
+
+def _cols_wl(outer: int, H: int, inner: int, dtype: torch.dtype = BF16, weight: bool = True,
+             rbw: bool = False) -> Workload:
+    x = torch.empty(outer, H, inner, dtype=dtype, device="meta").movedim(1, -1)
+    w = torch.empty(H, dtype=dtype, device="meta") if weight else None
+    return dataclasses.replace(workload_for(x, w, EPS, None, rbw), device=DEVICE)
+
+
+@pytest.mark.parametrize("outer,H,inner,dtype,weight,rbw", [
+    (3, 16, 35, FP32, True, False),  # H a power of two, inner ragged
+    (2, 40, 99, BF16, True, True),  # H ragged, HF's rounding
+    (2, 300, 9, BF16, False, False),  # colsloop's chunks, a ragged last chunk
+    (1, 7, 1000, FP16, True, False),
+])
+def test_cols_every_config(outer: int, H: int, inner: int, dtype: torch.dtype, weight: bool, rbw: bool) -> None:
+    wl = _cols_wl(outer, H, inner, dtype, weight, rbw)
+    assert wl.param("inner") == inner and wl.shapes[0] == (outer * inner, H)
+    configs = space(wl)
+    assert configs and is_valid(heuristic(wl), wl)
+    assert {c.variant for c in configs} <= {"cols", "colsloop"}
+    for c in [None, *configs]:
+        _check(wl, c)
+    _check(wl, rows=odd_rows(outer * inner))  # the verifier's odd shape: one outer index, odd inner
+
+
+def test_cols_layout_is_its_own_workload() -> None:
+    """Row kernels are not valid for columns and cols kernels not for rows: a config tuned for one
+    layout is never launched on the other."""
+    rows_wl, cols_wl = _wl(60, 48), _cols_wl(2, 48, 30)
+    assert rows_wl.shapes == cols_wl.shapes and rows_wl.key != cols_wl.key
+    assert all(c.variant in ("cols", "colsloop") for c in space(cols_wl))
+    assert not any(is_valid(c, rows_wl) for c in space(cols_wl))
+    assert not any(is_valid(c, cols_wl) for c in space(rows_wl))
+    x = torch.randn(2, 48, 30, device=DEVICE).movedim(1, -1)
+    with pytest.raises(ValueError, match="not valid"):
+        rmsnorm(x, None, EPS, config=heuristic(rows_wl))
+
+
+def test_cols_output_layout_and_out_argument() -> None:
+    """y has x's strides (the moved-back output is contiguous, as eager's); an `out` of other strides
+    is filled too; a strided x that is not such a view takes the row kernels on a copy."""
+    torch.manual_seed(0)
+    x0 = torch.randn(2, 24, 5, 6, device=DEVICE)
+    w = 1 + 0.1 * torch.randn(24, device=DEVICE)
+    x = x0.movedim(1, -1)
+    ref = rmsnorm_ref(x, w, EPS)
+    y = rmsnorm(x, w, EPS)
+    assert y.stride() == x.stride() and y.movedim(-1, 1).is_contiguous()
+    assert compare(y, ref).ok
+    out = torch.full(x.shape, float("nan"), device=DEVICE)  # contiguous: not x's strides
+    assert rmsnorm(x, w, EPS, out=out) is out and compare(out, ref).ok
+    xs = torch.randn(2, 24, 5, 12, device=DEVICE)[..., ::2].movedim(1, -1)  # not dense: no columns layout
+    assert R._cols.cols_inner(xs) == 0
+    assert compare(rmsnorm(xs, w, EPS), rmsnorm_ref(xs, w, EPS)).ok
+
+
+def test_cols_workload_verifies_and_its_backward_is_the_rows_one() -> None:
+    from solforge.tune import candidates, measure
+
+    wl = _cols_wl(2, 40, 17)
+    rec = measure(R, candidates(R, wl)[0], device=DEVICE)
+    assert rec.ok, rec.error
+    bwd = R.backward_workload(wl)
+    assert bwd is not None and bwd.param("inner") is None and bwd.shapes == wl.shapes
 
 
 # ---------------------------------------------------------------------------------------------

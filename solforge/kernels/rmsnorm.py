@@ -12,6 +12,9 @@ Variants (all read x once and write y once; RMSNorm is purely memory bound):
            (1M x 128 q/k norm) where one program per tile would mean ~10^5 tiny programs.
   loop     one row per program in chunks, two passes (the second re-reads x from L2): for rows too
            long to keep in registers without spilling.
+  cols, colsloop  (kernels/rmsnorm_cols.py) rows that are columns of an (outer, H, inner) array: a
+           norm over a middle dim (KernelBench's over `features`) moved last with a view. Their
+           workloads carry `inner`, and only these two variants are valid for them.
 The tile variants can split a row that is not a power of two into a power-of-two main block plus a
 power-of-two tail (2560 = 2048 + 512) so no lanes are wasted on masked columns.
 """
@@ -26,6 +29,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text, direct
+from solforge.kernels import rmsnorm_cols as _cols
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
@@ -332,6 +336,10 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, out_dty
                    f"{tuple(out.shape)}, {out.dtype}, {out.device}")
     if x.numel() == 0:
         return torch.empty(shape, dtype=out_dtype, device=device) if out is None else out
+    if x.stride(-1) != 1 and nd > 1:
+        inner = _cols.cols_inner(x)
+        if inner:
+            return _rmsnorm_cols(x, weight, eps, out_dtype, round_before_weight, config, out, inner)
 
     # Reshape only copies when the rows cannot be addressed through one row stride; a 2-D slice of
     # a wider tensor stays a view.
@@ -370,10 +378,40 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, out_dty
     return out
 
 
+def _rmsnorm_cols(x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_dtype: torch.dtype,
+                  rnd: bool, config: Config | None, out: torch.Tensor | None, inner: int) -> torch.Tensor:
+    """`rmsnorm` of rows that are columns of an (outer, H, inner) array (rmsnorm_cols.py): y gets x's
+    strides, so it is that array's layout too; an `out` of other strides is written with a copy."""
+    H = x.shape[-1]
+    n_rows = x.numel() // H
+    y = out if out is not None and out.stride() == x.stride() else torch.empty_like(x, dtype=out_dtype)
+    pkey = ("cols", n_rows, H, inner, x.dtype, None if weight is None else weight.dtype, out_dtype, rnd, config,
+            x.device)
+    plan = _PLANS.get(pkey)
+    if plan is None:
+        wl = workload_for(x, weight, eps, out_dtype, rnd)
+        cfg = heuristic(wl) if config is None else config
+        if not is_valid(cfg, wl):
+            raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
+        programs, n_blocks = _cols.grid(n_rows, inner, cfg.rows)
+        meta = Meta(ROWS=cfg.rows, BLOCK_H=cfg.block_h, LOOP=cfg.variant == "colsloop", HAS_WEIGHT=weight is not None,
+                    ROUND=rnd, INTERP=_INTERPRETED, num_warps=cfg.num_warps)
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        plan = _PLANS[pkey] = (_cols._rmsnorm_cols_kernel, programs, (n_blocks,), meta)
+    kernel, programs, extra, kw = plan
+    _launch(kernel, (programs,), (x, x if weight is None else weight, y, H, inner, *extra, eps), kw)
+    if out is not None and y is not out:
+        out.copy_(y)
+        return out
+    return y
+
+
 # ----------------------------------------------------------------------------------------------
 # Config triad
 
-VARIANTS = ("row", "rows", "persist", "loop")
+VARIANTS = ("row", "rows", "persist", "loop", "cols", "colsloop")
+_COLS = ("cols", "colsloop")
 _WARPS = (1, 2, 4, 8, 16, 32)
 # Register budget: fp32 values of x a thread holds at once. 64 is where Liger stops (64K block, 32
 # warps); past it the compiler spills and the kernel falls off the bandwidth roof.
@@ -425,12 +463,25 @@ def _blocks(H: int) -> list[tuple[int, int]]:
     return out
 
 
+def _inner(workload: Workload) -> int:
+    """The `inner` of a workload whose rows are columns (rmsnorm_cols.py), else 0."""
+    return int(workload.param("inner", 0))
+
+
 def is_valid(config: Config, workload: Workload) -> bool:
     """Can this config compute this workload correctly without spilling registers?"""
     c = config
     rows, H = _dims(workload)
     if c.variant not in VARIANTS or c.num_warps not in _WARPS or c.stages not in (1, 2) or c.evict not in (0, 1):
         return False
+    if (c.variant in _COLS) != (_inner(workload) > 0):  # each layout has its own kernels
+        return False
+    if c.variant in _COLS:  # a [block_h, rows] tile: the whole row (cols) or a chunk of it (colsloop)
+        if c.block_t or c.progs or c.stages != 1 or c.evict or not (_pow2(c.block_h) and _pow2(c.rows)):
+            return False
+        if c.block_h < H if c.variant == "cols" else c.block_h >= H:
+            return False
+        return c.rows * c.block_h // (32 * c.num_warps) <= _MAX_PER_THREAD
     if c.stages == 2 and c.variant != "persist":
         return False
     if not (_pow2(c.block_h) and _pow2(c.rows) and (c.block_t == 0 or _pow2(c.block_t))):
@@ -460,6 +511,8 @@ def space(workload: Workload) -> list[Config]:
     """The search space: variant x block split x rows per tile x warps (x programs/SM, stages,
     eviction hint), 15-50 configs for the BASELINES.md shapes."""
     rows, H = _dims(workload)
+    if _inner(workload):
+        return _cols_space(workload)
     max_rows = triton.next_power_of_2(max(rows, 1))
     cands: list[Config] = []
     for bh, bt in _blocks(H):
@@ -507,6 +560,8 @@ def heuristic(workload: Workload) -> Config:
     both stay in `space` for tuning on other devices.
     """
     rows, H = _dims(workload)
+    if _inner(workload):
+        return _cols_heuristic(workload)
     width = triton.next_power_of_2(H)
     if width > _MAX_PER_THREAD * 32 * 32:  # more than 64 values per thread even at 32 warps
         return Config("loop", 4096, 0, 1, 8)
@@ -520,9 +575,42 @@ def heuristic(workload: Workload) -> Config:
     return Config("rows" if r > 1 else "row", width, 0, r, _warps_for(r * width, 8))
 
 
+def _cols_space(workload: Workload) -> list[Config]:
+    """cols: the whole row and 16-256 rows a tile (a load spans rows x the element size: 64 bytes and
+    up), 8-32 values a thread; colsloop, for rows past 1024: chunks of 16-64 elements of 64-256 rows."""
+    rows, H = _dims(workload)
+    most = triton.next_power_of_2(_inner(workload))
+    width = triton.next_power_of_2(H)
+    cands = []
+    r = 16
+    while r <= min(256, max(most, 16)):
+        for ept in (8, 16, 32):
+            cands.append(Config("cols", width, 0, r, _warps_for(r * width, ept)))
+        r *= 2
+    if H > 64:
+        for chunk in (16, 32, 64):
+            for r in (64, 128, 256):
+                for w in (4, 8):
+                    cands.append(Config("colsloop", chunk, 0, r, w))
+    return [c for c in dict.fromkeys(cands) if is_valid(c, workload)]
+
+
+def _cols_heuristic(workload: Workload) -> Config:
+    """Not measured on a GPU yet (the space is there for the tuner): ~8K-value tiles of at least 32
+    rows (128-byte loads of fp32), 16 values a thread; the chunked form past 256-long rows."""
+    rows, H = _dims(workload)
+    most = triton.next_power_of_2(_inner(workload))
+    width = triton.next_power_of_2(H)
+    if width <= 256:
+        r = max(1, min(256, 8192 // width, most))
+        return Config("cols", width, 0, r, _warps_for(r * width, 16))
+    return Config("colsloop", 32, 0, min(128, max(most, 16)), 4)
+
+
 def workload_for(x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_dtype: torch.dtype | None = None,
                  round_before_weight: bool = False) -> Workload:
-    """The Workload record of one rmsnorm call (x seen as (rows, H))."""
+    """The Workload record of one rmsnorm call (x seen as (rows, H)); `inner` too where x's rows
+    are columns of an (outer, H, inner) array (rmsnorm_cols.py)."""
     # hint(): under dynamic shapes these may be SymInts; a Workload holds plain numbers (no guard).
     H = hint(x.shape[-1]) if x.dim() else 1
     rows = 1
@@ -535,8 +623,11 @@ def workload_for(x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_d
         shapes += ((H,),)
         dtypes += (dtype_name(weight.dtype),)
     dtypes += (dtype_name(out_dtype),)
-    params = (("eps", float(eps)), ("out_dtype", dtype_name(out_dtype)),
-              ("round_before_weight", bool(round_before_weight)))
+    params: tuple[tuple[str, Any], ...] = (("eps", float(eps)),)
+    inner = _cols.cols_inner(x) if x.dim() > 1 and x.stride(-1) != 1 else 0
+    if inner:  # (sorted names: a record hashes by them)
+        params += (("inner", hint(inner)),)
+    params += (("out_dtype", dtype_name(out_dtype)), ("round_before_weight", bool(round_before_weight)))
     return Workload(family=FAMILY, shapes=shapes, dtypes=dtypes, params=params, device=x.device.type)
 
 
@@ -565,7 +656,13 @@ def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
     n_rows = n_rows if rows is None else rows
     device = device or workload.device
     g, where = input_generator(n_rows * H, device, seed)
-    x = torch.randn(n_rows, H, generator=g, device=where).to(parse_dtype(workload.dtypes[0])).to(device)
+    inner = _inner(workload)
+    if inner:  # columns of an (outer, H, inner) array; another row count: one outer index of that many
+        inner = inner if rows is None else n_rows
+        x = torch.randn(n_rows // inner, H, inner, generator=g, device=where).movedim(1, -1)
+        x = x.to(parse_dtype(workload.dtypes[0])).to(device)
+    else:
+        x = torch.randn(n_rows, H, generator=g, device=where).to(parse_dtype(workload.dtypes[0])).to(device)
     weight = None
     if len(workload.shapes) > 1:
         w = 1.0 + 0.1 * torch.randn(H, generator=g, device=where)

@@ -458,7 +458,9 @@ def workload_from(forward: Workload) -> Workload | None:
         shapes, dtypes, ds = (forward.shapes[0],) + forward.shapes[2:], (forward.dtypes[0],) + forward.dtypes[2:], True
     else:
         shapes, dtypes, ds = forward.shapes, forward.dtypes, False
-    params = tuple(sorted({**dict(forward.params), "ds": ds}.items()))
+    # `inner` (rows that are columns, rmsnorm_cols.py) stays out: the backward reads copies of x and
+    # dy in the rows layout (rmsnorm_bwd reshapes them), so it is the plain (rows, H) problem
+    params = tuple(sorted({**{k: v for k, v in forward.params if k != "inner"}, "ds": ds}.items()))
     wl = Workload(FAMILY, shapes, dtypes, params, forward.device)
     return wl if is_valid(heuristic(wl), wl) else None
 

@@ -19,6 +19,9 @@ from solforge.capture import CapturedGraph, module_path
 from solforge.plan.sharing import Sharing, dead_detach, kept_nodes
 from solforge.records import Workload
 
+aten = torch.ops.aten
+View = tuple[Any, tuple[Any, ...]]  # (ATen op, its arguments after the tensor): see Match
+
 
 @dataclass
 class Match:
@@ -36,13 +39,14 @@ class Match:
     returns more items than the region has outputs (cross_entropy's per-row logsumexp, kept only
     for its backward) says how many in `results`; its first len(outputs) items replace the outputs.
 
-    `flatten` > 1: the region normalizes over the last `flatten` dims together (KernelBench's
-    LayerNorm over (features, dim1, dim2), an RMSNorm whose mean takes the last three dims). The op
-    is called with those dims of every tensor argument merged into one (a view where the strides
-    allow, a copy as the kernels' own reshape would make otherwise), and each output is unflattened
-    back, so the family's kernels, backward and workload see the usual (rows, H). The workload
-    must be the flattened one, and the merged dims' sizes plain ints (the outputs' unflatten
-    repeats them).
+    `views` and `out_view` let a norm over other dims than the last run as one over the last:
+    `views` gives, per argument, an (ATen op, its arguments after the tensor) applied to it before the
+    call (None: as it is), and `out_view` one applied to each output after it. `merged_dims` makes
+    those of a norm over the last k dims together (KernelBench's LayerNorm over (features, dim1,
+    dim2)): merged into one, then unflattened back. `moved_dim` makes those of a norm over one
+    middle dim (KernelBench's RMSNorm over `features`): moved last, then back (views both ways; the
+    rmsnorm family has kernels for that layout). The family's kernels, backward and workload see
+    the usual (..., H), and the workload must be the one of the arguments as viewed.
     """
 
     family: str
@@ -53,7 +57,8 @@ class Match:
     workload: Workload
     outputs: tuple[fx.Node, ...] = ()
     results: int = 0  # items the op returns, when more than the outputs (0: one per output)
-    flatten: int = 1  # trailing dims of every tensor argument merged into one for the op (see above)
+    views: tuple[View | None, ...] = ()  # per argument, applied before the call (see above)
+    out_view: View | None = None  # applied to each output
 
     def __post_init__(self) -> None:
         if not self.outputs:
@@ -88,14 +93,37 @@ class Match:
 
 
 def static_dims(sizes: Sequence[Any]) -> bool:
-    """Every size a plain int (not a SymInt of a graph for many sizes): what `Match.flatten` needs
-    of the dims it merges."""
+    """Every size a plain int (not a SymInt of a graph for many sizes): what `merged_dims` needs of
+    the dims it merges (the outputs' unflatten repeats them)."""
     return all(type(d) is int for d in sizes)
 
 
 def flattened(v: torch.Tensor | None, k: int) -> torch.Tensor | None:
-    """The value `v` (a node's fake tensor) as the op sees it under `Match.flatten` = k."""
+    """The value `v` (a node's fake tensor) as the op sees it under `merged_dims(args, k, ...)`."""
     return v.flatten(-k) if v is not None and k > 1 else v
+
+
+def viewed(v: torch.Tensor | None, view: View | None) -> torch.Tensor | None:
+    """A node's value `v` (a fake tensor) as the op sees it through `view` (a `Match.views` entry)."""
+    return v if v is None or view is None else view[0](v, *view[1])
+
+
+def merged_dims(args: Sequence[Any], k: int, sizes: Sequence[int]) -> dict[str, Any]:
+    """Match fields for a norm over the last k dims (sizes: theirs): every tensor argument's last k
+    dims merged into one, each output unflattened back. Nothing for k = 1."""
+    if k <= 1:
+        return {}
+    return {"views": tuple((aten.flatten.using_ints, (-k, -1)) if isinstance(a, fx.Node) else None for a in args),
+            "out_view": (aten.unflatten.int, (-1, list(sizes)))}
+
+
+def moved_dim(args: Sequence[Any], dim: int, params: Sequence[int]) -> dict[str, Any]:
+    """Match fields for a norm over dim `dim` (not the last) of its tensors: each tensor argument
+    moved to the last dim, except those at `params` (a weight shaped to broadcast along `dim`:
+    reshaped to 1-D), and each output moved back."""
+    views = tuple(None if not isinstance(a, fx.Node) else (aten.reshape.default, ([-1],)) if i in params
+                  else (aten.movedim.int, (dim, -1)) for i, a in enumerate(args))
+    return {"views": views, "out_view": (aten.movedim.int, (-1, dim))}
 
 
 @dataclass(frozen=True)
@@ -271,7 +299,6 @@ def region_signature(match: Match) -> str:
 
 
 _META = ("val", "nn_module_stack", "stack_trace")
-aten = torch.ops.aten
 
 
 def late_inputs(node: fx.Node, before: fx.Node, order: Mapping[fx.Node, int]) -> list[fx.Node] | None:
@@ -332,15 +359,15 @@ def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]
         args = tuple(replaced.get(a, a) if isinstance(a, fx.Node) else a for a in m.args)
         order = _hoist(graph, args, first, order)
         with graph.inserting_before(first):
-            if m.flatten > 1:
-                args = tuple(graph.call_function(aten.flatten.using_ints, (a, -m.flatten, -1))
-                             if isinstance(a, fx.Node) else a for a in args)
+            if m.views:
+                args = tuple(a if v is None else graph.call_function(v[0], (a, *v[1])) for a, v in
+                             zip(args, m.views, strict=False))
             new = graph.call_function(m.op, (*args, config))
             items = [graph.call_function(operator.getitem, (new, i)) for i in range(len(m.outputs))] \
                 if m.multi else [new]
-            if m.flatten > 1:  # the normalized dims are plain ints (the matchers check), leading ones any
-                items = [graph.call_function(aten.unflatten.int, (item, -1, list(old.meta["val"].shape[-m.flatten:])))
-                         for item, old in zip(items, m.outputs, strict=True)]
+            if m.out_view is not None:
+                op, rest = m.out_view
+                items = [graph.call_function(op, (item, *rest)) for item in items]
         for item, old in zip(items, m.outputs, strict=True):
             item.meta.update({k: v for k, v in old.meta.items() if k in _META})
             old.replace_all_uses_with(item)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match, flattened, late_inputs
+from solforge.plan import Match, late_inputs, viewed
 from solforge.plan import layernorm as _ln
 
 aten = torch.ops.aten
@@ -39,11 +39,13 @@ def match(graph: fx.Graph) -> list[Match]:
         _x, weight, bias, eps, out_dtype = m.args
         if any(p is not None and late_inputs(p, s, order) is None for p in (weight, bias)):
             continue
-        k = m.flatten
-        wl = family.workload_for(flattened(av, k), flattened(bv, k), flattened(_ln._val(weight), k),
-                                 flattened(_ln._val(bias), k), eps, out_dtype)
+        # a norm over several trailing dims (plan/layernorm.py): the add's terms are merged like x
+        vx, vw, vb = m.views[:3] if m.views else (None, None, None)
+        wl = family.workload_for(viewed(av, vx), viewed(bv, vx), viewed(_ln._val(weight), vw),
+                                 viewed(_ln._val(bias), vb), eps, out_dtype)
         if not family.supported(wl):
             continue
+        views = (vx, vx, vw, vb, None, None) if m.views else ()
         found.append(Match(family.FAMILY, family.add_layernorm_op, s, (a, b, weight, bias, eps, out_dtype),
-                           [s, *m.nodes], wl, outputs=(s, m.output), flatten=k))
+                           [s, *m.nodes], wl, outputs=(s, m.output), views=views, out_view=m.out_view))
     return found

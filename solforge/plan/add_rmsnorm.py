@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match, flattened, late_inputs
+from solforge.plan import Match, late_inputs, viewed
 from solforge.plan import rmsnorm as _rms
 
 aten = torch.ops.aten
@@ -36,11 +36,15 @@ def match(graph: fx.Graph) -> list[Match]:
         _x, weight, eps, out_dtype, rbw = m.args
         if weight is not None and late_inputs(weight, s, order) is None:
             continue
-        k = m.flatten
-        wl = family.workload_for(flattened(av, k), flattened(bv, k), flattened(_rms._val(weight), k), eps,
-                                 out_dtype, rbw)
+        # a norm over several trailing dims: the add's terms are merged like x; over a middle dim
+        # (moved last): add_rmsnorm has no kernels for that layout, the norm stays an rmsnorm
+        if m.out_view is not None and m.out_view[0] is not aten.unflatten.int:
+            continue
+        vx, vw = m.views[:2] if m.views else (None, None)
+        wl = family.workload_for(viewed(av, vx), viewed(bv, vx), viewed(_rms._val(weight), vw), eps, out_dtype, rbw)
         if not family.supported(wl):
             continue
+        views = (vx, vx, vw, None, None, None) if m.views else ()
         found.append(Match("add_rmsnorm", family.add_rmsnorm_op, s, (a, b, weight, eps, out_dtype, rbw),
-                           [s, *m.nodes], wl, outputs=(s, m.output), flatten=k))
+                           [s, *m.nodes], wl, outputs=(s, m.output), views=views, out_view=m.out_view))
     return found

@@ -8,7 +8,7 @@ graph as one op, since LayerNorm is not decomposed there (tests/test_layernorm.p
 
 Normalization over the last dim (normalized_shape of length 1: what transformers' LayerNorms
 use) and over several trailing dims (KernelBench's `nn.LayerNorm((features, dim1, dim2))`: those
-dims are merged into one for the kernel, `Match.flatten`) is matched; a graph that needs mean or
+dims are merged into one for the kernel, `plan.merged_dims`) is matched; a graph that needs mean or
 rstd (a hand-written backward) keeps the ATen op. A hand-written LayerNorm
 (x - x.mean(-1)) / sqrt(var + eps) is not matched: none of the supported architectures writes one.
 """
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match, flattened, static_dims
+from solforge.plan import Match, flattened, merged_dims, static_dims
 
 aten = torch.ops.aten
 
@@ -75,8 +75,8 @@ def _match_node(node: fx.Node) -> Match | None:
     workload = family.workload_for(flattened(xv, k), wv, bv, float(eps), out_dtype=ov.dtype)
     if not family.supported(workload):
         return None
-    return Match(family.FAMILY, family.layernorm_op, out, (x, weight, bias, float(eps), ov.dtype), nodes, workload,
-                 flatten=k)
+    args = (x, weight, bias, float(eps), ov.dtype)
+    return Match(family.FAMILY, family.layernorm_op, out, args, nodes, workload, **merged_dims(args, k, dims))
 
 
 def match(graph: fx.Graph) -> list[Match]:

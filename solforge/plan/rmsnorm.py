@@ -5,12 +5,15 @@ to it, or to the fused ATen op handled at the end):
 
     xf = x.to(float32)                      optional upcast
     s  = pow(xf, 2) | mul(xf, xf)
-    m  = mean(s, [last dim], keepdim=True)  or the last k dims (merged for the kernel: Match.flatten)
+    m  = mean(s, [last dim], keepdim=True)  or the last k dims (merged into one for the kernels:
+                                            plan.merged_dims), or one middle dim (moved last for
+                                            the kernels of that layout: plan.moved_dim)
     a  = add(m, eps)                        add / add_ with a Python number
     r  = rsqrt(a)                           or reciprocal(sqrt(a)), pow(a, -0.5)
     y  = mul(xf, r)                         or div(xf, sqrt(a))
     then optionally: cast to x.dtype (rounds before the weight, as HF does), mul by a weight of
-    the normalized shape, a final downcast.
+    the normalized shape (over a middle dim: H there and 1 after it, as (C, 1, 1) broadcasts over
+    (B, C, H, W)), a final downcast.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match, flattened, static_dims
+from solforge.plan import Match, merged_dims, moved_dim, static_dims, viewed
 
 aten = torch.ops.aten
 
@@ -117,10 +120,18 @@ def _match_chain(mean: fx.Node) -> Match | None:
     if not keepdim or not dims or mean.kwargs.get("dtype") is not None \
             or len({d % nd for d in dims}) != len(dims):
         return None
-    k = len(dims)  # the mean must take the last k dims (several: merged into one row for the kernel)
-    if sorted(d % nd for d in dims) != list(range(nd - k, nd)) or k > 1 and not static_dims(xv.shape[-k:]):
+    # the mean takes the last k dims (several: merged into one row for the kernels), or one other dim
+    # (moved last, a view: the rmsnorm kernels have a layout for rows that are columns)
+    k, ds, moved = len(dims), sorted(d % nd for d in dims), None
+    if ds == list(range(nd - k, nd)):
+        if k > 1 and not (static_dims(xv.shape[-k:]) and 0 not in xv.shape[-k:]):
+            return None
+        norm_shape = tuple(xv.shape[-k:])
+    elif k == 1:
+        moved = ds[0]
+        norm_shape = (xv.shape[moved],) + (1,) * (nd - 1 - moved)  # a weight's, right-aligned
+    else:
         return None
-    norm_shape = tuple(xv.shape[-k:])
     # the square, the mean, + eps and 1/sqrt may have readers outside the norm too (a model returning
     # its variance): they are inner nodes the region keeps if plan/sharing.py allows it
     for a in mean.users:
@@ -153,7 +164,9 @@ def _match_chain(mean: fx.Node) -> Match | None:
     if nxt is not None and nxt.target in _MULS:
         w = nxt.args[1] if nxt.args[0] is tail else nxt.args[0] if nxt.args[1] is tail else None
         wv = _val(w)
-        if wv is not None and tuple(wv.shape) == norm_shape and wv.dtype.is_floating_point \
+        lead = wv.dim() - len(norm_shape) if wv is not None else -1  # leading 1s: a (1, C, 1, 1) weight
+        if wv is not None and lead >= 0 and tuple(wv.shape[lead:]) == norm_shape and wv.dtype.is_floating_point \
+                and all(d == 1 for d in wv.shape[:lead]) \
                 and tuple(_val(nxt).shape) == tuple(xv.shape):  # type: ignore[union-attr]
             tail, weight = nxt, w
             nodes.append(nxt)
@@ -165,10 +178,12 @@ def _match_chain(mean: fx.Node) -> Match | None:
     if round_before_weight and weight is None:
         round_before_weight = False  # a lone cast back is just the output dtype
     out_dtype = _val(tail).dtype  # type: ignore[union-attr]
-    workload = family.workload_for(flattened(_val(x), k), flattened(_val(weight), k), eps,
+    args = (x, weight, eps, out_dtype, round_before_weight)
+    views = merged_dims(args, k, norm_shape) if moved is None else moved_dim(args, moved, params=(1,))
+    vs = views.get("views", (None, None))
+    workload = family.workload_for(viewed(_val(x), vs[0]), viewed(_val(weight), vs[1]), eps,  # type: ignore[arg-type]
                                    out_dtype=out_dtype, round_before_weight=round_before_weight)
-    return Match("rmsnorm", family.rmsnorm_op.default, tail,
-                 (x, weight, eps, out_dtype, round_before_weight), nodes, workload, flatten=k)
+    return Match("rmsnorm", family.rmsnorm_op.default, tail, args, nodes, workload, **views)
 
 
 def _match_fused(node: fx.Node) -> Match | None:
@@ -201,10 +216,12 @@ def _match_fused(node: fx.Node) -> Match | None:
     if weight is not None and (wv is None or tuple(wv.shape) != tuple(int(d) for d in norm_shape)):
         return None
     out_dtype = _val(out).dtype  # type: ignore[union-attr]
-    workload = family.workload_for(flattened(xv, k), flattened(wv, k), float(eps), out_dtype=out_dtype,
-                                   round_before_weight=False)
-    return Match("rmsnorm", family.rmsnorm_op.default, out, (x, weight, float(eps), out_dtype, False), nodes,
-                 workload, flatten=k)
+    args = (x, weight, float(eps), out_dtype, False)
+    views = merged_dims(args, k, norm_shape)
+    vs = views.get("views", (None, None))
+    workload = family.workload_for(viewed(xv, vs[0]), viewed(wv, vs[1]), float(eps),  # type: ignore[arg-type]
+                                   out_dtype=out_dtype, round_before_weight=False)
+    return Match("rmsnorm", family.rmsnorm_op.default, out, args, nodes, workload, **views)
 
 
 def match(graph: fx.Graph) -> list[Match]:

@@ -208,7 +208,7 @@ def match(graph: fx.Graph) -> list[Match]:
     ropes = [r for n in graph.nodes if n.op == "call_function" and (r := _match_one(n)) is not None]
     if len(ropes) < 2:
         return []
-    norms = {m.output: m for m in rmsnorm_plan.match(graph) if m.flatten == 1}  # a q/k norm is over head_dim
+    norms = {m.output: m for m in rmsnorm_plan.match(graph) if not m.views}  # a q/k norm: over the last dim
     order = {n: i for i, n in enumerate(graph.nodes)}
     groups: dict[tuple[fx.Node, fx.Node, bool], list[_Rope]] = {}
     for r in ropes:
