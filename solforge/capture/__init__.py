@@ -64,6 +64,37 @@ class GradModeLost(Exception):
     graph runs as dynamo gave it."""
 
 
+class BackwardLost(Exception):
+    """A training graph applies a custom `torch.autograd.Function` (a straight-through estimator, a
+    gradient reversal) or registers a hook on a tensor it computes. Dynamo keeps them as higher-order
+    ops; an ATen lowering traces the Function's forward into plain ops, whose autograd derivative
+    then replaces its backward (zero for a rounding STE), and runs the hook registration on a
+    tracing tensor, so the hook never fires: the optimized model's gradients would be wrong. Such a
+    graph runs as dynamo gave it. Without autograd recording (inference) only the forward counts,
+    and the graph is lowered as usual."""
+
+
+# higher-order ops whose meaning is in the backward: see BackwardLost
+_BACKWARD_HOPS = frozenset({"autograd_function_apply", "register_hook"})
+
+
+def backward_lost(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
+    """The first node (in `gm` or a subgraph of it) that an ATen lowering of this training graph
+    would lose the backward of, or None (see BackwardLost)."""
+    if not torch.is_grad_enabled() or not any(isinstance(x, torch.Tensor) and x.requires_grad
+                                              for x in example_inputs):
+        return None
+    for mod in gm.modules():
+        if not isinstance(mod, fx.GraphModule):
+            continue
+        for n in mod.graph.nodes:
+            if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator) \
+                    and n.target.name() in _BACKWARD_HOPS:
+                where = module_path(n)
+                return f"{n.target.name()} {n.name}" + (f" in {where}" if where else "")
+    return None
+
+
 class _GradModeInterpreter(fx.Interpreter):
     """Runs a dynamo graph while make_fx traces it, noting whether any op runs in another grad
     mode than the graph's own with a floating result computed from a tensor that requires grad
@@ -96,8 +127,14 @@ def lower_to_aten(gm: fx.GraphModule, example_inputs: Sequence[Any],
     Executed eagerly, the result is still differentiable: each ATen op goes through autograd.
     With a `cache`, a graph lowered before (by any process, same key: see cache.py) is read back
     instead of traced again; any cache problem falls back to tracing. Raises GradModeLost for a
-    graph whose grad-mode switches matter (the lowering would lose them).
+    graph whose grad-mode switches matter (the lowering would lose them), and BackwardLost for a
+    training graph with a custom autograd.Function or a tensor hook (before the cache: an entry
+    written before this check existed must not serve such a graph).
     """
+    lost = backward_lost(gm, example_inputs)
+    if lost is not None:
+        raise BackwardLost(f"a custom autograd.Function or tensor hook inside the graph ({lost}) has a "
+                           "backward the ATen lowering would lose; the graph runs as dynamo gave it")
     fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
     key = cache.key(gm, example_inputs) if cache is not None else None
     aten = cache.load(key, fake_mode) if cache is not None and key is not None else None
