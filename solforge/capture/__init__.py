@@ -66,16 +66,24 @@ class GradModeLost(Exception):
 
 class BackwardLost(Exception):
     """A training graph applies a custom `torch.autograd.Function` (a straight-through estimator, a
-    gradient reversal) or registers a hook on a tensor it computes. Dynamo keeps them as higher-order
-    ops; an ATen lowering traces the Function's forward into plain ops, whose autograd derivative
-    then replaces its backward (zero for a rounding STE), and runs the hook registration on a
-    tracing tensor, so the hook never fires: the optimized model's gradients would be wrong. Such a
-    graph runs as dynamo gave it. Without autograd recording (inference) only the forward counts,
-    and the graph is lowered as usual."""
+    gradient reversal), registers a hook on a tensor it computes, or checkpoints a region
+    (`torch.utils.checkpoint`, transformers' gradient checkpointing). Dynamo keeps them as
+    higher-order ops; an ATen lowering traces the Function's forward into plain ops, whose autograd
+    derivative then replaces its backward (zero for a rounding STE), runs the hook registration on a
+    tracing tensor, so the hook never fires, and inlines the checkpointed region, so its activations
+    are kept for the backward instead of recomputed (the memory the user asked to save). Such a graph
+    runs as dynamo gave it. Without autograd recording (inference) only the forward counts, and the
+    graph is lowered as usual."""
 
 
-# higher-order ops whose meaning is in the backward: see BackwardLost
-_BACKWARD_HOPS = frozenset({"autograd_function_apply", "register_hook"})
+# higher-order ops whose meaning is in the backward (see BackwardLost), and what a lowering does to it
+_BACKWARD_HOPS = {
+    "autograd_function_apply": "a custom autograd.Function, whose backward the lowering would replace by "
+                               "autograd's derivative of its forward",
+    "register_hook": "a tensor hook, which the lowering would drop",
+    "tag_activation_checkpoint": "a checkpointed region (torch.utils.checkpoint), whose activations the "
+                                 "lowering would keep instead of recomputing them",
+}
 
 
 def backward_lost(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
@@ -91,7 +99,7 @@ def backward_lost(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | No
             if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator) \
                     and n.target.name() in _BACKWARD_HOPS:
                 where = module_path(n)
-                return f"{n.target.name()} {n.name}" + (f" in {where}" if where else "")
+                return _BACKWARD_HOPS[n.target.name()] + (f" (in {where})" if where else "")
     return None
 
 
@@ -133,8 +141,7 @@ def lower_to_aten(gm: fx.GraphModule, example_inputs: Sequence[Any],
     """
     lost = backward_lost(gm, example_inputs)
     if lost is not None:
-        raise BackwardLost(f"a custom autograd.Function or tensor hook inside the graph ({lost}) has a "
-                           "backward the ATen lowering would lose; the graph runs as dynamo gave it")
+        raise BackwardLost(f"the graph holds {lost}: it runs as dynamo gave it")
     fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
     key = cache.key(gm, example_inputs) if cache is not None else None
     aten = cache.load(key, fake_mode) if cache is not None and key is not None else None
