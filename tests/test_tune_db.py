@@ -11,7 +11,7 @@ import torch
 from conftest import DEVICE
 
 from solforge.db import KernelDB
-from solforge.records import RunResult, Workload
+from solforge.records import RunResult, Verdict, Workload
 from solforge.stepgraphs import step_graphs
 from solforge.tune import candidates, family_module, tune
 from solforge.tune.runners import LocalRunner
@@ -35,6 +35,36 @@ class CountingRunner(LocalRunner):
     def measure(self, cands):  # type: ignore[override]
         self.measured += [c.label for c in cands]
         yield from super().measure(cands)
+
+
+class FailingRunner(CountingRunner):
+    """Every candidate fails its verification, as on a GPU another job had filled."""
+
+    def measure(self, cands):  # type: ignore[override]
+        for rec in super().measure(cands):
+            yield dataclasses.replace(rec, verdict=Verdict(False, reason="RuntimeError: CUDA out of memory"),
+                                      run=None)
+
+
+def test_failed_verifications_are_measured_again(tmp_path):
+    """A run where every candidate failed its verification leaves no winner; the next run measures
+    them again and finds one (it measured nothing and kept no kernel, until --retune, before)."""
+    from solforge.records import BuildResult, TuningRecord
+    from solforge.tune import reusable
+
+    w = _rms_workload()
+    db = KernelDB(tmp_path / "k.db")
+    bad = FailingRunner()
+    res1 = tune(w, BASE, device=DEVICE, budget_s=1e9, max_candidates=3, runner=bad, db=db, run_id="run1")
+    assert res1.best is None and len(bad.measured) == 3 and db.winner(w) is None
+    good = CountingRunner()
+    res2 = tune(w, BASE, device=DEVICE, budget_s=1e9, max_candidates=3, runner=good, db=db, run_id="run2")
+    assert res2.best is not None and res2.best.ok and set(bad.measured) <= set(good.measured)
+    # a candidate that failed to build is not built again: that failure repeats
+    cand = candidates(family_module("rmsnorm"), w)[0]
+    broken = TuningRecord(cand, BuildResult(False, 0.1, "CompilationError: out of resources"))
+    failed = TuningRecord(cand, BuildResult(True), Verdict(False, reason="odd shape: mismatch"))
+    assert reusable([broken, failed, res2.best]) == [broken, res2.best]
 
 
 def test_warm_tune_measures_nothing_and_cut_search_resumes(tmp_path):

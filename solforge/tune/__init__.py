@@ -138,6 +138,15 @@ def confirm_finalists(pool: Sequence[TuningRecord], run: Runner) -> list[TuningR
             for r, t in zip(final, times, strict=True) if t.ok and t.meaningful]
 
 
+def reusable(known: Sequence[TuningRecord]) -> list[TuningRecord]:
+    """Earlier measurements a search may take as they are: successes, and candidates that failed to
+    build (a compile error repeats with the same source and versions). A candidate that failed its
+    verification or its timing is measured again: such a failure can come from the machine (out of
+    memory next to another job, a worker that crashed or hung, a CPU run without Triton's
+    interpreter), and kept, it would stop the workload from ever getting a kernel without --retune."""
+    return [k for k in known if k.ok or not k.build.ok]
+
+
 def tune(workload: Workload, baseline: RunResult, *, device: str, budget_s: float,
          max_candidates: int | None = None, progress: Progress | None = None, runner: Runner | None = None,
          strategy: str = "auto", db: KernelDB | None = None, run_id: str = "", seed: int = 0,
@@ -158,7 +167,7 @@ def tune(workload: Workload, baseline: RunResult, *, device: str, budget_s: floa
         win = db.winner(workload)
         if win is not None and (dict(win.provenance).get("complete") or not resume):
             return TuneResult(workload, baseline, (), win, source="database", known=len(db.known(workload)))
-    known = db.known(workload) if db is not None and not retune else []
+    known = reusable(db.known(workload)) if db is not None and not retune else []
     strat = make_strategy(strategy, family, workload, seed=seed, known=known)
     own = runner is None
     run = runner or LocalRunner(device, seed=seed)
