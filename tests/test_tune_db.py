@@ -60,11 +60,13 @@ def test_failed_verifications_are_measured_again(tmp_path):
     good = CountingRunner()
     res2 = tune(w, BASE, device=DEVICE, budget_s=1e9, max_candidates=3, runner=good, db=db, run_id="run2")
     assert res2.best is not None and res2.best.ok and set(bad.measured) <= set(good.measured)
-    # a candidate that failed to build is not built again: that failure repeats
+    # a candidate Triton failed to compile is not built again (that failure repeats); one whose
+    # build failed otherwise (a launch refused: no interpreter on a CPU) is
     cand = candidates(family_module("rmsnorm"), w)[0]
-    broken = TuningRecord(cand, BuildResult(False, 0.1, "CompilationError: out of resources"))
+    broken = TuningRecord(cand, BuildResult(False, 0.1, "OutOfResources: out of resource: shared memory"))
+    refused = TuningRecord(cand, BuildResult(False, 0.1, "ValueError: solforge rmsnorm: x is on cpu"))
     failed = TuningRecord(cand, BuildResult(True), Verdict(False, reason="odd shape: mismatch"))
-    assert reusable([broken, failed, res2.best]) == [broken, res2.best]
+    assert reusable([broken, refused, failed, res2.best]) == [broken, res2.best]
 
 
 def test_warm_tune_measures_nothing_and_cut_search_resumes(tmp_path):

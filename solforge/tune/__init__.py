@@ -138,13 +138,20 @@ def confirm_finalists(pool: Sequence[TuningRecord], run: Runner) -> list[TuningR
             for r, t in zip(final, times, strict=True) if t.ok and t.meaningful]
 
 
+# Build errors that repeat for the same kernel source, Triton version and device (the database key):
+# Triton's compile errors (triton.compiler.errors), ptxas's, and resources a config asks for beyond
+# the device's (shared memory: triton.runtime.errors.OutOfResources)
+_COMPILE_ERRORS = ("CompilationError", "CompileTimeAssertionFailure", "UnsupportedLanguageConstruct",
+                   "PTXASError", "OutOfResources")
+
+
 def reusable(known: Sequence[TuningRecord]) -> list[TuningRecord]:
-    """Earlier measurements a search may take as they are: successes, and candidates that failed to
-    build (a compile error repeats with the same source and versions). A candidate that failed its
-    verification or its timing is measured again: such a failure can come from the machine (out of
-    memory next to another job, a worker that crashed or hung, a CPU run without Triton's
-    interpreter), and kept, it would stop the workload from ever getting a kernel without --retune."""
-    return [k for k in known if k.ok or not k.build.ok]
+    """Earlier measurements a search may take as they are: successes, and candidates that Triton
+    failed to compile (that failure repeats: each try costs a compile). Any other failure is
+    measured again: it can come from the machine (out of memory next to another job, a worker that
+    crashed or hung, a CPU run without Triton's interpreter), and kept, it would stop the workload
+    from ever getting a kernel without --retune."""
+    return [k for k in known if k.ok or (not k.build.ok and (k.build.error or "").startswith(_COMPILE_ERRORS))]
 
 
 def tune(workload: Workload, baseline: RunResult, *, device: str, budget_s: float,
