@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.traceback import preserve_node_meta
 
+from solforge.capture import checkpoint as _checkpoint
 from solforge.capture.cache import LoweringCache
 from solforge.capture.canonical import restore_causal_attention
 from solforge.capture.cse import eliminate_common_subexpressions
@@ -209,14 +210,73 @@ class SolforgeBackend:
     # their default outside stepgraphs.step_graphs(): replay launch-bound calls made without
     # autograd recording (the optimized model's, integrate's cuda_graphs), or not (a capture)
     auto_replay: bool = False
+    # the checkpointed regions' bodies the graphs call (checkpoint.py): held as long as the backend
+    bodies: list[Any] = field(default_factory=list)
 
-    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    def _keep_checkpoints(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+        """In a training graph, each checkpointed region becomes a call of checkpoint.py's op, its body
+        lowered, rewritten and recorded as a graph of its own (before this graph: it takes the lower
+        index). Whether any was; one that cannot be kept leaves the graph to lower_to_aten's
+        BackwardLost, with the reason noted."""
+        if not (torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                                for x in example_inputs)):
+            return False
+        if not any(_checkpoint.is_checkpoint(n) for n in gm.graph.nodes):
+            return False
+        try:
+            bodies = _checkpoint.split(gm, self._body)
+        except Exception as e:  # Unsupported, or a bug: what was not replaced leaves BackwardLost to act
+            self.errors.append(f"graph {len(self.graphs)}: a checkpointed region not kept: {type(e).__name__}: {e}")
+            return False
+        self.bodies += bodies
+        return True
+
+    def _body(self, body: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        """A checkpointed region's body, lowered and rewritten like a graph and recorded as one (its
+        regions are planned, tuned and fused), but called by the checkpoint op, not by dynamo: no
+        step graph. One that cannot be lowered runs as dynamo gave it, still checkpointed."""
+        kept = self._keep_checkpoints(body, example_inputs)  # checkpoints nested in this one
         index = len(self.graphs)
         try:
-            aten = lower_to_aten(gm, example_inputs, self.cache)
+            aten = lower_to_aten(body, example_inputs, None if kept else self.cache)
+        except Exception as e:
+            self.errors.append(f"graph {index} (a checkpointed region): lowering failed: {type(e).__name__}: {e}")
+            return body.forward
+        restored, removed, concats = self._passes(aten, index)
+        if self.rewrite is not None:
+            aten = self.rewrite(aten, index)
+        self.graphs.append(CapturedGraph(index=index, aten=aten, attention_restored=restored,
+                                        cse_removed=removed, empty_concats=concats))
+        return aten
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        # a lowering whose checkpoint calls name this process's bodies is not one to cache
+        kept = self._keep_checkpoints(gm, example_inputs)
+        index = len(self.graphs)
+        try:
+            aten = lower_to_aten(gm, example_inputs, None if kept else self.cache)
         except Exception as e:  # a graph we cannot lower still runs, as dynamo gave it
             self.errors.append(f"graph {index}: lowering failed: {type(e).__name__}: {e}")
             return gm.forward
+        restored, removed, concats = self._passes(aten, index)
+        # a graph for many sizes: made again per set of sizes that comes back (shapes.py), from
+        # this copy, which no rewrite touches (integrate_captured rewrites `aten` in place later)
+        pristine = copy_graph(aten) if symbolic_inputs(aten) else None
+        if self.rewrite is not None:
+            aten = self.rewrite(aten, index)
+        self.graphs.append(CapturedGraph(index=index, aten=aten, attention_restored=restored,
+                                        cse_removed=removed, empty_concats=concats))
+        if pristine is not None:
+            return ShapeDispatch(aten, aten, lambda values: self._specialize(pristine, index, values),
+                                 report=lambda text: self.errors.append(f"graph {index}: {text}"),
+                                 evict=self._drop)
+        step = StepGraph(aten, auto=self.auto_replay)
+        self.step_graphs.append(step)
+        return step
+
+    def _passes(self, aten: fx.GraphModule, index: int) -> tuple[int, int, int]:
+        """The passes every lowered graph gets before matching: (SDPA calls given back is_causal,
+        subexpressions merged, empty concatenations dropped); a failed pass leaves the graph correct."""
         try:
             restored = restore_causal_attention(aten)
         except Exception as e:  # the graph as traced is still correct, only slower
@@ -235,20 +295,7 @@ class SolforgeBackend:
         except Exception as e:  # the graph as traced is still correct
             self.errors.append(f"graph {index}: empty-concatenation pass failed: {type(e).__name__}: {e}")
             concats = 0
-        # a graph for many sizes: made again per set of sizes that comes back (shapes.py), from
-        # this copy, which no rewrite touches (integrate_captured rewrites `aten` in place later)
-        pristine = copy_graph(aten) if symbolic_inputs(aten) else None
-        if self.rewrite is not None:
-            aten = self.rewrite(aten, index)
-        self.graphs.append(CapturedGraph(index=index, aten=aten, attention_restored=restored,
-                                        cse_removed=removed, empty_concats=concats))
-        if pristine is not None:
-            return ShapeDispatch(aten, aten, lambda values: self._specialize(pristine, index, values),
-                                 report=lambda text: self.errors.append(f"graph {index}: {text}"),
-                                 evict=self._drop)
-        step = StepGraph(aten, auto=self.auto_replay)
-        self.step_graphs.append(step)
-        return step
+        return restored, removed, concats
 
     def _drop(self, step: Any) -> None:
         """A graph made for one set of sizes that its dispatch no longer keeps: its CUDA graph's
