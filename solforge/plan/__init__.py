@@ -343,6 +343,13 @@ def _hoist(graph: fx.Graph, args: Sequence[Any], first: fx.Node, order: dict[fx.
     return order
 
 
+def _view_node(graph: fx.Graph, a: Any, view: View) -> fx.Node:
+    """A `Match.views` entry applied to argument `a` in the graph, with its value in meta["val"]."""
+    node = graph.call_function(view[0], (a, *view[1]))
+    node.meta["val"] = viewed(a.meta.get("val") if isinstance(a, fx.Node) else None, view)
+    return node
+
+
 def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]) -> int:
     """Replace each match by one call of its custom op; returns how many were replaced.
 
@@ -360,12 +367,16 @@ def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]
         order = _hoist(graph, args, first, order)
         with graph.inserting_before(first):
             if m.views:
-                args = tuple(a if v is None else graph.call_function(v[0], (a, *v[1])) for a, v in
-                             zip(args, m.views, strict=False))
+                args = tuple(a if v is None else _view_node(graph, a, v) for a, v in zip(args, m.views, strict=False))
             new = graph.call_function(m.op, (*args, config))
             items = [graph.call_function(operator.getitem, (new, i)) for i in range(len(m.outputs))] \
                 if m.multi else [new]
             if m.out_view is not None:
+                # what the op returns: each output as its first argument's view makes it (the
+                # normalized tensor and the sum have that argument's shape)
+                inner = [viewed(o.meta.get("val"), m.views[0] if m.views else None) for o in m.outputs]
+                for item, v in zip(items, inner, strict=True):
+                    item.meta["val"] = v
                 op, rest = m.out_view
                 items = [graph.call_function(op, (item, *rest)) for item in items]
         for item, old in zip(items, m.outputs, strict=True):
@@ -373,7 +384,8 @@ def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]
             old.replace_all_uses_with(item)
             replaced[old] = item
         if m.multi:
-            new.meta["val"] = tuple(o.meta.get("val") for o in m.outputs)
+            new.meta["val"] = tuple(i.meta.get("val") for i in items) if m.out_view is None \
+                else tuple(viewed(o.meta.get("val"), m.views[0] if m.views else None) for o in m.outputs)
             new.meta.update({k: v for k, v in m.output.meta.items() if k in _META and k != "val"})
         # erase explicitly (not eliminate_dead_code): in-place ops such as nn.RMSNorm's add_
         # count as impure there and would stay behind, still computing. Only nodes left without
