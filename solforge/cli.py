@@ -102,7 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--retune", action="store_true",
                    help="tune every workload again, even those the database knows (the results are stored)")
     t.add_argument("--resume", action="store_true",
-                   help="go on with searches an earlier run's budget cut short (what it measured is reused)")
+                   help="go on with searches an earlier run's budget cut short (what it measured is reused; "
+                        "candidates that failed other than in compiling are measured again)")
     t.add_argument("--profile", default="auto", choices=["auto", "on", "off"],
                    help="profile before and after (auto: unless every kernel comes from the database)")
     pr = sub.add_parser("profile", help="where the GPU time goes: regions, roofline, Amdahl ranking, traces",
