@@ -214,22 +214,26 @@ class SolforgeBackend:
     bodies: list[Any] = field(default_factory=list)
 
     def _keep_checkpoints(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
-        """In a training graph, each checkpointed region becomes a call of checkpoint.py's op, its body
-        lowered, rewritten and recorded as a graph of its own (before this graph: it takes the lower
-        index). Whether any was; one that cannot be kept leaves the graph to lower_to_aten's
-        BackwardLost, with the reason noted."""
+        """In a training graph, each custom autograd.Function becomes a call of checkpoint.py's
+        `function` op (applied as dynamo traced it), and each checkpointed region a call of its
+        `checkpoint` op, its body lowered, rewritten and recorded as a graph of its own (before this
+        graph: it takes the lower index). Whether any was; one that cannot be kept leaves the graph
+        to lower_to_aten's BackwardLost, with the reason noted."""
         if not (torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
                                                 for x in example_inputs)):
             return False
-        if not any(_checkpoint.is_checkpoint(n) for n in gm.graph.nodes):
-            return False
-        try:
-            bodies = _checkpoint.split(gm, self._body)
-        except Exception as e:  # Unsupported, or a bug: what was not replaced leaves BackwardLost to act
-            self.errors.append(f"graph {len(self.graphs)}: a checkpointed region not kept: {type(e).__name__}: {e}")
-            return False
-        self.bodies += bodies
-        return True
+        kept = False
+        for what, found, split in (
+                ("a custom autograd.Function", _checkpoint.is_function, _checkpoint.split_functions),
+                ("a checkpointed region", _checkpoint.is_checkpoint, lambda g: _checkpoint.split(g, self._body))):
+            if not any(found(n) for n in gm.graph.nodes):
+                continue
+            try:
+                self.bodies += split(gm)
+                kept = True
+            except Exception as e:  # Unsupported, or a bug: what was not replaced leaves BackwardLost to act
+                self.errors.append(f"graph {len(self.graphs)}: {what} not kept: {type(e).__name__}: {e}")
+        return kept
 
     def _body(self, body: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         """A checkpointed region's body, lowered and rewritten like a graph and recorded as one (its

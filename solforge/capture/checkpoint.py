@@ -18,6 +18,11 @@ torch.utils.checkpoint: it sees the lowered body's ATen ops and solforge's fused
 Not handled (the graph then runs as dynamo gave it, capture.BackwardLost): options other than
 those, arguments that are not tensors, graphs for many sizes (symbolic shapes), and a body whose
 output is used other than item by item.
+
+A custom `torch.autograd.Function` in a training graph (a straight-through estimator, a gradient
+reversal) is kept the same way by `split_functions`: dynamo's `autograd_function_apply` (its forward
+and backward subgraphs) becomes one call of `solforge_capture::function(call, args)`, which applies
+it as dynamo traced it, with its own backward, while the rest of the graph is lowered and fused.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ _NAMES = itertools.count()
 
 _LIB = torch.library.Library("solforge_capture", "FRAGMENT")
 _LIB.define("checkpoint(str body, Tensor[] args) -> Tensor[]")
+_LIB.define("function(str call, Tensor[] args) -> Tensor[]")
 
 
 def _outputs(out: Any, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -95,9 +101,32 @@ _LIB.impl("checkpoint", _autograd, "Autograd")
 checkpoint_op = torch.ops.solforge_capture.checkpoint.default
 
 
-def is_checkpoint(node: fx.Node) -> bool:
+def _function_autograd(call: str, args: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The kept autograd.Function applied as dynamo traced it (its backward recorded where autograd
+    records); one op while something traces the call."""
+    if _tracing():
+        with torch._C._AutoDispatchBelowAutograd():
+            return function_op(call, args)
+    return _below_autograd(call, args)
+
+
+_LIB.impl("function", _below_autograd, "CompositeExplicitAutograd")
+_LIB.impl("function", _function_autograd, "Autograd")
+torch.library.register_fake("solforge_capture::function")(_below_autograd)
+function_op = torch.ops.solforge_capture.function.default
+
+
+def _is_hop(node: fx.Node, name: str) -> bool:
     return node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator) \
-        and node.target.name() == "tag_activation_checkpoint"
+        and node.target.name() == name
+
+
+def is_checkpoint(node: fx.Node) -> bool:
+    return _is_hop(node, "tag_activation_checkpoint")
+
+
+def is_function(node: fx.Node) -> bool:
+    return _is_hop(node, "autograd_function_apply")
 
 
 class Unsupported(Exception):
@@ -108,6 +137,58 @@ def _random(gm: fx.GraphModule) -> bool:
     """Whether the body draws random numbers (dropout): then the recomputation must see the same."""
     return any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
                and torch.Tag.nondeterministic_seeded in n.target.tags for n in gm.graph.nodes)
+
+
+def _tensor_args(n: fx.Node, args: Sequence[Any]) -> list[Any]:
+    """The example values of a kept call's arguments; Unsupported unless they are tensors of fixed
+    shapes and the call's output is used item by item."""
+    values = [a.meta.get("example_value") if isinstance(a, fx.Node) else a for a in args]
+    if not all(isinstance(v, torch.Tensor) for v in values) or symbolic(values):
+        raise Unsupported(f"{n.target.name()} with arguments other than tensors of fixed shapes")  # type: ignore[union-attr]
+    if not all(u.target is operator.getitem for u in n.users):
+        raise Unsupported(f"{n.target.name()} whose output is used whole")  # type: ignore[union-attr]
+    return values
+
+
+def _replace(gm: fx.GraphModule, n: fx.Node, op: Any, name: str, args: Sequence[Any],
+             refs: Sequence[fx.Node]) -> None:
+    with gm.graph.inserting_before(n):
+        call = gm.graph.call_function(op, (name, list(args)))
+    call.meta.update(n.meta)
+    n.replace_all_uses_with(call)
+    gm.graph.erase_node(n)
+    for ref in refs:  # the subgraphs' get_attr nodes, once nothing else reads them
+        if not ref.users:
+            gm.graph.erase_node(ref)
+
+
+def split_functions(gm: fx.GraphModule) -> list[Body]:
+    """Replace each custom autograd.Function application in `gm` (a dynamo training graph) by a
+    `function_op` call that applies it as dynamo traced it; returns their bodies (the caller keeps
+    them alive). Raises Unsupported, leaving `gm` as it was, for one it cannot keep."""
+    found = [n for n in gm.graph.nodes if is_function(n)]
+    plans = []
+    for n in found:
+        fwd, bwd, *args = n.args
+        if not (isinstance(fwd, fx.Node) and isinstance(bwd, fx.Node) and fwd.op == bwd.op == "get_attr"):
+            raise Unsupported("autograd_function_apply without its subgraphs")
+        _tensor_args(n, args)
+        plans.append((n, fwd, bwd, args))
+    bodies = []
+    for n, fwd, bwd, args in plans:
+        hop, kwargs = n.target, dict(n.kwargs)
+        fwd_mod, bwd_mod = gm.get_submodule(fwd.target), gm.get_submodule(bwd.target)
+
+        def apply(*a: Any, hop: Any = hop, f: Any = fwd_mod, b: Any = bwd_mod, kw: Any = kwargs) -> Any:
+            return hop(f, b, *a, **kw)
+
+        body = Body(f"fn{next(_NAMES)}", apply, False, None)  # (apply holds the subgraphs)
+        _BODIES[body.name] = body
+        bodies.append(body)
+        _replace(gm, n, function_op, body.name, args, (fwd, bwd))
+    if plans:
+        gm.recompile()
+    return bodies
 
 
 def split(gm: fx.GraphModule, prepare: Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]) -> list[Body]:
@@ -121,12 +202,7 @@ def split(gm: fx.GraphModule, prepare: Callable[[fx.GraphModule, list[Any]], Cal
         body_ref, *args = n.args
         if set(n.kwargs) - {"use_reentrant", "preserve_rng_state"}:
             raise Unsupported(f"checkpoint options {sorted(set(n.kwargs) - {'use_reentrant', 'preserve_rng_state'})}")
-        values = [a.meta.get("example_value") if isinstance(a, fx.Node) else a for a in args]
-        if not all(isinstance(v, torch.Tensor) for v in values) or symbolic(values):
-            raise Unsupported("a checkpointed region with arguments other than tensors of fixed shapes")
-        if not all(u.target is operator.getitem for u in n.users):
-            raise Unsupported("a checkpointed region whose output is used whole")
-        plans.append((n, body_ref, args, values))
+        plans.append((n, body_ref, args, _tensor_args(n, args)))
     bodies = []
     for n, body_ref, args, values in plans:
         body = gm.get_submodule(body_ref.target)
@@ -135,13 +211,7 @@ def split(gm: fx.GraphModule, prepare: Callable[[fx.GraphModule, list[Any]], Cal
                  getattr(body, "meta", {}).get("_checkpoint_context_fn"))
         _BODIES[b.name] = b
         bodies.append(b)
-        with gm.graph.inserting_before(n):
-            call = gm.graph.call_function(checkpoint_op, (b.name, list(args)))
-        call.meta.update(n.meta)
-        n.replace_all_uses_with(call)
-        gm.graph.erase_node(n)
-        if not body_ref.users:
-            gm.graph.erase_node(body_ref)
+        _replace(gm, n, checkpoint_op, b.name, args, (body_ref,))
     if plans:
         gm.delete_all_unused_submodules()
         gm.recompile()
