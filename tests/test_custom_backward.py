@@ -266,3 +266,40 @@ def test_transformers_gradient_checkpointing_gets_fused_kernels() -> None:
     compiled = torch.compile(m, backend="eager")
     saved(compiled)  # its first call compiles
     assert saved(opt) <= saved(compiled)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_checkpointed_training_steps_on_the_gpu() -> None:
+    """qwen3-tiny with gradient checkpointing, ten AdamW steps: with the training replays on (the
+    default: the checkpoint ops' recomputation then runs inside the captured backward, or the capture
+    is declined) and off, and eager, give the same losses and parameters."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from solforge.zoo import load_model
+
+    lm = load_model("qwen3-tiny", device="cuda", dtype=torch.float32, batch=2, seq=8, weights=None, seed=0)
+    lm.model.gradient_checkpointing_enable()
+    models = {"on": lm.model.train(), "off": copy.deepcopy(lm.model).train(),
+              "eager": copy.deepcopy(lm.model).train()}
+    calls = {"on": integrate(models["on"], {})[0], "off": integrate(models["off"], {}, cuda_graphs=False)[0],
+             "eager": models["eager"]}
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, lm.model.config.vocab_size, (2, 9), generator=g).cuda() for _ in range(2)]
+    losses: dict[str, list[float]] = {name: [] for name in models}
+    for name, model in models.items():
+        optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for i in range(10):
+            ids = batches[i % 2]
+            loss = F.cross_entropy(calls[name](ids[:, :-1]).logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            optim.step()
+            losses[name].append(float(loss))
+    for other, tol in (("off", 1e-4), ("eager", 1e-3)):
+        for a, b in zip(losses["on"], losses[other], strict=True):
+            assert abs(a - b) <= tol * max(1.0, abs(a)), (other, losses)
+        worst = max(float((q - p).norm() / p.norm())
+                    for p, q in zip(models[other].parameters(), models["on"].parameters(), strict=True))
+        assert worst < tol, (other, worst)

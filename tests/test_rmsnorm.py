@@ -415,3 +415,16 @@ def test_gpu_cpu_tensor_rejected_and_compiled_op() -> None:
     f = torch.compile(lambda x, w: torch.ops.solforge.rmsnorm(x, w, EPS, BF16, True, "rows:bh=4096:r=2:w=8") * 2,
                       fullgraph=True)
     assert compare(f(x, w), 2 * rmsnorm_ref(x, w, EPS, round_before_weight=True)).ok
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("outer,H,inner,dtype", [(16, 64, 65536, FP32), (8, 512, 4096, BF16)])
+def test_gpu_cols_every_config(outer: int, H: int, inner: int, dtype: torch.dtype) -> None:
+    """KernelBench's RMSNorm over features (16 x 64 x 256 x 256 fp32) and a 512-channel norm: every
+    config of the cols space, at the full shape, against the reference (poisoned output)."""
+    x = torch.empty(outer, H, inner, dtype=dtype, device="meta").movedim(1, -1)
+    wl = workload_for(x, None if H == 64 else torch.empty(H, dtype=dtype, device="meta"), EPS)
+    wl = dataclasses.replace(wl, device="cuda")
+    for c in space(wl):
+        _check(wl, c)
