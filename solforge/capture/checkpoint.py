@@ -41,8 +41,9 @@ from solforge.shapes import symbolic
 
 
 class Body:
-    """A checkpointed region's body as the op runs it. Whoever holds the graph that calls it holds
-    this too (the backend's `bodies`): the registry below refers to it weakly."""
+    """What a kept call runs: a checkpointed region's body, or a custom Function's application.
+    Whoever holds the graph that calls it holds this too (the backend's `bodies`): the registry
+    below refers to it weakly."""
 
     __slots__ = ("__weakref__", "context_fn", "fn", "name", "rng")
 
@@ -130,13 +131,15 @@ def is_function(node: fx.Node) -> bool:
 
 
 class Unsupported(Exception):
-    """A checkpoint this module does not keep (see the module docstring)."""
+    """A call this module does not keep (see the module docstring)."""
 
 
 def _random(gm: fx.GraphModule) -> bool:
-    """Whether the body draws random numbers (dropout): then the recomputation must see the same."""
-    return any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-               and torch.Tag.nondeterministic_seeded in n.target.tags for n in gm.graph.nodes)
+    """Whether the body draws random numbers (dropout): then the recomputation must see the same. A
+    kept call inside it (a Function, a nested checkpoint) counts as drawing: its ops are not seen."""
+    return any(n.op == "call_function" and (n.target in (checkpoint_op, function_op) or (
+        isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags))
+        for n in gm.graph.nodes)
 
 
 def _tensor_args(n: fx.Node, args: Sequence[Any]) -> list[Any]:
