@@ -66,15 +66,15 @@ class GradModeLost(Exception):
 
 
 class BackwardLost(Exception):
-    """A training graph applies a custom `torch.autograd.Function` (a straight-through estimator, a
-    gradient reversal), registers a hook on a tensor it computes, or checkpoints a region
-    (`torch.utils.checkpoint`, transformers' gradient checkpointing). Dynamo keeps them as
-    higher-order ops; an ATen lowering traces the Function's forward into plain ops, whose autograd
-    derivative then replaces its backward (zero for a rounding STE), runs the hook registration on a
-    tracing tensor, so the hook never fires, and inlines the checkpointed region, so its activations
-    are kept for the backward instead of recomputed (the memory the user asked to save). Such a graph
-    runs as dynamo gave it. Without autograd recording (inference) only the forward counts, and the
-    graph is lowered as usual."""
+    """A training graph registers a hook on a tensor it computes, or holds a custom
+    `torch.autograd.Function` (a straight-through estimator, a gradient reversal) or a checkpointed
+    region (`torch.utils.checkpoint`, transformers' gradient checkpointing) that checkpoint.py could
+    not keep as one call. Dynamo keeps them as higher-order ops; an ATen lowering runs the hook
+    registration on a tracing tensor, so the hook never fires, traces the Function's forward into
+    plain ops, whose autograd derivative then replaces its backward (zero for a rounding STE), and
+    inlines the checkpointed region, so its activations are kept for the backward instead of
+    recomputed (the memory the user asked to save). Such a graph runs as dynamo gave it. Without
+    autograd recording (inference) only the forward counts, and the graph is lowered as usual."""
 
 
 # higher-order ops whose meaning is in the backward (see BackwardLost), and what a lowering does to it
@@ -137,8 +137,9 @@ def lower_to_aten(gm: fx.GraphModule, example_inputs: Sequence[Any],
     With a `cache`, a graph lowered before (by any process, same key: see cache.py) is read back
     instead of traced again; any cache problem falls back to tracing. Raises GradModeLost for a
     graph whose grad-mode switches matter (the lowering would lose them), and BackwardLost for a
-    training graph with a custom autograd.Function or a tensor hook (before the cache: an entry
-    written before this check existed must not serve such a graph).
+    training graph with a tensor hook, or a custom autograd.Function or checkpoint the backend did
+    not keep as one call (before the cache: an entry written before this check existed must not
+    serve such a graph).
     """
     lost = backward_lost(gm, example_inputs)
     if lost is not None:
@@ -210,10 +211,11 @@ class SolforgeBackend:
     # their default outside stepgraphs.step_graphs(): replay launch-bound calls made without
     # autograd recording (the optimized model's, integrate's cuda_graphs), or not (a capture)
     auto_replay: bool = False
-    # the checkpointed regions' bodies the graphs call (checkpoint.py): held as long as the backend
+    # what the graphs' kept calls run (checkpoint.py: checkpoint bodies, custom Functions), held as
+    # long as the backend
     bodies: list[Any] = field(default_factory=list)
 
-    def _keep_checkpoints(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    def _keep_calls(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
         """In a training graph, each custom autograd.Function becomes a call of checkpoint.py's
         `function` op (applied as dynamo traced it), and each checkpointed region a call of its
         `checkpoint` op, its body lowered, rewritten and recorded as a graph of its own (before this
@@ -239,7 +241,7 @@ class SolforgeBackend:
         """A checkpointed region's body, lowered and rewritten like a graph and recorded as one (its
         regions are planned, tuned and fused), but called by the checkpoint op, not by dynamo: no
         step graph. One that cannot be lowered runs as dynamo gave it, still checkpointed."""
-        kept = self._keep_checkpoints(body, example_inputs)  # checkpoints nested in this one
+        kept = self._keep_calls(body, example_inputs)  # Functions and checkpoints nested in this one
         index = len(self.graphs)
         try:
             aten = lower_to_aten(body, example_inputs, None if kept else self.cache)
@@ -254,8 +256,8 @@ class SolforgeBackend:
         return aten
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        # a lowering whose checkpoint calls name this process's bodies is not one to cache
-        kept = self._keep_checkpoints(gm, example_inputs)
+        # a lowering whose kept calls name this process's bodies is not one to cache
+        kept = self._keep_calls(gm, example_inputs)
         index = len(self.graphs)
         try:
             aten = lower_to_aten(gm, example_inputs, None if kept else self.cache)
