@@ -90,17 +90,16 @@ _BACKWARD_HOPS = {
 def backward_lost(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
     """The first node (in `gm` or a subgraph of it) that an ATen lowering of this training graph
     would lose the backward of, or None (see BackwardLost)."""
-    if not torch.is_grad_enabled() or not any(isinstance(x, torch.Tensor) and x.requires_grad
-                                              for x in example_inputs):
+    if not _checkpoint.training(example_inputs):
         return None
     for mod in gm.modules():
         if not isinstance(mod, fx.GraphModule):
             continue
         for n in mod.graph.nodes:
-            if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator) \
-                    and n.target.name() in _BACKWARD_HOPS:
+            what = _BACKWARD_HOPS.get(_checkpoint.hop_name(n) or "")
+            if what is not None:
                 where = module_path(n)
-                return _BACKWARD_HOPS[n.target.name()] + (f" (in {where})" if where else "")
+                return what + (f" (in {where})" if where else "")
     return None
 
 
@@ -221,8 +220,7 @@ class SolforgeBackend:
         `checkpoint` op, its body lowered, rewritten and recorded as a graph of its own (before this
         graph: it takes the lower index). Whether any was; one that cannot be kept leaves the graph
         to lower_to_aten's BackwardLost, with the reason noted."""
-        if not (torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
-                                                for x in example_inputs)):
+        if not _checkpoint.training(example_inputs):
             return False
         kept = False
         for what, found, split in (

@@ -117,17 +117,25 @@ torch.library.register_fake("solforge_capture::function")(_below_autograd)
 function_op = torch.ops.solforge_capture.function.default
 
 
-def _is_hop(node: fx.Node, name: str) -> bool:
-    return node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator) \
-        and node.target.name() == name
+def training(example_inputs: Sequence[Any]) -> bool:
+    """Whether a graph compiled for these inputs records a backward (grad mode on, an input that
+    requires grad): where a call's backward matters."""
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+
+
+def hop_name(node: fx.Node) -> str | None:
+    """The name of the higher-order op a node calls (tag_activation_checkpoint, ...), else None."""
+    if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+        return node.target.name()
+    return None
 
 
 def is_checkpoint(node: fx.Node) -> bool:
-    return _is_hop(node, "tag_activation_checkpoint")
+    return hop_name(node) == "tag_activation_checkpoint"
 
 
 def is_function(node: fx.Node) -> bool:
-    return _is_hop(node, "autograd_function_apply")
+    return hop_name(node) == "autograd_function_apply"
 
 
 class Unsupported(Exception):

@@ -98,11 +98,6 @@ def static_dims(sizes: Sequence[Any]) -> bool:
     return all(type(d) is int for d in sizes)
 
 
-def flattened(v: torch.Tensor | None, k: int) -> torch.Tensor | None:
-    """The value `v` (a node's fake tensor) as the op sees it under `merged_dims(args, k, ...)`."""
-    return v.flatten(-k) if v is not None and k > 1 else v
-
-
 def viewed(v: torch.Tensor | None, view: View | None) -> torch.Tensor | None:
     """A node's value `v` (a fake tensor) as the op sees it through `view` (a `Match.views` entry)."""
     return v if v is None or view is None else view[0](v, *view[1])
@@ -371,11 +366,11 @@ def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]
             new = graph.call_function(m.op, (*args, config))
             items = [graph.call_function(operator.getitem, (new, i)) for i in range(len(m.outputs))] \
                 if m.multi else [new]
+            # what the op returns: each output as its first argument's view makes it (the normalized
+            # tensor and the sum have that argument's shape)
+            returned = [viewed(o.meta.get("val"), m.views[0] if m.views else None) for o in m.outputs]
             if m.out_view is not None:
-                # what the op returns: each output as its first argument's view makes it (the
-                # normalized tensor and the sum have that argument's shape)
-                inner = [viewed(o.meta.get("val"), m.views[0] if m.views else None) for o in m.outputs]
-                for item, v in zip(items, inner, strict=True):
+                for item, v in zip(items, returned, strict=True):
                     item.meta["val"] = v
                 op, rest = m.out_view
                 items = [graph.call_function(op, (item, *rest)) for item in items]
@@ -384,8 +379,7 @@ def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]
             old.replace_all_uses_with(item)
             replaced[old] = item
         if m.multi:
-            new.meta["val"] = tuple(i.meta.get("val") for i in items) if m.out_view is None \
-                else tuple(viewed(o.meta.get("val"), m.views[0] if m.views else None) for o in m.outputs)
+            new.meta["val"] = tuple(returned)
             new.meta.update({k: v for k, v in m.output.meta.items() if k in _META and k != "val"})
         # erase explicitly (not eliminate_dead_code): in-place ops such as nn.RMSNorm's add_
         # count as impure there and would stay behind, still computing. Only nodes left without

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match, flattened, merged_dims, static_dims
+from solforge.plan import Match, merged_dims, static_dims, viewed
 
 aten = torch.ops.aten
 
@@ -35,11 +35,11 @@ def _val(node: Any) -> torch.Tensor | None:
 
 def _param(node: Any, dims: tuple[int, ...]) -> tuple[bool, torch.Tensor | None]:
     """(acceptable, value) for a weight/bias argument: absent, or a tensor of the normalized shape
-    and a kernel dtype (its value as the op sees it: flattened to (H,))."""
+    and a kernel dtype."""
     if node is None:
         return True, None
     v = _val(node)
-    return (v is not None and tuple(v.shape) == dims and v.dtype in _SUPPORTED), flattened(v, len(dims))
+    return (v is not None and tuple(v.shape) == dims and v.dtype in _SUPPORTED), v
 
 
 def _match_node(node: fx.Node) -> Match | None:
@@ -72,11 +72,13 @@ def _match_node(node: fx.Node) -> Match | None:
     ov = _val(out)
     if ov is None or ov.dtype not in _SUPPORTED or tuple(ov.shape) != tuple(xv.shape):
         return None
-    workload = family.workload_for(flattened(xv, k), wv, bv, float(eps), out_dtype=ov.dtype)
+    args = (x, weight, bias, float(eps), ov.dtype)
+    views = merged_dims(args, k, dims)
+    vx, vw, vb = views.get("views", (None, None, None))[:3]
+    workload = family.workload_for(viewed(xv, vx), viewed(wv, vw), viewed(bv, vb), float(eps), out_dtype=ov.dtype)
     if not family.supported(workload):
         return None
-    args = (x, weight, bias, float(eps), ov.dtype)
-    return Match(family.FAMILY, family.layernorm_op, out, args, nodes, workload, **merged_dims(args, k, dims))
+    return Match(family.FAMILY, family.layernorm_op, out, args, nodes, workload, **views)
 
 
 def match(graph: fx.Graph) -> list[Match]:
