@@ -21,13 +21,14 @@ Where it is on: inside `step_graphs()`, and in an optimized model made with `cud
    they move after a capture that served calls (each `generate` call makes a new static cache),
    the graph is captured again at once.
 4. The first capture is judged on its next calls, which alternate between a replay and a run of
-   the graph as it is, each timed on the host, until the fastest of one is under half the other's
-   (a decode step: after one run) or PAY_SAMPLES replays. If the fastest replay (the input
-   copies, the replay and the output copies) does not save a tenth of the fastest run's host
-   time, the capture is dropped and the graph runs as it is from then on: a piece of one or two
-   kernels between graph breaks, or a lone norm, costs about as much to run as to replay, and a
-   replay adds its copies to the GPU's work (a lone norm: two copy kernels around one) and holds
-   memory.
+   the graph as it is, each timed from an idle GPU to the GPU's end of its work (host and GPU
+   together: a call's latency), until the fastest of one is under half the other's (a decode
+   step: after one run) or PAY_SAMPLES replays. If the fastest replay (the input copies, the
+   replay and the output copies) does not save a tenth of the fastest run's time, the capture is
+   dropped and the graph runs as it is from then on: a piece of one or two kernels between graph
+   breaks, or a lone norm, costs about as much to run as to replay, and a replay adds its copies
+   to the GPU's work (a lone norm: two copy kernels around one, which on a 256 MiB input cost
+   more than the kernel) and holds memory.
 
 The inputs a CUDA graph reads are addresses. Parameters, tensors marked static for dynamo and
 inputs the graph writes to (the KV cache, its length counter) are used in place: a replay needs
@@ -65,11 +66,11 @@ from solforge.shapes import symbolic_inputs
 
 _DATA_PTR = torch.Tensor.data_ptr
 LAUNCH_BOUND = 0.5  # host enqueue time / GPU time at or above which a graph is worth capturing
-# Replays of a new capture, and runs of the graph between them, timed on the host
-# (_judged_replay): a capture is kept only if its fastest replay took under PAY_MARGIN of the
-# fastest run's time. A graph of one or two kernels (a piece between graph breaks, a lone norm) can
-# cost less to run than a replay's input copies, launch and output copies, and a replay also adds
-# its copies' kernels to the GPU's work while its capture holds a memory pool. The verdict comes
+# Replays of a new capture, and runs of the graph between them, each timed until the GPU is done
+# with it (_judged_replay): a capture is kept only if its fastest replay took under PAY_MARGIN of
+# the fastest run's time. A graph of one or two kernels (a piece between graph breaks, a lone norm)
+# can cost less to run than a replay's input copies, launch and output copies, which the GPU runs
+# too, while its capture holds a memory pool. The verdict comes
 # once one is under PAY_CLEAR of the other (a decode step: after one run and two replays), else
 # after PAY_SAMPLES replays.
 PAY_SAMPLES = 16
@@ -231,12 +232,13 @@ class StepGraph:
         self._replay: Callable[[], None] | None = None
         self._key: tuple[Any, ...] | None = None
         self._served = 0  # replays of the current capture
-        # host seconds of the first capture's first replays and of the runs between them
+        # seconds of the first capture's first replays and of the runs between them, each until
+        # the GPU was done (_judged_replay)
         self._replay_times: list[float] = []
         self._run_times: list[float] = []
-        # the fastest of each, once judged (_judged_replay)
-        self.replay_host_s: float | None = None
-        self.run_host_s: float | None = None
+        # the fastest of each, once judged
+        self.replay_s: float | None = None
+        self.run_s: float | None = None
         self._lock = threading.Lock()
         self._copied: list[tuple[int, torch.Tensor]] = []
         self._outs: list[tuple[str, Any]] = []
@@ -291,7 +293,7 @@ class StepGraph:
             return self.gm(*args)
         key = self._current_key(args)
         if self._replay is not None and key == self._key:
-            return self._run_replay(args) if self.replay_host_s is not None else self._judged_replay(args)
+            return self._run_replay(args) if self.replay_s is not None else self._judged_replay(args)
         if self.launch_bound is None:
             if self.calls == 1:  # compilation and first launches: not a measure of anything
                 self._last_key = key
@@ -322,28 +324,32 @@ class StepGraph:
                 if problem is not None:
                     self.declined += f"; resetting the capture state failed too: {problem}"
             return self.gm(*args)
-        return self._run_replay(args) if self.replay_host_s is not None else self._judged_replay(args)
+        return self._run_replay(args) if self.replay_s is not None else self._judged_replay(args)
 
     def _judged_replay(self, args: Sequence[Any]) -> Any:
         """A call while the first capture is judged: the first replays (it uploads the graph), then
-        calls alternate between running the graph as it is and replaying it, each timed on the
-        host; alternating puts both under the same conditions (a graph's first calls run slower
-        than its later ones). The fastest of each decide: as soon as one is under PAY_CLEAR of
-        the other, else after PAY_SAMPLES replays. A capture whose replay does not save at least
-        1 - PAY_MARGIN of a run's host time is dropped."""
+        calls alternate between running the graph as it is and replaying it, each timed from an
+        idle GPU until the GPU has done its work (the host's launches and the GPU's kernels, the
+        replay's copies among them); alternating puts both under the same conditions (a graph's
+        first calls run slower than its later ones). The fastest of each decide: as soon as one
+        is under PAY_CLEAR of the other, else after PAY_SAMPLES replays. A capture whose replay
+        does not save at least 1 - PAY_MARGIN of a run's time is dropped."""
         run_plain = len(self._replay_times) > len(self._run_times)
+        sync = torch.cuda.synchronize if self._needs_cuda else (lambda: None)
+        sync()
         t = time.perf_counter()
         out = self.gm(*args) if run_plain else self._run_replay(args)
+        sync()
         (self._run_times if run_plain else self._replay_times).append(time.perf_counter() - t)
         if len(self._replay_times) < 2 or not self._run_times:
             return out
         replay, run = min(self._replay_times[1:]), min(self._run_times)  # the first replay uploaded
         if replay > PAY_CLEAR * run and run > PAY_CLEAR * replay and len(self._replay_times) <= PAY_SAMPLES:
             return out  # too close to call yet
-        self.replay_host_s, self.run_host_s = replay, run
+        self.replay_s, self.run_s = replay, run
         if replay >= PAY_MARGIN * run:
-            self.declined = (f"a replay saves too little host time over running the graph: "
-                             f"{replay * 1e6:.1f} us against {run * 1e6:.1f} us")
+            self.declined = (f"a replay saves too little time over running the graph: "
+                             f"{replay * 1e6:.1f} us against {run * 1e6:.1f} us a call")
             self._drop_capture()
         return out
 
@@ -442,9 +448,9 @@ class StepGraph:
             text = f"not replayed: {self.declined}"
         elif self.captures:
             text = f"replayed {self.replays} call(s) from {self.captures} capture(s)"
-            if self.replay_host_s is not None and self.run_host_s is not None:
-                text += (f" (host time a call: {self.replay_host_s * 1e6:.1f} us replayed, "
-                         f"{self.run_host_s * 1e6:.1f} us run as it is)")
+            if self.replay_s is not None and self.run_s is not None:
+                text += (f" (a call, until the GPU is done: {self.replay_s * 1e6:.1f} us replayed, "
+                         f"{self.run_s * 1e6:.1f} us run as it is)")
         else:
             text = f"{self.calls} call(s), not captured yet"
         return text if self.training is None else f"{text}; {self.training.summary()}"

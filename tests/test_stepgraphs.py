@@ -199,10 +199,10 @@ def test_a_capture_whose_replays_cost_more_than_running_the_graph_is_dropped() -
     _decode_steps(step, gm, 10)
     # plain, timed, captured and replayed (it uploads), run, replay: judged; runs from then on
     assert (step.captures, step.replays) == (1, 2)
-    assert step.declined is not None and "saves too little host time over running the graph" in step.declined
+    assert step.declined is not None and "saves too little time over running the graph" in step.declined
     assert step._replay is None and step._outs == [] and step._copied == []  # its memory is let go
-    assert step.replay_host_s is not None and step.run_host_s is not None
-    assert step.replay_host_s >= 0.02 > step.run_host_s
+    assert step.replay_s is not None and step.run_s is not None
+    assert step.replay_s >= 0.02 > step.run_s
 
 
 def test_a_close_call_is_judged_on_more_samples() -> None:
@@ -211,8 +211,8 @@ def test_a_close_call_is_judged_on_more_samples() -> None:
     gm = _graph()
     step = StepGraph(gm, capture=fake_capture, measure=launch_bound, needs_cuda=False)
     _decode_steps(step, gm, 2 + 2 * PAY_SAMPLES + 4)
-    assert step.replay_host_s is not None and step.run_host_s is not None, step.summary()
-    assert (step.declined is None) == (step.replay_host_s < PAY_MARGIN * step.run_host_s)
+    assert step.replay_s is not None and step.run_s is not None, step.summary()
+    assert (step.declined is None) == (step.replay_s < PAY_MARGIN * step.run_s)
     assert step.captures == 1 and step.replays >= 2
 
 
@@ -222,8 +222,8 @@ def test_a_capture_whose_replays_cost_less_is_kept_and_says_what_a_call_costs_ea
     _decode_steps(step, gm, 8)
     # plain, timed, captured and replayed, run, replay: judged (kept); then three more replays
     assert step.declined is None and step.replays == 5, step.summary()
-    assert step.replay_host_s is not None and step.run_host_s is not None
-    assert step.run_host_s >= 0.02 > step.replay_host_s
+    assert step.replay_s is not None and step.run_s is not None
+    assert step.run_s >= 0.02 > step.replay_s
     assert "us replayed" in step.summary() and "us run as it is" in step.summary()
 
 
@@ -370,8 +370,8 @@ def test_an_optimized_small_models_no_grad_forward_replays_on_the_gpu() -> None:
             plain = [opt(torch.full((8, 64), 0.01 * i, device="cuda")) for i in range(13)]
     (step,) = stats.step_graphs
     assert step.declined is None and step.captures == 1 and step.replays == 10, step.summary()
-    assert step.replay_host_s is not None and step.run_host_s is not None
-    assert step.replay_host_s < PAY_CLEAR * step.run_host_s, step.summary()
+    assert step.replay_s is not None and step.run_s is not None
+    assert step.replay_s < PAY_CLEAR * step.run_s, step.summary()
     for i, (a, b) in enumerate(zip(outs, plain, strict=True)):
         assert torch.equal(a, b), i
     y = opt(torch.ones(8, 64, device="cuda"))  # autograd recording: run as it is, with a graph
