@@ -183,3 +183,65 @@ def test_grouped_heads_under_many_sizes_causal_and_windowed() -> None:
         (call,) = [n for n in made.graph.nodes if n.target == torch.ops.aten.scaled_dot_product_attention.default]
         assert all(call.kwargs.get(key) == value for key, value in made_kw.items()), call.kwargs
         assert ("aten.repeat_interleave.self_int" in _ops(made)) == (window is not None)
+
+
+class CheckpointedAttention(nn.Module):
+    """Two blocks of projection + masked SDPA, each under torch.utils.checkpoint, with the mask built
+    once outside them from sizes alone and passed in, as transformers does under gradient
+    checkpointing; each block turns it into an additive mask first (CPU SDPA's traced form does)."""
+
+    def __init__(self, window: int | None) -> None:
+        super().__init__()
+        self.window = window
+        self.proj = nn.ModuleList(nn.Linear(16, 48) for _ in range(2))
+
+    def block(self, i: int, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.proj[i](x).unflatten(-1, (3, 2, 8)).permute(2, 0, 3, 1, 4)
+        bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill(~mask, float("-inf"))
+        return x + F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).flatten(-2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        i = torch.arange(x.shape[1], device=x.device)
+        mask = i[None, :] <= i[:, None]
+        if self.window is not None:
+            mask = mask & (i[:, None] - i[None, :] < self.window)
+        for j in range(2):
+            x = torch.utils.checkpoint.checkpoint(self.block, j, x, mask[None, None], use_reentrant=False)
+        return x
+
+
+def test_a_causal_mask_passed_into_checkpointed_blocks_is_restored_inside_them() -> None:
+    """Each checkpointed body's SDPA gets is_causal back from the mask the calling graph computes
+    (a sliding window stays masked), and the gradients stay eager's."""
+    for window, expected in ((None, 1), (3, 0)):
+        torch.manual_seed(0)
+        m = CheckpointedAttention(window).to(DEVICE).train()
+        x = torch.randn(2, 8, 16, device=DEVICE, requires_grad=True)
+        b = capture.capture(m, (x,), grad=True)
+        assert not b.errors, b.errors
+        callers = [g for g in b.graphs if any(n.target is capture._checkpoint.checkpoint_op
+                                             for n in g.aten.graph.nodes)]
+        assert len(b.graphs) == 3 and len(callers) == 1  # two bodies and the graph that calls them
+        assert [g.attention_restored for g in b.graphs if g not in callers] == [expected, expected], window
+        opt = capture.compile_with(m, capture.SolforgeBackend())
+        out = opt(x)
+        out.square().sum().backward()
+        got = {n: p.grad.clone() for n, p in m.named_parameters()}
+        m.zero_grad()
+        ref = m(x)
+        ref.square().sum().backward()
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        for n, p in m.named_parameters():
+            torch.testing.assert_close(got[n], p.grad, rtol=1e-4, atol=1e-5, msg=n)
+        m.zero_grad()
+
+
+def test_qwen3_with_gradient_checkpointing_gets_is_causal_in_every_layer() -> None:
+    lm = load_model("qwen3-tiny", device=DEVICE, batch=1, seq=16, dtype="fp32")
+    lm.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lm.model.train()
+    b = capture.capture(lm.model, lm.example_inputs, grad=True)
+    assert not b.errors, b.errors
+    assert sum(g.attention_restored for g in b.graphs) == 2  # one per layer, inside its checkpoint
+    ops = [op for g in b.graphs for op in _ops(g.aten)]
+    assert ops.count("solforge_capture.checkpoint.default") == 2

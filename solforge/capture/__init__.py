@@ -25,7 +25,7 @@ from torch.fx.traceback import preserve_node_meta
 
 from solforge.capture import checkpoint as _checkpoint
 from solforge.capture.cache import LoweringCache
-from solforge.capture.canonical import restore_causal_attention
+from solforge.capture.canonical import constant_value, mask_inputs, restore_causal_attention
 from solforge.capture.cse import eliminate_common_subexpressions
 from solforge.capture.noops import drop_empty_concats
 from solforge.shapes import ShapeDispatch, bound, copy_graph, symbolic, symbolic_inputs
@@ -247,6 +247,8 @@ class SolforgeBackend:
             self.errors.append(f"graph {index} (a checkpointed region): lowering failed: {type(e).__name__}: {e}")
             return body.forward
         restored, removed, concats = self._passes(aten, index)
+        if kept:
+            self._causal_bodies(aten, index)  # nested checkpoints: their mask comes through this body
         if self.rewrite is not None:
             aten = self.rewrite(aten, index)
         self.graphs.append(CapturedGraph(index=index, aten=aten, attention_restored=restored,
@@ -263,6 +265,8 @@ class SolforgeBackend:
             self.errors.append(f"graph {index}: lowering failed: {type(e).__name__}: {e}")
             return gm.forward
         restored, removed, concats = self._passes(aten, index)
+        if kept:
+            self._causal_bodies(aten, index)
         # a graph for many sizes: made again per set of sizes that comes back (shapes.py), from
         # this copy, which no rewrite touches (integrate_captured rewrites `aten` in place later)
         pristine = copy_graph(aten) if symbolic_inputs(aten) else None
@@ -300,6 +304,44 @@ class SolforgeBackend:
             self.errors.append(f"graph {index}: empty-concatenation pass failed: {type(e).__name__}: {e}")
             concats = 0
         return restored, removed, concats
+
+    def _causal_bodies(self, aten: fx.GraphModule, index: int) -> int:
+        """Checkpointed bodies called by `aten` whose SDPA mask is an argument that `aten` computes
+        from sizes alone (transformers builds the causal mask once, outside the decoder layers that
+        gradient checkpointing wraps): where its value is exactly causal, the body's calls get
+        is_causal back as in a graph that builds its own mask (eager's flash call, not a masked one
+        that took three times as long in Llama-3.2-1B's checkpointed step). Returns how many calls."""
+        restored = 0
+        values: dict[fx.Node, Any] = {}
+        for node in aten.graph.nodes:
+            if node.op != "call_function" or node.target is not _checkpoint.checkpoint_op:
+                continue
+            name, args = node.args
+            body = _checkpoint.body_fn(name)
+            if not isinstance(body, fx.GraphModule):
+                continue
+            placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+            known = {}
+            for mask in mask_inputs(body):
+                arg = args[placeholders.index(mask)] if len(placeholders) == len(args) else None
+                if isinstance(arg, fx.Node):
+                    if arg not in values:
+                        values[arg] = constant_value(aten, arg)
+                    if values[arg] is not None:
+                        known[mask] = values[arg]
+            if not known:
+                continue
+            try:
+                done = restore_causal_attention(body, known)
+            except Exception as e:  # the body as traced is still correct, only slower
+                self.errors.append(f"graph {index}: attention pass on a checkpointed body failed: "
+                                   f"{type(e).__name__}: {e}")
+                continue
+            restored += done
+            for g in self.graphs:
+                if g.aten is body:
+                    g.attention_restored += done
+        return restored
 
     def _drop(self, step: Any) -> None:
         """A graph made for one set of sizes that its dispatch no longer keeps: its CUDA graph's

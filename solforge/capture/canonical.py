@@ -27,6 +27,7 @@ compile time:
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -40,6 +41,8 @@ aten = torch.ops.aten
 
 # op -> name of its mask argument; each returns a tuple whose element 0 is the attention output,
 # except the high-level op, which returns the tensor itself
+_NONE: Mapping[fx.Node, Any] = {}  # no graph inputs with known values
+
 _SDPA: dict[Any, str] = {aten.scaled_dot_product_attention.default: "attn_mask"}
 for _name, _mask in (("_scaled_dot_product_cudnn_attention", "attn_bias"),
                      ("_scaled_dot_product_efficient_attention", "attn_bias"),
@@ -85,9 +88,10 @@ def _size(n: fx.Node) -> int | None:
     return bound_value(n.meta.get("val"))
 
 
-def _constant_ancestors(node: fx.Node) -> list[fx.Node] | None:
-    """The nodes `node` is computed from, in graph order, or None if any is a graph input. A size
-    with a value for the bound sizes (`_size`) is where the walk stops: it is known."""
+def _constant_ancestors(node: fx.Node, known: Mapping[fx.Node, Any] = _NONE) -> list[fx.Node] | None:
+    """The nodes `node` is computed from, in graph order, or None if any is a graph input not in
+    `known`. A size with a value for the bound sizes (`_size`) is where the walk stops: it is
+    known."""
     seen: dict[fx.Node, None] = {}
     stack = [node]
     while stack:
@@ -95,7 +99,7 @@ def _constant_ancestors(node: fx.Node) -> list[fx.Node] | None:
         if n in seen:
             continue
         seen[n] = None
-        if _size(n) is not None:
+        if n in known or _size(n) is not None:
             continue
         if n.op not in ("call_function", "get_attr"):
             return None
@@ -126,15 +130,17 @@ def _from_sizes(node: fx.Node) -> bool:
     return True
 
 
-def _evaluate(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
-    nodes = _constant_ancestors(node)
+def _evaluate(gm: fx.GraphModule, node: fx.Node, known: Mapping[fx.Node, Any] = _NONE) -> torch.Tensor | None:
+    nodes = _constant_ancestors(node, known)
     if nodes is None:
         return None
     env: dict[fx.Node, Any] = {}
     try:
         for n in nodes:
             size = _size(n)
-            if size is not None:
+            if n in known:
+                env[n] = known[n]
+            elif size is not None:
                 env[n] = size
             elif n.op == "get_attr":
                 obj: Any = gm
@@ -262,9 +268,39 @@ def _repeat_heads(x: fx.Node, n_rep: int) -> fx.Node:
     return out
 
 
-def restore_causal_attention(gm: fx.GraphModule) -> int:
+def mask_inputs(gm: fx.GraphModule) -> list[fx.Node]:
+    """The graph inputs that the masks of `gm`'s SDPA calls are computed from: a checkpointed
+    region's body gets the model's mask as an argument, computed outside it, and may convert it
+    (a bool mask to an additive one) before its calls (see `restore_causal_attention`'s `known`)."""
+    found: dict[fx.Node, None] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in _SDPA:
+            continue
+        kw = _kwargs(node)
+        mask = None if kw is None else kw.get(_SDPA[node.target])
+        stack, seen = [mask] if isinstance(mask, fx.Node) else [], set()
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n.op == "placeholder":
+                found[n] = None
+            stack.extend(n.all_input_nodes)
+    return list(found)
+
+
+def constant_value(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
+    """The value of `node` when `gm` computes it from constants and sizes alone (a causal mask),
+    else None."""
+    return _evaluate(gm, node)
+
+
+def restore_causal_attention(gm: fx.GraphModule, known: dict[fx.Node, torch.Tensor] | None = None) -> int:
     """The pass described in the module docstring; returns how many calls it rewrote (given back
-    is_causal, or checked per call in a graph for many sizes)."""
+    is_causal, or checked per call in a graph for many sizes). `known` gives the values of graph
+    inputs that are masks computed from sizes alone by the graph that calls this one (a
+    checkpointed body's, `mask_inputs`)."""
     graph = gm.graph
     grad = bool(gm.meta.get("grad_enabled", True))  # the per-call op has no backward
     causal_masks: dict[fx.Node, str] = {}  # "causal", "per call" or "" (left alone)
@@ -289,7 +325,7 @@ def restore_causal_attention(gm: fx.GraphModule) -> int:
         if qv is None or kv is None:
             continue
         if mask not in causal_masks:
-            val = _evaluate(gm, mask)
+            val = _evaluate(gm, mask, known or _NONE)
             if val is not None:
                 causal_masks[mask] = "causal" if _is_causal(val, hint(qv.shape[-2]), hint(kv.shape[-2])) else ""
             else:  # no value now: checked per call where it comes from sizes alone (module doc)

@@ -53,6 +53,12 @@ class Body:
 
 
 _BODIES: weakref.WeakValueDictionary[str, Body] = weakref.WeakValueDictionary()
+
+
+def body_fn(name: str) -> Callable[..., Any] | None:
+    """What the kept call `name` runs (a lowered body is an fx.GraphModule), None once it is gone."""
+    body = _BODIES.get(name)
+    return None if body is None else body.fn
 _NAMES = itertools.count()
 
 _LIB = torch.library.Library("solforge_capture", "FRAGMENT")
