@@ -15,7 +15,9 @@ any of them. Each variant runs in its own process (Liger patches classes):
   (`argmax_agree_vs_eager`, also at positions where eager's top-1/top-2 margin exceeds a
   threshold: random weights make near-ties).
 - train: BASELINES.md's training step (B1, loss = mean of the squared last hidden state, forward
-  + backward) with its peak memory; solforge optimizes with mode "train".
+  + backward) with its peak memory; solforge optimizes with mode "train". `--checkpointing` turns
+  on transformers' gradient checkpointing (non-reentrant torch.utils.checkpoint around each
+  decoder layer) in every variant's training step.
 Each row has the median of triton's do_bench (L2 flushed), the SM clock and board power during
 it, and a profile of two steps run back to back (kernel time by kind: GEMM, attention, solforge,
 other). solforge's row has its optimize time, regions and its own end-to-end check (`validate`).
@@ -121,7 +123,7 @@ def _time_ms(fn: Any, device: str, warmup: int, rep: int) -> list[float]:
 
 
 def variant(arch: str, name: str, mode: str, batch: int, seq: int, budget: float, tiny: bool,
-            device: str) -> dict[str, Any]:
+            device: str, checkpointing: bool = False) -> dict[str, Any]:
     """One variant of one model, forward (fwd) or training step (train), in this process."""
     a = ARCHS[arch]
     if name == "liger":
@@ -131,11 +133,15 @@ def variant(arch: str, name: str, mode: str, batch: int, seq: int, budget: float
     model = build(arch, tiny, device)
     if name == "fp32":  # the same bf16-rounded weights, computed in fp32: the accuracy reference
         model = model.float()
+    if checkpointing and mode == "train":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     body = model.base_model.eval() if mode == "fwd" else model.base_model.train()
     cfg = model.config
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1)).to(device)
     out: dict[str, Any] = {"arch": arch, "variant": name, "mode": mode, "batch": batch, "seq": seq,
                            "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 1)}
+    if mode == "train":
+        out["checkpointing"] = checkpointing
     t0 = time.time()
     if name == "solforge":
         from solforge.api import optimize
@@ -244,6 +250,8 @@ def main() -> int:
     p.add_argument("--budget", type=float, default=30.0, help="solforge's tuning budget per model and mode (s)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--tiny", action="store_true", help="2 layers, hidden 64: a smoke test of this script")
+    p.add_argument("--checkpointing", action="store_true",
+                   help="train: gradient checkpointing (non-reentrant) around each decoder layer")
     p.add_argument("--out", default=None)
     p.add_argument("--variant-timeout", type=float, default=900.0, help="seconds allowed to each variant")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: ARCH:VARIANT:MODE in this process
@@ -259,7 +267,8 @@ def main() -> int:
     if a.one:
         arch, name, mode = a.one.split(":")
         seq = min(a.seq, ARCHS[arch].max_seq or a.seq)
-        row = variant(arch, name, mode, a.batch if mode == "fwd" else 1, seq, a.budget, a.tiny, a.device)
+        row = variant(arch, name, mode, a.batch if mode == "fwd" else 1, seq, a.budget, a.tiny, a.device,
+                      a.checkpointing)
         print("RESULT " + json.dumps(row), flush=True)
         return 0
     result: dict[str, Any] = {**provenance(), "tiny": a.tiny, "rows": []}
@@ -275,7 +284,7 @@ def main() -> int:
                     continue
                 cmd = [sys.executable, __file__, "--one", f"{arch}:{name}:{mode}", "--batch", str(a.batch),
                        "--seq", str(a.seq), "--budget", str(a.budget), "--device", a.device,
-                       *(["--tiny"] if a.tiny else [])]
+                       *(["--tiny"] if a.tiny else []), *(["--checkpointing"] if a.checkpointing else [])]
                 row = run_one(cmd, a.variant_timeout, {"arch": arch, "variant": name, "mode": mode})
                 print(json.dumps(row), flush=True)
                 rows.append(row)
