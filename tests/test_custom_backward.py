@@ -21,6 +21,7 @@ import torch.nn as nn
 from conftest import DEVICE
 from torch.utils.checkpoint import checkpoint
 
+from solforge import traingraphs
 from solforge.capture import capture
 from solforge.integrate import integrate
 
@@ -101,6 +102,9 @@ def test_a_custom_function_keeps_its_backward_and_the_rest_is_fused(kind: str) -
 
 
 def test_a_tensor_hook_keeps_the_graph_as_dynamo_gave_it() -> None:
+    """Dynamo leaves the hook in the graph (on the CPU): the graph runs as dynamo gave it. Or it
+    traces the hook into an autograd.Function application (on a GPU, seen on an H200), which is
+    kept as one call, and the norm is fused. Either way the gradients are eager's."""
     torch.manual_seed(0)
     m = Net("hook").to(DEVICE).train()
     x = torch.randn(4, 16, device=DEVICE)
@@ -109,9 +113,14 @@ def test_a_tensor_hook_keeps_the_graph_as_dynamo_gave_it() -> None:
     got = _grads(opt, m, x)
     for n, g in ref.items():
         torch.testing.assert_close(got[n], g, msg=n)
-    assert stats.total == 0  # the graph was not rewritten: its RMSNorm stays the model's
     cap = capture(m, (x,), grad=True)
-    assert cap.graphs == [] and any("BackwardLost" in e and "tensor hook" in e for e in cap.errors), cap.errors
+    if cap.graphs:
+        assert not cap.errors and stats.total == 1, cap.errors
+        ops = [n.target for n in cap.graphs[0].aten.graph.nodes]
+        assert torch.ops.solforge_capture.function.default in ops
+    else:
+        assert stats.total == 0  # the graph was not rewritten: its RMSNorm stays the model's
+        assert any("BackwardLost" in e and "tensor hook" in e for e in cap.errors), cap.errors
 
 
 def test_without_autograd_the_same_graph_is_optimized() -> None:
@@ -159,7 +168,8 @@ def _saved(call: nn.Module, x: torch.Tensor) -> int:
 
 
 @pytest.mark.parametrize("dropout,reentrant", [(0.0, False), (0.2, False), (0.0, True)])
-def test_checkpointed_regions_are_fused_and_stay_checkpointed(dropout: float, reentrant: bool) -> None:
+def test_checkpointed_regions_are_fused_and_stay_checkpointed(dropout: float, reentrant: bool,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Each block's RMSNorm is fused inside its checkpoint; the step saves what dynamo's own graph
     saves (the blocks' inputs), less than the model without checkpointing; gradients equal eager's,
     dropout's masks too (the recomputation draws the same numbers)."""
@@ -174,7 +184,12 @@ def test_checkpointed_regions_are_fused_and_stay_checkpointed(dropout: float, re
     assert stats.total == 4  # one RMSNorm per checkpointed block, fused
     cap = capture(m, (x,), grad=True)
     assert len(cap.graphs) == 5 and not cap.errors  # four bodies and the graph that calls them
-    compiled = _saved(torch.compile(m, backend="eager"), x)  # dynamo's graph run as it is
+    dynamo = torch.compile(m, backend="eager")  # dynamo's graph run as it is
+    _saved(dynamo, x)  # its first call (compiling) saves more, on a GPU all that `plain` saves
+    compiled = _saved(dynamo, x)
+    # what autograd saves, without the training replays (traingraphs.py, on a GPU): a replayed
+    # step keeps its activations in its CUDA graph's pool, out of the saved-tensor hooks' sight
+    monkeypatch.setattr(traingraphs, "ENABLED", False)
     assert _saved(opt, x) == compiled < _saved(plain, x)
 
 

@@ -184,9 +184,12 @@ def test_qwen3_counts_and_workloads_at_36_layers() -> None:
     assert "model.layers.35.mlp" in modules
 
 
-def test_fused_aten_rms_norm_is_matched() -> None:
-    """On CUDA, F.rms_norm / nn.RMSNorm lower to aten._fused_rms_norm -> (out, rstd), rstd unused.
-    (On the CPU it decomposes, so the graph is built by hand here.)"""
+@pytest.mark.parametrize("training", [False, True])
+def test_fused_aten_rms_norm_is_matched(training: bool) -> None:
+    """On CUDA, F.rms_norm / nn.RMSNorm lower to aten._fused_rms_norm -> (out, rstd), rstd unused,
+    or in a training graph read by a detach without users (make_fx's record of what autograd saves;
+    not matched before, found on an H200). (On the CPU it decomposes, so the graph is built by hand
+    here.)"""
     import operator
 
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -199,7 +202,9 @@ def test_fused_aten_rms_norm_is_matched() -> None:
     x.meta["val"], w.meta["val"] = xv, wv
     fused = g.call_function(torch.ops.aten._fused_rms_norm.default, (x, [H], w, None))
     out = g.call_function(operator.getitem, (fused, 0))
-    g.call_function(operator.getitem, (fused, 1))  # rstd, dead
+    rstd = g.call_function(operator.getitem, (fused, 1))  # dead
+    if training:
+        g.call_function(torch.ops.aten.detach.default, (rstd,))
     out.meta["val"] = xv
     y = g.call_function(torch.ops.aten.mul.Tensor, (out, 2))
     g.output(y)

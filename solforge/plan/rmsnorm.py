@@ -25,6 +25,7 @@ import torch
 import torch.fx as fx
 
 from solforge.plan import Match, merged_dims, moved_dim, static_dims, viewed
+from solforge.plan.sharing import dead_detach
 
 aten = torch.ops.aten
 
@@ -202,12 +203,14 @@ def _match_fused(node: fx.Node) -> Match | None:
     if k > 1 and not (static_dims(norm_shape) and static_dims(shape) and tuple(shape) == norm_shape):
         return None
     if node.target == aten._fused_rms_norm.default:
-        # (out, rstd): the rstd getitem may exist but must be dead (inference)
+        # (out, rstd): the rstd getitem may exist but must be dead, or read only by dead detaches
+        # (make_fx's record of what autograd saves, in a training graph on CUDA)
         items = [u for u in node.users if u.target is operator.getitem]
         outs = [u for u in items if u.args[1] == 0]
-        if len(items) != len(node.users) or len(outs) != 1 or any(u.users for u in items if u.args[1] != 0):
+        rest = [u for u in items if u.args[1] != 0]
+        if len(items) != len(node.users) or len(outs) != 1 or not all(dead_detach(d) for u in rest for d in u.users):
             return None
-        out, nodes = outs[0], [node, *[u for u in items if u.args[1] != 0], outs[0]]
+        out, nodes = outs[0], [node, *rest, outs[0]]  # (the rewrite erases the dead detaches)
     else:
         out, nodes = node, [node]
     if eps is None:  # PyTorch's default: the eps of the compute dtype (fp32 for half types)
