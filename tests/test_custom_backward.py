@@ -184,13 +184,13 @@ def test_checkpointed_regions_are_fused_and_stay_checkpointed(dropout: float, re
     assert stats.total == 4  # one RMSNorm per checkpointed block, fused
     cap = capture(m, (x,), grad=True)
     assert len(cap.graphs) == 5 and not cap.errors  # four bodies and the graph that calls them
-    dynamo = torch.compile(m, backend="eager")  # dynamo's graph run as it is
-    _saved(dynamo, x)  # its first call (compiling) saves more, on a GPU all that `plain` saves
-    compiled = _saved(dynamo, x)
     # what autograd saves, without the training replays (traingraphs.py, on a GPU): a replayed
-    # step keeps its activations in its CUDA graph's pool, out of the saved-tensor hooks' sight
+    # step keeps its activations in its CUDA graph's pool, out of the saved-tensor hooks' sight.
+    # Each block's input and parameters, nothing inside a block: what checkpointing promises (on
+    # the CPU, what dynamo's own graph saves; on an H200 that one saved as much as `plain`).
     monkeypatch.setattr(traingraphs, "ENABLED", False)
-    assert _saved(opt, x) == compiled < _saved(plain, x)
+    blocks = sum(x.numel() + sum(p.numel() for p in b.parameters()) for b in m.blocks)
+    assert _saved(opt, x) == blocks < _saved(plain, x)
 
 
 def _save_mm(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
