@@ -69,6 +69,36 @@ def test_every_config_in_space(rows: int, H: int, residual: bool) -> None:
         _check(wl, c)
 
 
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+@pytest.mark.parametrize("rows,H", [(3, 1000), (2, 4096), (5, 777), (1, 33)])
+def test_split_variant_every_chunking(rows: int, H: int, dtype: torch.dtype) -> None:
+    """Rows cut into chunks of 32 to 1024 values (one chunk, an even cut, a ragged last chunk),
+    with and without weight and bias: the statistics combined across chunks are the row's."""
+    for weight, bias in ((True, True), (False, False), (True, False)):
+        wl = _wl(rows, H, dtype=dtype, weight=weight, bias=bias)
+        for chunk, warps in ((32, 1), (64, 1), (128, 2), (256, 4), (1024, 4)):
+            c = L.Config("split", chunk, 0, 1, warps)
+            assert L.is_valid(c, wl), c
+            _check(wl, c)
+
+
+def test_split_variant_configs_and_heuristic() -> None:
+    """Rows past the row kernels' 64K: the heuristic and the whole space are split configs; none
+    with a residual; a config the norm kernel cannot combine (over 4096 chunks) is invalid."""
+    long = _wl(16, 64 * 256 * 256)  # KernelBench's LayerNorm over (64, 256, 256)
+    h = L.heuristic(long)
+    assert h.variant == "split" and L.is_valid(h, long) and L.supported(long) and not L.trainable(long)
+    space = L.space(long)
+    assert len(space) >= 6 and {c.variant for c in space} == {"split"} and h in space
+    assert L.Config.decode(h.encode()) == h
+    assert not L.is_valid(L.Config("split", 8192, 0, 1, 8), _wl(16, 1 << 25, residual=True))
+    assert not L.is_valid(L.Config("split", 1024, 0, 1, 4), _wl(2, 1024 * 4097))
+    assert not L.is_valid(L.Config("split", 1024, 512, 1, 4), _wl(2, 4096))  # no tail
+    mid = _wl(8, 32768)  # both kinds in the space: the tuner decides
+    assert {c.variant for c in L.space(mid)} >= {"row", "split"}
+    assert L.trainable(_wl(8, 2560)) and L.trainable(_wl(8, 32768))
+
+
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("dtype,weight,bias", [(BF16, True, True), (BF16, True, False), (BF16, False, False),
                                                (FP32, True, True), (FP32, False, True), (FP16, True, True)])
@@ -91,7 +121,7 @@ def test_mixed_dtypes_and_views() -> None:
 
 
 def test_supported_row_lengths() -> None:
-    for rows, H, residual, ok in [(4, 65536, False, True), (2, 70000, False, False), (4, 32768, True, True),
+    for rows, H, residual, ok in [(4, 65536, False, True), (2, 70000, False, True), (4, 32768, True, True),
                                   (2, 40000, True, False), (16384, 2560, True, True), (1, 768, False, True)]:
         wl = _wl(rows, H, residual=residual)
         assert L.supported(wl) is ok, (rows, H, residual)
@@ -158,7 +188,7 @@ def test_block_split_and_heuristics() -> None:
             wl = dataclasses.replace(_wl(1000, H, residual=residual), device="cuda")
             h = L.heuristic(wl)
             assert L.supported(wl) is (L.is_valid(h, wl) and h.rows & (h.rows - 1) == 0), (H, residual, h)
-            assert L.supported(wl) is (H <= (32768 if residual else 65536)), (H, residual)
+            assert L.supported(wl) is (H <= 32768 or not residual), (H, residual)
         for ds in (False, True):
             bh = L.bwd_heuristic(1000, H, "cuda", ds=ds)
             assert H > 32768 or L.bwd_is_valid(bh, 1000, H), (H, bh)
@@ -276,6 +306,17 @@ def test_autograd_through_the_ops(weight: bool, bias: bool) -> None:
     L.layernorm_op(mine[0], mine[2], mine[3], EPS, FP32, "").backward(dy)
     F.layer_norm(ref[0], (72,), ref[2], ref[3], EPS).backward(dy)  # type: ignore[arg-type]
     close(grads(mine)[:1] + grads(mine)[2:], grads(ref)[:1] + grads(ref)[2:])
+
+
+@requires_gpu
+@pytest.mark.parametrize("rows,H,dtype", [(16, 64 * 256 * 256, FP32), (8, 100003, BF16), (64, 32768, BF16)])
+def test_gpu_split_variant_every_config(rows: int, H: int, dtype: torch.dtype) -> None:
+    """KernelBench's LayerNorm shape, a ragged row past 64K and rows the row kernels hold too."""
+    wl = _wl(rows, H, dtype=dtype)
+    configs = [c for c in L.space(wl) if c.variant == "split"]
+    assert configs
+    for c in configs:
+        _check(wl, c)
 
 
 @requires_gpu

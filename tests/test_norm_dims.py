@@ -289,3 +289,43 @@ def test_fused_rms_norm_over_two_dims_is_rewritten_with_views() -> None:
     wr = (1 + 0.1 * torch.randn(4, 6)).to(BF16).to(DEVICE)
     c = compare(gm(xr, wr), 2 * F.rms_norm(xr.float(), (4, 6), wr.float(), 1e-6).to(BF16))
     assert c.ok, c.reason
+
+
+class LongLayerNorm(nn.Module):
+    """KernelBench's LayerNorm form with rows of 72,000 values: past the row kernels' 64K."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm((3, 200, 120))
+        nn.init.normal_(self.ln.weight, 1.0, 0.1)
+        nn.init.normal_(self.ln.bias, 0.0, 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ln(x)
+
+
+def test_rows_past_64k_use_the_split_variant_in_inference_only() -> None:
+    """Without autograd the norm runs as chunks of its rows (kernels/layernorm_split.py); in a
+    training graph the backward kernels could not take such a row, so the norm stays eager's and
+    the gradients are eager's."""
+    torch.manual_seed(0)
+    m = LongLayerNorm().to(DEVICE)
+    x = (torch.randn(2, 3, 200, 120, device=DEVICE) * 2 + 1).to(FP32)
+    found = _families(m, (x,))
+    assert {f: [w.shapes[0] for w in wls] for f, wls in found.items()} == {"layernorm": [(2, 72000)]}
+    opt, stats = integrate(m, {})
+    with torch.no_grad():
+        out, ref = opt(x), m(x)
+    assert stats.total == 1
+    c = compare(out, ref)
+    assert c.ok, c.reason
+    m.train()
+    xg = x.clone().requires_grad_()
+    opt, stats = integrate(m, {})
+    opt(xg).square().mean().backward()
+    assert stats.total == 0
+    got = {n: p.grad.clone() for n, p in m.named_parameters()}  # type: ignore[union-attr]
+    m.zero_grad()
+    m(x).square().mean().backward()
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(got[n], p.grad, msg=n)

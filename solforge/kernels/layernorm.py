@@ -16,8 +16,12 @@ exact two-pass one, sum((x - mean)^2), with no E[x^2] - mean^2 cancellation):
            fixed cost over several short rows (GPT-2 small: H = 768).
 Both can hold a row that is not a power of two as a power-of-two main block plus a tail (2560 =
 2048 + 512, 768 = 512 + 256) instead of one block with masked lanes, as rmsnorm's kernels do.
-Rows longer than the register budget (64K elements; 32K with a residual) are refused: `supported`
-says so and the matcher leaves them to eager.
+  split    a row cut into chunks, one program a chunk, in two kernels (statistics, then the
+           normalization: kernels/layernorm_split.py): for rows longer than the register budget
+           (64K elements) or too few rows to fill the GPU. Reads x twice. Forward only and
+           without a residual.
+With a residual, rows longer than 32K elements are refused: `supported` says so and the matcher
+leaves them to eager.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text, direct
+from solforge.kernels import layernorm_split as _split
 from solforge.kernels.interp import round_bf16
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
@@ -217,6 +222,9 @@ def launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor 
     grid, kw = _launch_plan(n_rows, H, x.dtype, weight.dtype if weight is not None else None,
                             bias.dtype if bias is not None else None, out_dtype, float(eps), residual is not None,
                             config, x.device.type)
+    if "CHUNK" in kw:  # the split variant: two kernels of their own
+        _split.launch(x2, weight, bias, y2, eps, kw["CHUNK"], kw["num_warps"])
+        return s, y
     # absent tensors are never read (HAS_* constexprs): any pointer will do
     _launch(_layernorm_kernel, (grid,),
             (x2, r2, weight if weight is not None else x2, bias if bias is not None else x2, s2, y2, n_rows, H,
@@ -236,6 +244,8 @@ def _launch_plan(n_rows: int, H: int, dtype: torch.dtype, wdtype: torch.dtype | 
     c = config or heuristic(wl)
     if not is_valid(c, wl):  # a bad config could silently skip columns: refuse it
         raise _bad(f"config {c.encode()} is not valid for {wl.key}", wl.family)
+    if c.variant == "split":
+        return 0, {"CHUNK": c.block_h, "num_warps": c.num_warps}
     return triton.cdiv(n_rows, c.rows), Meta(
         ROWS=c.rows, BLOCK_H=c.block_h, BLOCK_T=c.block_t, EVEN_H=H == c.block_h + c.block_t, HAS_RES=has_res,
         HAS_WEIGHT=wdtype is not None, HAS_BIAS=bdtype is not None, EVICT="evict_first" if c.evict else "",
@@ -328,7 +338,7 @@ def backward_workload(workload: Workload) -> Workload | None:
 # ----------------------------------------------------------------------------------------------
 # Config triad
 
-VARIANTS = ("row", "rows")
+VARIANTS = ("row", "rows", "split")
 _WARPS = (1, 2, 4, 8, 16, 32)
 # Register budget: fp32 values of a row tile a thread holds at once (rmsnorm.py's measured limit;
 # past it the compiler spills and the kernel falls off the bandwidth roof). A residual doubles it.
@@ -340,7 +350,8 @@ _ABBREV = {"block_h": "bh", "block_t": "bt", "rows": "r", "num_warps": "w", "evi
 class Config(config_text.Text):
     """One kernel choice: a [rows, block_h (+ block_t)] tile per program. block_t > 0 splits a row
     that is not a power of two into a power-of-two main block and tail (2560 = 2048 + 512) so that
-    no lanes (registers, and a third of the threads' work at 2560 against 4096) go to masked columns."""
+    no lanes (registers, and a third of the threads' work at 2560 against 4096) go to masked columns.
+    Variant `split`: block_h is the chunk of a row each program takes (rows 1, no tail)."""
 
     variant: str = "row"
     block_h: int = 1024
@@ -376,6 +387,10 @@ def is_valid(config: Config, workload: Workload) -> bool:
     _rows, H = _dims(workload)
     if c.variant not in VARIANTS or c.num_warps not in _WARPS or c.evict not in (0, 1):
         return False
+    if c.variant == "split":
+        return (_live(workload) == 1 and c.rows == 1 and c.block_t == 0 and c.evict == 0 and _pow2(c.block_h)
+                and c.block_h >= 32 * c.num_warps and c.block_h // (32 * c.num_warps) <= _MAX_PER_THREAD
+                and _split.n_chunks(H, c.block_h) <= _split.MAX_CHUNKS)
     if not _pow2(c.rows) or (c.variant == "row") != (c.rows == 1) or not blocks_ok(c.block_h, c.block_t, H):
         return False
     return _live(workload) * c.rows * (c.block_h + c.block_t) // (32 * c.num_warps) <= _MAX_PER_THREAD
@@ -406,6 +421,9 @@ def space(workload: Workload) -> list[Config]:
             cands += [Config("rows", bh, bt, r, _warps_for(r * width, ept)) for ept in (8, 16, 32)]
             cands.append(Config("rows", bh, bt, r, _warps_for(r * width, 16), evict=1))
             r *= 2
+    if H >= 16384 and not workload.param("residual", False):  # few long rows: chunks of a row
+        cands += [Config("split", chunk, 0, 1, w) for chunk in (4096, 8192, 16384) if 2 * chunk <= H
+                  for w in (4, 8, 16)]
     seen: set[Config] = set()
     out = []
     for c in cands:
@@ -423,8 +441,11 @@ def heuristic(workload: Workload) -> Config:
     ln-sweep.json), 2 warps (40 values) were best at 16384 rows (61.5 us, 2.73 TB/s, against 66.4
     with 4 warps) and within 2% of the best at 4096; with a residual (add_layernorm, two more
     tensors a row) ~16: 4 warps measured 118.1 us at 16384 x 2560, 1.7% from the best (8 warps, no
-    split). Invalid only where no config fits (`supported`)."""
+    split). Rows past the register budget (64K) without a residual: the split variant, 8K-value
+    chunks and 32 values a thread (not measured). Invalid only where no config fits (`supported`)."""
     rows, H = _dims(workload)
+    if H > 65536 and not workload.param("residual", False):
+        return Config("split", 8192, 0, 1, 8)
     bh, bt = blocks(H)[0]
     width, pow2 = bh + bt, triton.next_power_of_2(H)
     if width >= 1024:
@@ -438,8 +459,16 @@ def heuristic(workload: Workload) -> Config:
 
 
 def supported(workload: Workload) -> bool:
-    """Whether any config can run this workload (rows of up to 64K elements, 32K with a residual)."""
+    """Whether any config can run this workload's forward (rows of up to 32K elements with a
+    residual; without, rows of up to 4096 chunks of the split variant: 512M elements)."""
     return is_valid(heuristic(workload), workload)
+
+
+def trainable(workload: Workload) -> bool:
+    """Whether the backward kernels can take this workload's rows too (layernorm_bwd.py: a row in
+    registers, up to 64K elements)."""
+    rows, H = _dims(workload)
+    return bwd_is_valid(bwd_heuristic(rows, H, workload.device, ds=bool(workload.param("residual", False))), rows, H)
 
 
 def _workload(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,

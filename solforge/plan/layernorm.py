@@ -9,7 +9,8 @@ graph as one op, since LayerNorm is not decomposed there (tests/test_layernorm.p
 Normalization over the last dim (normalized_shape of length 1: what transformers' LayerNorms
 use) and over several trailing dims (KernelBench's `nn.LayerNorm((features, dim1, dim2))`: those
 dims are merged into one for the kernel, `plan.merged_dims`) is matched; a graph that needs mean or
-rstd (a hand-written backward) keeps the ATen op. A hand-written LayerNorm
+rstd (a hand-written backward) keeps the ATen op. Rows longer than the backward kernels hold (64K)
+are matched only in a graph captured without autograd (the forward's split variant). A hand-written LayerNorm
 (x - x.mean(-1)) / sqrt(var + eps) is not matched: none of the supported architectures writes one.
 """
 
@@ -76,9 +77,15 @@ def _match_node(node: fx.Node) -> Match | None:
     views = merged_dims(args, k, dims)
     vx, vw, vb = views.get("views", (None, None, None))[:3]
     workload = family.workload_for(viewed(xv, vx), viewed(wv, vw), viewed(bv, vb), float(eps), out_dtype=ov.dtype)
-    if not family.supported(workload):
-        return None
+    if not family.supported(workload) or _training(node) and not family.trainable(workload):
+        return None  # (a row the backward kernels cannot hold would fail in the backward)
     return Match(family.FAMILY, family.layernorm_op, out, args, nodes, workload, **views)
+
+
+def _training(node: fx.Node) -> bool:
+    """Whether the graph was captured with autograd on (capture.lower_to_aten's meta; a graph
+    without it counts as one)."""
+    return bool(getattr(node.graph.owning_module, "meta", {}).get("grad_enabled", True))
 
 
 def match(graph: fx.Graph) -> list[Match]:
