@@ -21,6 +21,7 @@ import triton.language as tl
 
 from solforge.kernels import direct
 from solforge.kernels import rmsnorm as _rms
+from solforge.kernels.interp import round_bf16
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import Config, _load_weight, _st, _tile_load, _tile_store
@@ -56,14 +57,20 @@ def _tile_put(v, vt, ptr, row0, n_rows, H, stride, ROWS: tl.constexpr, BLOCK_H: 
 def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, s_ptr, y_ptr, n_rows, H, stride_x, stride_r, stride_s, stride_y,
                         eps, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
                         EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr,
-                        EVICT: tl.constexpr):
+                        EVICT: tl.constexpr, INTERP: tl.constexpr):
     row0 = tl.program_id(0) * ROWS
     x, xt = _tile_load(x_ptr, row0, n_rows, H, stride_x, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
     r, rt = _tile_load(r_ptr, row0, n_rows, H, stride_r, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
-    s = (x.to(tl.float32) + r.to(tl.float32)).to(s_ptr.dtype.element_ty)
+    s = x.to(tl.float32) + r.to(tl.float32)
+    if INTERP and s_ptr.dtype.element_ty == tl.bfloat16:  # the interpreter's bf16 cast truncates
+        s = round_bf16(s)
+    s = s.to(s_ptr.dtype.element_ty)
     st = 0.0
     if BLOCK_T > 0:
-        st = (xt.to(tl.float32) + rt.to(tl.float32)).to(s_ptr.dtype.element_ty)
+        st = xt.to(tl.float32) + rt.to(tl.float32)
+        if INTERP and s_ptr.dtype.element_ty == tl.bfloat16:
+            st = round_bf16(st)
+        st = st.to(s_ptr.dtype.element_ty)
     _tile_put(s, st, s_ptr, row0, n_rows, H, stride_s, ROWS, BLOCK_H, BLOCK_T, EVEN_H)
     w, wt = _load_weight(w_ptr, H, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT)
     _tile_store(s, st, w, wt, y_ptr, row0, n_rows, H, stride_y, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H,
@@ -126,7 +133,8 @@ def _launch_plan(n_rows: int, H: int, dtype: torch.dtype, wdtype: torch.dtype | 
         raise ValueError(f"solforge add_rmsnorm: config {c.encode()} is not valid for {wl.key}")
     return triton.cdiv(n_rows, c.rows), Meta(
         ROWS=c.rows, BLOCK_H=c.block_h, BLOCK_T=c.block_t, EVEN_H=H == c.block_h + c.block_t,
-        HAS_WEIGHT=wdtype is not None, ROUND=rbw, EVICT="evict_first" if c.evict else "", num_warps=c.num_warps)
+        HAS_WEIGHT=wdtype is not None, ROUND=rbw, EVICT="evict_first" if c.evict else "", INTERP=_rms._INTERPRETED,
+        num_warps=c.num_warps)
 
 
 # ----------------------------------------------------------------------------------------------
