@@ -27,7 +27,7 @@ compile time:
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -108,9 +108,9 @@ def _constant_ancestors(node: fx.Node, known: Mapping[fx.Node, Any] = _NONE) -> 
     return sorted(seen, key=order.__getitem__)
 
 
-def _from_sizes(node: fx.Node) -> bool:
-    """Whether `node` is computed from sizes alone: from constants and the graph's size inputs or
-    the sizes of its tensor inputs, never from a tensor input's values."""
+def _upstream(node: fx.Node, stop: Callable[[fx.Node], bool] = lambda n: False) -> Iterator[fx.Node]:
+    """`node` and every node it is computed from, each once; the walk does not go past a node for
+    which `stop` is true."""
     seen: set[fx.Node] = set()
     stack = [node]
     while stack:
@@ -118,14 +118,19 @@ def _from_sizes(node: fx.Node) -> bool:
         if n in seen:
             continue
         seen.add(n)
-        if n.op == "placeholder":
-            if not isinstance(n.meta.get("val"), torch.SymInt):
-                return False
-        elif n.op == "call_function" and n.target in (aten.sym_size.int, aten.sym_size.default):
-            continue  # a tensor input's size, not its values
-        elif n.op in ("call_function", "get_attr"):
+        yield n
+        if not stop(n):
             stack.extend(n.all_input_nodes)
-        else:
+
+
+def _from_sizes(node: fx.Node) -> bool:
+    """Whether `node` is computed from sizes alone: from constants and the graph's size inputs or
+    the sizes of its tensor inputs (a sym_size: not its values), never from a tensor input's values."""
+    for n in _upstream(node, lambda n: n.op == "call_function" and n.target in (aten.sym_size.int,
+                                                                                aten.sym_size.default)):
+        if n.op == "placeholder" and not isinstance(n.meta.get("val"), torch.SymInt):
+            return False
+        if n.op not in ("placeholder", "call_function", "get_attr"):
             return False
     return True
 
@@ -278,15 +283,8 @@ def mask_inputs(gm: fx.GraphModule) -> list[fx.Node]:
             continue
         kw = _kwargs(node)
         mask = None if kw is None else kw.get(_SDPA[node.target])
-        stack, seen = [mask] if isinstance(mask, fx.Node) else [], set()
-        while stack:
-            n = stack.pop()
-            if n in seen:
-                continue
-            seen.add(n)
-            if n.op == "placeholder":
-                found[n] = None
-            stack.extend(n.all_input_nodes)
+        if isinstance(mask, fx.Node):
+            found.update((n, None) for n in _upstream(mask) if n.op == "placeholder")
     return list(found)
 
 
