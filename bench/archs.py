@@ -1,7 +1,7 @@
 """End to end on the other architectures issue 4 names: eager vs torch.compile vs Liger-Kernel vs solforge.
 
     python bench/archs.py [--archs llama-3.2-1b,gemma-2b,phi-3-mini,gpt2-medium,mistral-7b]
-                          [--modes fwd,train] [--variants eager,compile,liger,solforge]
+                          [--modes fwd,train] [--variants eager,compile,liger,solforge,solforge-noreplay]
                           [--budget 30] [--out bench/results/NAME.json]
 
 Each model is built with transformers from its published dimensions (written out below, as the
@@ -21,6 +21,8 @@ any of them. Each variant runs in its own process (Liger patches classes):
 Each row has the median of triton's do_bench (L2 flushed), the SM clock and board power during
 it, and a profile of two steps run back to back (kernel time by kind: GEMM, attention, solforge,
 other). solforge's row has its optimize time, regions and its own end-to-end check (`validate`).
+Variant "solforge-noreplay" is solforge with its training replays off (traingraphs.py), to tell
+their share of a step's time and memory on one machine.
 GPT-2's dropouts are set to 0 (every variant): a step must compute one function to be compared.
 Liger-Kernel has no GPT-2 patch; that row is skipped.
 
@@ -143,8 +145,12 @@ def variant(arch: str, name: str, mode: str, batch: int, seq: int, budget: float
     if mode == "train":
         out["checkpointing"] = checkpointing
     t0 = time.time()
-    if name == "solforge":
+    if name in ("solforge", "solforge-noreplay"):
+        from solforge import traingraphs
         from solforge.api import optimize
+
+        if name == "solforge-noreplay":  # the training replays off (SOLFORGE_TRAIN_GRAPHS=0): their share
+            traingraphs.ENABLED = False
 
         with torch.no_grad() if mode == "fwd" else torch.enable_grad():
             f, rep = optimize(body, (ids,), budget=budget, is_language_model=False,
