@@ -123,6 +123,17 @@ def _model_dtype(model: torch.nn.Module, inputs: Sequence[Any]) -> torch.dtype:
     return torch.float32
 
 
+def host_time(step_graphs: Sequence[Any]) -> str:
+    """What the graphs' timed calls (stepgraphs.py: host time to enqueue a call against its GPU
+    time) say about a slow end-to-end result."""
+    timed = [s for s in step_graphs if s.host_s is not None and s.gpu_s is not None]
+    if not timed:
+        return "a step this small may be bound by the host's launches"
+    host, gpu = sum(s.host_s for s in timed) * 1e6, sum(s.gpu_s for s in timed) * 1e6
+    bound = ": bound by the host" if host >= gpu else ""
+    return f"its timed call took {host:.0f} us of host time for {gpu:.0f} us on the GPU{bound}"
+
+
 def _check_trainable(model: torch.nn.Module, inputs: Sequence[Any]) -> None:
     """--mode train differentiates the outputs with respect to the parameters and the inputs that
     require grad: with neither (a KernelBench operator: no parameters, plain input tensors) there
@@ -364,8 +375,7 @@ def optimize(
         if device == "cuda" and e2e.speedup is not None and e2e.speedup < 1:
             graphed = "" if train else "; solforge.graphed replays a forward from a CUDA graph"
             notes.append(f"the optimized model is slower end to end than the original ({e2e.speedup:.2f}x): "
-                         f"keep the original for these inputs (a step this small is bound by the host's "
-                         f"launches{graphed})")
+                         f"keep the original for these inputs ({host_time(stats.step_graphs)}{graphed})")
         drawn = random_ops(g.aten for g in captured.graphs)
         if drawn:
             notes.append(f"the model draws random numbers ({', '.join(drawn)}): the end-to-end check started "

@@ -240,3 +240,17 @@ def test_each_output_is_judged_on_its_own_against_fp32() -> None:
     assert good.passed, good.note
     bad = validate(m, lambda x: {"deep": inner(x), "shallow": torch.tanh(x) * 1.06}, (x,), **kw)
     assert not bad.passed and "shallow" in (bad.note or "")
+
+
+def test_a_slow_result_says_what_the_graphs_timed_call_measured() -> None:
+    """The note on an optimized model slower than the original gives the graphs' host and GPU time
+    where they were measured (stepgraphs.py's timed call), and only guesses where they were not."""
+    from types import SimpleNamespace
+
+    from solforge.api import host_time
+
+    host_bound = [SimpleNamespace(host_s=40e-6, gpu_s=21e-6), SimpleNamespace(host_s=None, gpu_s=None)]
+    assert host_time(host_bound) == "its timed call took 40 us of host time for 21 us on the GPU: bound by the host"
+    assert host_time([SimpleNamespace(host_s=30e-6, gpu_s=133e-6)]) == \
+        "its timed call took 30 us of host time for 133 us on the GPU"
+    assert "may be" in host_time([SimpleNamespace(host_s=None, gpu_s=None)]) and "may be" in host_time([])
