@@ -2,9 +2,11 @@
 
     python bench/kernelbench.py [FILE ...] [--dtype fp32] [--budget 60] [--out bench/results/NAME.json]
 
-FILE defaults to bench/kernelbench/*.py: norm problems written here in that format (`Model`,
+FILE defaults to bench/kernelbench/*.py: problems written here in that format (`Model`,
 `get_inputs`, `get_init_inputs`), among them the forms and shapes of KernelBench's level-1 RMSNorm
-(over `features`, a middle dim: kernels/rmsnorm_cols.py) and LayerNorm (over three trailing dims).
+(over `features`, a middle dim: kernels/rmsnorm_cols.py) and LayerNorm (over three trailing dims:
+the split variant), and the forms of its Softmax, MinGPTNewGelu and CrossEntropyLoss problems at
+sizes chosen here (not yet run on a GPU).
 Each file and variant runs in a process of its own (bench/e2e.py's run_one). A process loads the
 model with solforge.zoo.load_model (the same weights and inputs in every variant), computes eager's
 output, builds its variant (torch.compile's default mode, or solforge.optimize with --budget
