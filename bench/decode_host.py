@@ -20,6 +20,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e import EPS, OneNorm, bench_us, loop_us, versions  # noqa: E402
 
 
+def _inner_layers(gm: Any, args: Any) -> dict[str, float]:
+    """Each layer under the FX graph alone, in a loop: the graph's forward without nn.Module's call,
+    the op's direct function, the rmsnorm launcher, solforge's `launch`, and the compiled
+    kernel's launcher (what `launch` calls on a hit). A layer that cannot be reached is left out."""
+    import solforge.kernels.launch as L
+    import solforge.kernels.rmsnorm as rn
+
+    out: dict[str, float] = {"fx_graph_forward": loop_us(lambda: gm.forward(*args))}
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    env = dict(zip([n for n in gm.graph.nodes if n.op == "placeholder"], args, strict=False))
+    vals = [env.get(a, a) for a in node.args]
+    out["direct_call"] = loop_us(lambda: node.target(*vals))
+    out["op_impl"] = loop_us(lambda: rn._rmsnorm_op(*vals))
+    got: list[Any] = []
+    real = rn._launch
+    rn._launch = lambda *a: (got.append(a), real(*a))  # type: ignore[assignment]
+    rn._rmsnorm_op(*vals)
+    rn._launch = real
+    kernel, grid, kargs, kw = got[0]
+    out["launch"] = loop_us(lambda: L.launch(kernel, grid, kargs, kw))
+    key = L.launch_key(kernel, grid, kargs, kw, torch.cuda.current_device())
+    out["launch_key"] = loop_us(lambda: L.launch_key(kernel, grid, kargs, kw, 0), 20000)
+    hit = L._CACHE.get(key)
+    stream = torch.cuda.current_stream().cuda_stream
+    if hit is not None and len(hit) == 7:  # (kernel, run, head, grid x3, tail)
+        _, run, head, g0, g1, g2, tail = hit
+        out["compiled_run"] = loop_us(lambda: run(g0, g1, g2, stream, *head, *kargs, *tail))
+    elif hit is not None and len(hit) == 8:  # before session 21: (kernel, run, function, metadata, grid x3, tail)
+        _, run, function, metadata, g0, g1, g2, tail = hit
+        out["compiled_run"] = loop_us(lambda: run(g0, g1, g2, stream, function, metadata, None, None, None,
+                                                  *kargs, *tail))
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--hidden", type=int, default=2560)
@@ -71,6 +105,7 @@ def main() -> None:
         loops["fx_graph_alone"] = loop_us(lambda: step.gm(*args))
         if step._replay is not None:
             loops["cuda_graph_replay_alone"] = loop_us(step._replay)
+        loops.update(_inner_layers(step.gm, args))
         buf = torch.empty_like(x)
         loops["copy_1x2560"] = loop_us(lambda: buf.copy_(x))
         loops["clone_1x2560"] = loop_us(lambda: x.clone())

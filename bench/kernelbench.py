@@ -11,9 +11,11 @@ Each file and variant runs in a process of its own (bench/e2e.py's run_one). A p
 model with solforge.zoo.load_model (the same weights and inputs in every variant), computes eager's
 output, builds its variant (torch.compile's default mode, or solforge.optimize with --budget
 seconds of tuning), checks it against eager's output (largest error over the largest magnitude),
-and times one call with do_bench (median, L2 flushed between calls). Effective TB/s counts the
-inputs read once and the outputs written once. solforge's row holds optimize()'s regions (workload,
-config, verified, kernel speedup) and notes.
+and times one call with do_bench (median, L2 flushed between calls) and, on a GPU, 200 calls back
+to back (`loop_us`: wall clock a call, the host's time included). `--profile` adds each variant's
+CUDA kernels a call with their GPU time (torch.profiler), to tell kernel time from the rest.
+Effective TB/s counts the inputs read once and the outputs written once. solforge's row holds
+optimize()'s regions (workload, config, verified, kernel speedup) and notes.
 
 `--device cpu` runs the same code through Triton's interpreter on small inputs
 (`--scale`), a smoke test of this script only: its times mean nothing.
@@ -35,7 +37,7 @@ if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1:][:1] == [
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e import bench_us, provenance, run_one, write_json  # noqa: E402  (bench/ holds scripts, not a package)
+from e2e import bench_us, loop_us, provenance, run_one, write_json  # noqa: E402  (bench/ holds scripts, not a package)
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("eager", "compile", "solforge")
@@ -67,7 +69,30 @@ def _time_us(fn: Any, device: str) -> float:
     return (time.perf_counter() - t) * 1e6
 
 
-def variant(path: str, name: str, dtype: str, budget: float, device: str, scale: float) -> dict[str, Any]:
+def kernels_per_call(fn: Any, calls: int = 5) -> dict[str, Any]:
+    """The CUDA kernels (and copies/memsets) of `calls` calls of `fn` under torch.profiler: each
+    name's GPU µs a call, and their sum. A sum well below the call's do_bench time means the GPU
+    waited for the host between them, or something ran that the names show."""
+    from collections import defaultdict
+
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name] += e.device_time_total / calls
+            count[e.name] += 1
+    rows = sorted(per.items(), key=lambda kv: -kv[1])
+    return {"kernels": [{"name": k[:120], "us": round(v, 2), "launches_per_call": count[k] / calls} for k, v in rows],
+            "kernel_us_sum": round(sum(per.values()), 2)}
+
+
+def variant(path: str, name: str, dtype: str, budget: float, device: str, scale: float,
+            profile: bool = False) -> dict[str, Any]:
     """One file's one variant in this process: its row."""
     import solforge
     from solforge.records import to_dict
@@ -97,6 +122,10 @@ def variant(path: str, name: str, dtype: str, budget: float, device: str, scale:
         out = fn(*inputs)  # compiles, captures and warms up
         row["max_rel_err_vs_eager"] = float(f"{_rel_err(out, ref):.3g}")
         us = _time_us(lambda: fn(*inputs), device)
+        if device == "cuda":
+            row["loop_us"] = round(loop_us(lambda: fn(*inputs), 200), 2)
+            if profile:
+                row.update(kernels_per_call(lambda: fn(*inputs)))
     moved = _nbytes([t for t in inputs if isinstance(t, torch.Tensor)]) + _nbytes(_tensors(ref))
     row.update(us=round(us, 2), bytes_moved=moved, effective_TBps=round(moved / (us * 1e-6) / 1e12, 3))
     return row
@@ -112,6 +141,8 @@ def main() -> int:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--scale", type=float, default=1.0, help="cut every input's first dim by this factor")
     p.add_argument("--variant-timeout", type=float, default=900.0, help="seconds allowed to each variant")
+    p.add_argument("--profile", action="store_true",
+                   help="also list each variant's CUDA kernels a call (torch.profiler) and their GPU time")
     p.add_argument("--out", default=None)
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: VARIANT:FILE in this process
     a = p.parse_args()
@@ -120,7 +151,7 @@ def main() -> int:
         return 2
     if a.one:
         name, _, path = a.one.partition(":")
-        print("RESULT " + json.dumps(variant(path, name, a.dtype, a.budget, a.device, a.scale)), flush=True)
+        print("RESULT " + json.dumps(variant(path, name, a.dtype, a.budget, a.device, a.scale, a.profile)), flush=True)
         return 0
     files = a.files or sorted(str(f) for f in (HERE / "kernelbench").glob("*.py"))
     names = a.variants.split(",")
@@ -133,11 +164,12 @@ def main() -> int:
     for f in files:
         for name in names:
             cmd = [sys.executable, __file__, "--one", f"{name}:{f}", "--dtype", a.dtype, "--budget", str(a.budget),
-                   "--device", a.device, "--scale", str(a.scale)]
+                   "--device", a.device, "--scale", str(a.scale)] + (["--profile"] if a.profile else [])
             row = run_one(cmd, a.variant_timeout, {"file": f, "variant": name})
             result["rows"].append(row)
-            print(json.dumps({k: row.get(k) for k in ("file", "variant", "us", "effective_TBps",
-                                                       "max_rel_err_vs_eager", "error")}), flush=True)
+            print(json.dumps({k: row.get(k) for k in ("file", "variant", "us", "loop_us", "kernel_us_sum",
+                                                       "effective_TBps", "max_rel_err_vs_eager", "error")}),
+                  flush=True)
             write_json(result, a.out)  # after every row: a run cut short keeps what it measured
     return 0
 
