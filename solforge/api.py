@@ -370,8 +370,10 @@ def optimize(
         rep.stage("validate", "original vs optimized on fresh inputs")
         fresh = tuple(make_inputs(1)) if make_inputs is not None else _fresh(example_inputs)
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if train else None
+        graphs = stats.step_graphs
         e2e = validate(model, optimized, fresh, dtype=dtype, device=device,
-                       is_language_model=bool(is_language_model), params=params)
+                       is_language_model=bool(is_language_model), params=params,
+                       settled=lambda: all(s.settled for s in graphs))
         if device == "cuda" and e2e.speedup is not None and e2e.speedup < 1:
             graphed = "" if train else "; solforge.graphed replays a forward from a CUDA graph"
             notes.append(f"the optimized model is slower end to end than the original ({e2e.speedup:.2f}x): "

@@ -21,14 +21,19 @@ Where it is on: inside `step_graphs()`, and in an optimized model made with `cud
    they move after a capture that served calls (each `generate` call makes a new static cache),
    the graph is captured again at once.
 4. The first capture is judged on its next calls, which alternate between a replay and a run of
-   the graph as it is, each timed from an idle GPU to the GPU's end of its work (host and GPU
-   together: a call's latency), until the fastest of one is under half the other's (a decode
-   step: after one run) or PAY_SAMPLES replays. If the fastest replay (the input copies, the
-   replay and the output copies) does not save a tenth of the fastest run's time, the capture is
-   dropped and the graph runs as it is from then on: a piece of one or two kernels between graph
-   breaks, or a lone norm, costs about as much to run as to replay, and a replay adds its copies
-   to the GPU's work (a lone norm: two copy kernels around one, which on a 256 MiB input cost
-   more than the kernel) and holds memory.
+   the graph as it is. Each is timed twice: the host's time to enqueue it, and the GPU's time
+   busy with it, measured behind a sleep kernel long enough that the GPU does not wait for the
+   host in between (`cuda_busy`). A call's cost is the larger of the two: what it takes a loop
+   of such calls, whichever side bounds it. Sampling goes on until the cheapest of one is under
+   half the other's (a decode step: after one run) or PAY_SAMPLES replays. If the cheapest
+   replay (the input copies, the replay and the output copies) does not save a tenth of the
+   cheapest run's cost, the capture is dropped and the graph runs as it is from then on. A
+   replay trades host time for GPU time: its copies are kernels too. For a piece of one or two
+   kernels between graph breaks, or a lone norm, the run's host time is hardly more than the
+   replay's, while the copies can cost the GPU more than the kernels (a 4096 x 2048 fp32
+   LayerNorm: 34 us of copies around a 17 us kernel); such a capture only holds memory.
+   (Until session 21 a call was timed once, from an idle GPU until it was done: host and GPU
+   time added up, which kept that LayerNorm's capture.)
 
 The inputs a CUDA graph reads are addresses. Parameters, tensors marked static for dynamo and
 inputs the graph writes to (the KV cache, its length counter) are used in place: a replay needs
@@ -66,13 +71,13 @@ from solforge.shapes import symbolic_inputs
 
 _DATA_PTR = torch.Tensor.data_ptr
 LAUNCH_BOUND = 0.5  # host enqueue time / GPU time at or above which a graph is worth capturing
-# Replays of a new capture, and runs of the graph between them, each timed until the GPU is done
-# with it (_judged_replay): a capture is kept only if its fastest replay took under PAY_MARGIN of
-# the fastest run's time. A graph of one or two kernels (a piece between graph breaks, a lone norm)
-# can cost less to run than a replay's input copies, launch and output copies, which the GPU runs
-# too, while its capture holds a memory pool. The verdict comes
-# once one is under PAY_CLEAR of the other (a decode step: after one run and two replays), else
-# after PAY_SAMPLES replays.
+# Replays of a new capture, and runs of the graph between them, each costed as the larger of its
+# host and GPU time (_judged_replay): a capture is kept only if its cheapest replay cost under
+# PAY_MARGIN of the cheapest run. A graph of one or two kernels (a piece between graph breaks, a
+# lone norm) can cost less to run than a replay's input copies, launch and output copies, which
+# the GPU runs too, while its capture holds a memory pool. The verdict comes once one is under
+# PAY_CLEAR of the other (a decode step: after one run and two replays), else after PAY_SAMPLES
+# replays.
 PAY_SAMPLES = 16
 PAY_CLEAR = 0.5
 PAY_MARGIN = 0.9
@@ -192,6 +197,49 @@ def cuda_measure(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, floa
     return out, host, start.elapsed_time(end) / 1e3
 
 
+# clock cycles a second of torch.cuda._sleep's spin, per device, measured at first use
+_SLEEP_RATE: dict[int, float] = {}
+AHEAD_FACTOR = 1.5  # the sleep ahead of a costed call: this many times the longest enqueue seen, plus
+AHEAD_MIN_S = 50e-6  # this
+
+
+def _sleep_cycles_per_s() -> float:
+    dev = torch.cuda.current_device()
+    rate = _SLEEP_RATE.get(dev)
+    if rate is None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)  # loaded before it is timed
+        start.record()
+        torch.cuda._sleep(2_000_000)
+        end.record()
+        end.synchronize()
+        rate = _SLEEP_RATE[dev] = 2e6 / max(start.elapsed_time(end) / 1e3, 1e-6)
+    return rate
+
+
+def cuda_busy(fn: Callable[..., Any], args: Sequence[Any], ahead_s: float) -> tuple[Any, float, float]:
+    """Run `fn(*args)` behind `ahead_s` seconds of GPU sleep: (outputs, host seconds to enqueue it,
+    GPU seconds busy with it). While the GPU still sleeps the host enqueues the whole call, so the
+    events around it time the call's own GPU work, not the host's gaps between its launches (as
+    long as the enqueue takes less than `ahead_s`; past that, some of the host's time shows)."""
+    torch.cuda._sleep(int(ahead_s * _sleep_cycles_per_s()))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    t = time.perf_counter()
+    out = fn(*args)
+    host = time.perf_counter() - t
+    end.record()
+    end.synchronize()
+    return out, host, start.elapsed_time(end) / 1e3
+
+
+def wall_time(fn: Callable[..., Any], args: Sequence[Any], ahead_s: float) -> tuple[Any, float, float]:
+    """`cuda_busy` for the CPU tests' stand-ins: the wall clock as host time, no GPU time."""
+    t = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t, 0.0
+
+
 class StepGraph:
     """A compiled graph that replays launch-bound calls from a CUDA graph (see the module doc).
 
@@ -200,9 +248,11 @@ class StepGraph:
 
     def __init__(self, gm: fx.GraphModule, *, capture: Callable[..., tuple[Callable[[], None], Any]] = cuda_capture,
                  measure: Callable[..., tuple[Any, float, float]] = cuda_measure,
+                 cost: Callable[..., tuple[Any, float, float]] | None = None,
                  needs_cuda: bool = True, sizes_fixed: bool = False, auto: bool = False,
                  capture_train: Callable[..., traingraphs.TrainCapture] | None = None) -> None:
         self.gm = gm
+        self._fx = isinstance(gm, fx.GraphModule)
         # a graph with symbolic sizes is replayed only where every call has the same sizes
         # (shapes.ShapeDispatch makes one per set of sizes): a capture is of one set of sizes
         self._sizes_fixed = sizes_fixed
@@ -211,6 +261,8 @@ class StepGraph:
         self.auto = auto
         self._capture = capture
         self._measure = measure
+        # a judged call's (outputs, host s, GPU s): cuda_busy on the GPU, the wall clock otherwise
+        self._cost = cost if cost is not None else cuda_busy if needs_cuda else wall_time
         self._needs_cuda = needs_cuda
         # whether a call may sit inside the caller's CUDA-graph capture (asked per call only then)
         self._may_be_captured = needs_cuda and torch.cuda.is_available()
@@ -232,28 +284,34 @@ class StepGraph:
         self._replay: Callable[[], None] | None = None
         self._key: tuple[Any, ...] | None = None
         self._served = 0  # replays of the current capture
-        # seconds of the first capture's first replays and of the runs between them, each until
-        # the GPU was done (_judged_replay)
-        self._replay_times: list[float] = []
-        self._run_times: list[float] = []
-        # the fastest of each, once judged
+        # (cost, host s, GPU s) of the first capture's first replays and of the runs between them
+        # (_judged_replay)
+        self._replay_times: list[tuple[float, float, float]] = []
+        self._run_times: list[tuple[float, float, float]] = []
+        # the cost of the cheapest of each, once judged, and that call's host and GPU seconds
         self.replay_s: float | None = None
         self.run_s: float | None = None
+        self.judged: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
         self._lock = threading.Lock()
         self._copied: list[tuple[int, torch.Tensor]] = []
         self._outs: list[tuple[str, Any]] = []
         self._out_spec: Any = None
 
     def __call__(self, *args: Any) -> Any:
+        # A GraphModule's own forward, not its __call__: nn.Module's call machinery and FX's
+        # error-reporting wrapper cost ~1.7 us a call (2-core CPU), a decode token's graph's whole
+        # budget many times over; the graph has no hooks. Looked up on every call: integrate
+        # rewrites graphs in place, and recompile() gives the class a new forward.
+        run = self.gm.forward if self._fx else self.gm
         on = _ON.get()
         if not (self.auto if on is None else on):
-            return self.gm(*args)
+            return run(*args)
         if torch.is_grad_enabled():
             if not traingraphs.ENABLED or not any(isinstance(x, torch.Tensor) and x.requires_grad for x in args):
-                return self.gm(*args)
+                return run(*args)
             return self._guarded(self._train_call, args)
         if self.declined is not None:
-            return self.gm(*args)
+            return run(*args)
         return self._guarded(self._call, args)
 
     def _guarded(self, call: Callable[[Sequence[Any]], Any], args: Sequence[Any]) -> Any:
@@ -328,30 +386,42 @@ class StepGraph:
 
     def _judged_replay(self, args: Sequence[Any]) -> Any:
         """A call while the first capture is judged: the first replays (it uploads the graph), then
-        calls alternate between running the graph as it is and replaying it, each timed from an
-        idle GPU until the GPU has done its work (the host's launches and the GPU's kernels, the
-        replay's copies among them); alternating puts both under the same conditions (a graph's
-        first calls run slower than its later ones). The fastest of each decide: as soon as one
-        is under PAY_CLEAR of the other, else after PAY_SAMPLES replays. A capture whose replay
-        does not save at least 1 - PAY_MARGIN of a run's time is dropped."""
+        calls alternate between running the graph as it is and replaying it (alternating puts both
+        under the same conditions: a graph's first calls run slower than its later ones). Each is
+        costed as the larger of its host time and its GPU time (`cuda_busy`): what a loop of such
+        calls takes, whichever side bounds it. The cheapest of each decide: as soon as one is under
+        PAY_CLEAR of the other, else after PAY_SAMPLES replays. A capture whose replay does not
+        save at least 1 - PAY_MARGIN of a run's cost is dropped."""
         run_plain = len(self._replay_times) > len(self._run_times)
-        sync = torch.cuda.synchronize if self._needs_cuda else (lambda: None)
-        sync()
-        t = time.perf_counter()
-        out = self.gm(*args) if run_plain else self._run_replay(args)
-        sync()
-        (self._run_times if run_plain else self._replay_times).append(time.perf_counter() - t)
+        seen = [h for _, h, _ in self._replay_times + self._run_times]
+        ahead = AHEAD_FACTOR * max(seen + [self.host_s or 0.0]) + AHEAD_MIN_S
+        out, host, gpu = self._cost(self.gm if run_plain else lambda *a: self._run_replay(a), args, ahead)
+        (self._run_times if run_plain else self._replay_times).append((max(host, gpu), host, gpu))
         if len(self._replay_times) < 2 or not self._run_times:
             return out
-        replay, run = min(self._replay_times[1:]), min(self._run_times)  # the first replay uploaded
+        best_replay, best_run = min(self._replay_times[1:]), min(self._run_times)  # the first replay uploaded
+        replay, run = best_replay[0], best_run[0]
         if replay > PAY_CLEAR * run and run > PAY_CLEAR * replay and len(self._replay_times) <= PAY_SAMPLES:
             return out  # too close to call yet
-        self.replay_s, self.run_s = replay, run
+        self.replay_s, self.run_s, self.judged = replay, run, (best_replay, best_run)
         if replay >= PAY_MARGIN * run:
-            self.declined = (f"a replay saves too little time over running the graph: "
-                             f"{replay * 1e6:.1f} us against {run * 1e6:.1f} us a call")
+            self.declined = f"a replay saves too little over running the graph: {self._judged_text()}"
             self._drop_capture()
         return out
+
+    def _judged_text(self) -> str:
+        assert self.judged is not None
+        (r, rh, rg), (p, ph, pg) = self.judged
+        return (f"a call costs {r * 1e6:.1f} us replayed (host {rh * 1e6:.1f}, GPU {rg * 1e6:.1f}) against "
+                f"{p * 1e6:.1f} us run as it is (host {ph * 1e6:.1f}, GPU {pg * 1e6:.1f})")
+
+    @property
+    def settled(self) -> bool:
+        """Whether its calls now run the way later ones with the same inputs will: the capture
+        judged (or none made: declined, or never called with replays on), and the training side's
+        likewise. Validation times an optimized model once every graph has settled."""
+        inference = self.declined is not None or self.replay_s is not None or self.calls == 0
+        return inference and (self.training is None or self.training.settled)
 
     def _classify(self, args: Sequence[Any]) -> str | None:
         if not self._sizes_fixed and symbolic_inputs(self.gm):
@@ -448,9 +518,8 @@ class StepGraph:
             text = f"not replayed: {self.declined}"
         elif self.captures:
             text = f"replayed {self.replays} call(s) from {self.captures} capture(s)"
-            if self.replay_s is not None and self.run_s is not None:
-                text += (f" (a call, until the GPU is done: {self.replay_s * 1e6:.1f} us replayed, "
-                         f"{self.run_s * 1e6:.1f} us run as it is)")
+            if self.judged is not None:
+                text += f" ({self._judged_text()})"
         else:
             text = f"{self.calls} call(s), not captured yet"
         return text if self.training is None else f"{text}; {self.training.summary()}"

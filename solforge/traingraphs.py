@@ -497,6 +497,12 @@ class TrainGraph:
         leaves = [next(results) if kind == "owned" else v for kind, v in self._outs]
         return pytree.tree_unflatten(leaves, self._out_spec)
 
+    @property
+    def settled(self) -> bool:
+        """Whether its calls now run the way later ones will: declined, or replayed often enough
+        that the accumulating backward (module doc, 4) was captured or not."""
+        return self.declined is not None or self.calls == 0 or self.replays >= 3
+
     def release(self) -> None:
         self._cap, self._key, self._copied, self._outs, self._acc = None, None, [], [], None
 

@@ -264,10 +264,12 @@ def _peak_gb(fn: Callable[[], Any], device: str) -> float | None:
 
 def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs: Sequence[Any], *,
              dtype: torch.dtype, device: str, is_language_model: bool, time_it: bool = True,
-             params: Params | None = None) -> E2EReport:
+             params: Params | None = None, settled: Callable[[], bool] | None = None) -> E2EReport:
     """Compare outputs (and, with `params`, i.e. in train mode, the parameters' gradients of
     `train_loss`) and time both models: forwards, or whole training steps with `params`. Each
-    compared run starts from the same RNG seed (COMPARE_SEED), so dropout draws the same masks."""
+    compared run starts from the same RNG seed (COMPARE_SEED), so dropout draws the same masks.
+    `settled`: whether the optimized model runs as its later calls will (its CUDA-graph replays
+    judged: stepgraphs.py); it is timed once it does (tune.timing.time_model)."""
     train = params is not None
     with torch.set_grad_enabled(train):
         grad_err: float | None = None
@@ -338,7 +340,7 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
                 peaks = (_peak_gb(runs[0], device), _peak_gb(runs[1], device))
             else:
                 runs = [lambda f=f: f(*inputs) for f in (original, optimized)]
-            base, opt = time_model(runs[0], device), time_model(runs[1], device)
+            base, opt = time_model(runs[0], device), time_model(runs[1], device, settled=settled)
     ms = lambda r: r.p50_us / 1e3 if r.ok else None  # noqa: E731
     speedup = base.p50_us / opt.p50_us if base.ok and opt.ok else None
     return E2EReport(

@@ -199,7 +199,7 @@ def test_a_capture_whose_replays_cost_more_than_running_the_graph_is_dropped() -
     _decode_steps(step, gm, 10)
     # plain, timed, captured and replayed (it uploads), run, replay: judged; runs from then on
     assert (step.captures, step.replays) == (1, 2)
-    assert step.declined is not None and "saves too little time over running the graph" in step.declined
+    assert step.declined is not None and "saves too little over running the graph" in step.declined
     assert step._replay is None and step._outs == [] and step._copied == []  # its memory is let go
     assert step.replay_s is not None and step.run_s is not None
     assert step.replay_s >= 0.02 > step.run_s
@@ -225,6 +225,50 @@ def test_a_capture_whose_replays_cost_less_is_kept_and_says_what_a_call_costs_ea
     assert step.replay_s is not None and step.run_s is not None
     assert step.run_s >= 0.02 > step.replay_s
     assert "us replayed" in step.summary() and "us run as it is" in step.summary()
+
+
+def _costed(step_ref: list[StepGraph], run: tuple[float, float], replay: tuple[float, float]) -> Any:
+    """A stand-in `cost`: each run of the graph reports `run` (host s, GPU s), each replay `replay`."""
+
+    def cost(fn: Any, args: Any, ahead_s: float) -> tuple[Any, float, float]:
+        assert ahead_s > 0
+        host, gpu = run if fn is step_ref[0].gm else replay
+        return fn(*args), host, gpu
+
+    return cost
+
+
+def test_a_replay_that_saves_host_time_but_adds_more_gpu_time_is_dropped() -> None:
+    """A replay that takes host time out (5 us to enqueue against a run's 35) but adds GPU time
+    (its input and output copies: 40 us against the kernel's 17). A call costs the larger of its
+    two parts, 40 against 35: the capture goes. Timed from an idle GPU, as before session 21, the
+    parts add up, 45 against 52, and the capture would have stayed."""
+    gm = _graph()
+    ref: list[StepGraph] = []
+    step = StepGraph(gm, capture=fake_capture, measure=launch_bound, needs_cuda=False,
+                     cost=_costed(ref, run=(35e-6, 17e-6), replay=(5e-6, 40e-6)))
+    ref.append(step)
+    assert step.settled  # nothing called yet: nothing to judge
+    _decode_steps(step, gm, 4)
+    assert not step.settled and step.captures == 1  # captured, being judged
+    _decode_steps(step, gm, 2 * PAY_SAMPLES + 4)
+    assert step.settled
+    assert step.declined is not None and "saves too little over running the graph" in step.declined
+    assert (step.replay_s, step.run_s) == (40e-6, 35e-6)
+    assert "costs 40.0 us replayed (host 5.0, GPU 40.0) against 35.0 us run as it is (host 35.0, GPU 17.0)" \
+        in step.summary()
+
+
+def test_a_replay_that_costs_less_on_the_larger_side_is_kept() -> None:
+    gm = _graph()
+    ref: list[StepGraph] = []
+    step = StepGraph(gm, capture=fake_capture, measure=launch_bound, needs_cuda=False,
+                     cost=_costed(ref, run=(600e-6, 100e-6), replay=(20e-6, 110e-6)))
+    ref.append(step)
+    _decode_steps(step, gm, 8)
+    # plain, timed, captured and replayed (uploads), run, replay: 110 us is under half of 600
+    assert step.settled and step.declined is None and step.replay_s == 110e-6, step.summary()
+    assert step.replays == 5
 
 
 def test_auto_replays_without_the_block_and_step_graphs_false_turns_it_off() -> None:
@@ -399,3 +443,38 @@ def test_a_no_grad_graph_that_syncs_is_declined_and_random_ops_still_work() -> N
     assert step.captures == 0 and "capture failed" in (step.declined or ""), step.summary()
     assert torch.rand(4, device="cuda").shape == (4,)
     torch.nn.functional.dropout(torch.ones(16, device="cuda"), 0.5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_busy_times_the_gpu_work_not_the_hosts_gaps() -> None:
+    from solforge.stepgraphs import cuda_busy
+
+    x = torch.randn(1024, device="cuda")
+
+    def gappy(t: torch.Tensor) -> torch.Tensor:
+        y = t + 1
+        time.sleep(0.002)  # the host's gap between two tiny kernels
+        return y * 2
+
+    gappy(x)
+    out, host, gpu = cuda_busy(gappy, (x,), ahead_s=0.006)
+    assert torch.equal(out, (x + 1) * 2)
+    assert host >= 0.002 and gpu < 0.001, (host, gpu)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_time_model_warms_up_until_settled() -> None:
+    from solforge.tune.timing import time_model
+
+    x = torch.randn(1024, device="cuda")
+    calls = [0]
+
+    def fn() -> torch.Tensor:
+        calls[0] += 1
+        return x * 2
+
+    timed = time_model(fn, "cuda", warmup=1, runs=3, min_runs=3, settled=lambda: calls[0] >= 12)
+    assert timed.ok and calls[0] == 12 + 3, calls
+    calls[0] = 0
+    time_model(fn, "cuda", warmup=1, runs=3, min_runs=3, settled=lambda: False, max_warmup=20)
+    assert calls[0] == 20 + 3  # never settles: the warm-up stops at max_warmup

@@ -217,16 +217,27 @@ def confirm(fns: Sequence[Callable[[], Any]], device: str, *, rounds: int = 3, w
 
 
 def time_model(fn: Callable[[], Any], device: str, *, warmup: int = 1, runs: int = 10, min_runs: int = 5,
-               steady: float = 0.01, max_seconds: float = 20.0) -> RunResult:
+               steady: float = 0.01, max_seconds: float = 20.0, settled: Callable[[], bool] | None = None,
+               max_warmup: int = 48) -> RunResult:
     """Time a whole forward: CUDA events around each call after `warmup` calls; the median of up to
     `runs` calls, stopping after `min_runs` once the middle of the samples agrees within `steady`
     ((p80 - p20) / p50), or once `max_seconds` have passed with at least 3. A 400 ms forward is
-    timed to well under 1% by five steady calls; the other five cost a warm run 4 s per model."""
+    timed to well under 1% by five steady calls; the other five cost a warm run 4 s per model.
+
+    `settled`: whether `fn` now runs as its later calls will (an optimized model whose CUDA-graph
+    replays are still being judged alternates replays and runs: stepgraphs.py); the warm-up goes
+    on until it says so, up to `max_warmup` calls or `max_seconds`."""
     try:
         if device != "cuda":  # interpreter: one run, its time means nothing anyway
             return _wall_clock(fn, runs=1, warmup=0)
+        started = time.perf_counter()
         for _ in range(warmup):
             fn()
+        if settled is not None:
+            n = warmup
+            while not settled() and n < max_warmup and time.perf_counter() - started < max_seconds:
+                fn()
+                n += 1
         torch.cuda.synchronize()
         samples: list[float] = []
         started = time.perf_counter()
