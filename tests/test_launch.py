@@ -162,6 +162,39 @@ def test_direct_path_argument_list(direct: None) -> None:
     assert k.compiled.runs[-1][:3] == (3, 2, 1) and k.compiled.runs[-1][-1] == "m"
 
 
+class CudaLauncher:
+    """A stand-in for Triton 3.6's launcher (the type `launch._runner` recognizes by name): its
+    `__call__` would allocate scratch memory and call `launch`, the generated C launcher."""
+
+    def __init__(self, scratch: int) -> None:
+        self.global_scratch_size, self.profile_scratch_size = scratch, 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.calls: list[tuple[Any, ...]] = []
+        self.c_calls: list[tuple[Any, ...]] = []
+        self.launch = lambda *a: self.c_calls.append(a)
+
+    def __call__(self, *a: Any) -> None:
+        self.calls.append(a)
+
+
+@pytest.mark.parametrize("scratch", [0, 128])
+def test_a_hit_calls_the_c_launcher_when_there_is_no_scratch_to_allocate(direct: None, scratch: int) -> None:
+    k = _Kernel()
+    launcher = CudaLauncher(scratch)
+    k.compiled.run = launcher  # type: ignore[assignment,method-assign]
+    x, y = torch.zeros(64), torch.zeros(64)
+    meta = {"BLOCK": 64, "FLAG": True, "num_warps": 2}
+    L.launch(k, (3,), (x, y, 50, 1e-5), meta)  # through Triton: fills the cache
+    L.launch(k, (3,), (x, y, 50, 2e-5), meta)
+    params = (x, y, 50, 2e-5, 64, True, "dflt")
+    if scratch:  # Triton's __call__, which allocates it
+        assert launcher.calls == [(3, 1, 1, 99, 1234, (4, 1, 0), None, None, None, *params)]
+        assert launcher.c_calls == []
+    else:  # the C launcher: cooperative grid, PDL, no scratch buffers, then as __call__ passes them on
+        assert launcher.calls == []
+        assert launcher.c_calls == [(3, 1, 1, 99, 1234, False, True, None, None, (4, 1, 0), None, None, None, *params)]
+
+
 def test_direct_path_misses(direct: None, monkeypatch: pytest.MonkeyPatch) -> None:
     k = _Kernel()
     x, y = torch.zeros(64), torch.zeros(64)

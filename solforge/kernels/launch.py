@@ -13,7 +13,8 @@ with the argument list Triton 3.6 builds itself (runtime/jit.py, `JITFunction.ru
         launch_enter_hook, launch_exit_hook, *every parameter's value in signature order)
 
 where "every parameter" includes the constexprs and None arguments (the generated launcher skips
-them) and defaults of parameters not passed.
+them) and defaults of parameters not passed. For a kernel without scratch memory the hit calls
+the generated C launcher under `run` itself (`_runner`).
 
 The key: the kernel (by identity), the grid, the constexpr/option kwargs with their types (True and
 1 and 1.0 are equal in Python but not to Triton), the current device, and per positional argument
@@ -56,8 +57,9 @@ _compilation = triton.knobs.compilation
 _get_device: Any = None  # torch's current-device getter, set at the first fill (needs CUDA)
 _get_stream: Any = None
 
-# key -> (kernel, run, function, packed_metadata, grid_0, grid_1, grid_2, values after the args)
-_Entry = tuple[Any, Any, Any, Any, int, int, int, tuple[Any, ...]]
+# key -> (kernel, run, the values between the stream and the args, grid_0, grid_1, grid_2, values
+# after the args)
+_Entry = tuple[Any, Any, tuple[Any, ...], int, int, int, tuple[Any, ...]]
 _CACHE: dict[tuple[Any, ...], _Entry] = {}
 _SLOW = [0]  # launches that went through Triton while the direct path was on (tests, benchmarks)
 _Tensor = torch.Tensor
@@ -204,8 +206,8 @@ def launch(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], constexprs: 
         if key is not None:
             hit = _CACHE.get(key)
             if hit is not None and hit[0] is kernel and _quiet():
-                _, run, function, metadata, g0, g1, g2, tail = hit
-                run(g0, g1, g2, _get_stream(key[2]), function, metadata, None, None, None, *args, *tail)
+                _, run, head, g0, g1, g2, tail = hit
+                run(g0, g1, g2, _get_stream(key[2]), *head, *args, *tail)
                 return
         _SLOW[0] += 1
         compiled = kernel[grid](*args, **constexprs)
@@ -246,6 +248,25 @@ def _fill(key: tuple[Any, ...] | None, kernel: Any, grid: tuple[int, ...], args:
         else:  # a parameter Triton would have refused: nothing to repeat
             return
     g = (*grid, 1, 1)
+    run, head = _runner(compiled)
     if len(_CACHE) >= MAX_ENTRIES:
         _CACHE.clear()
-    _CACHE[key] = (kernel, compiled.run, compiled.function, compiled.packed_metadata, g[0], g[1], g[2], tuple(tail))
+    _CACHE[key] = (kernel, run, head, g[0], g[1], g[2], tuple(tail))
+
+
+def _runner(compiled: Any) -> tuple[Any, tuple[Any, ...]]:
+    """What a hit calls, and the values it passes between the stream and the kernel's arguments.
+    `CompiledKernel.run` is Triton's CudaLauncher, whose `__call__` allocates the kernel's scratch
+    buffers (none for most kernels) and calls the generated C launcher with the launch options
+    added: (function, cooperative grid, PDL, global scratch, profile scratch, packed metadata,
+    launch metadata, enter hook, exit hook). With no scratch to allocate, a hit calls the C
+    launcher itself, with those values fixed: one Python frame and two calls fewer a launch."""
+    run = compiled.run
+    function, metadata = compiled.function, compiled.packed_metadata
+    c_launch = getattr(run, "launch", None)
+    if (type(run).__name__ == "CudaLauncher" and callable(c_launch)
+            and getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0
+            and hasattr(run, "launch_cooperative_grid") and hasattr(run, "launch_pdl")):
+        return c_launch, (function, run.launch_cooperative_grid, run.launch_pdl, None, None, metadata, None, None,
+                          None)
+    return run, (function, metadata, None, None, None)
