@@ -25,7 +25,8 @@ Where it is on: inside `step_graphs()`, and in an optimized model made with `cud
    busy with it, measured behind a sleep kernel long enough that the GPU does not wait for the
    host in between (`cuda_busy`). A call's cost is the larger of the two: what it takes a loop
    of such calls, whichever side bounds it. Sampling goes on until the cheapest of one is under
-   half the other's (a decode step: after one run) or PAY_SAMPLES replays. If the cheapest
+   half the other's, with at least PAY_MIN_RUNS runs (a decode step: after two) or PAY_SAMPLES
+   replays. If the cheapest
    replay (the input copies, the replay and the output copies) does not save a tenth of the
    cheapest run's cost, the capture is dropped and the graph runs as it is from then on. A
    replay trades host time for GPU time: its copies are kernels too. For a piece of one or two
@@ -76,10 +77,14 @@ LAUNCH_BOUND = 0.5  # host enqueue time / GPU time at or above which a graph is 
 # PAY_MARGIN of the cheapest run. A graph of one or two kernels (a piece between graph breaks, a
 # lone norm) can cost less to run than a replay's input copies, launch and output copies, which
 # the GPU runs too, while its capture holds a memory pool. The verdict comes once one is under
-# PAY_CLEAR of the other (a decode step: after one run and two replays), else after PAY_SAMPLES
-# replays.
+# PAY_CLEAR of the other with PAY_MIN_RUNS runs sampled (a decode step: after two runs and three
+# replays), else after PAY_SAMPLES replays.
 PAY_SAMPLES = 16
 PAY_CLEAR = 0.5
+# Runs sampled before any verdict: a graph's first runs can cost several times its later ones
+# (a 4096 x 2048 LayerNorm's second call: 224 us of host time, against ~30 later), and judged on
+# one of them, a capture whose copies cost the GPU twice the kernel was kept.
+PAY_MIN_RUNS = 2
 PAY_MARGIN = 0.9
 
 # None: each StepGraph's own default (`auto`: on in an optimized model made with cuda_graphs=True)
@@ -390,8 +395,9 @@ class StepGraph:
         under the same conditions: a graph's first calls run slower than its later ones). Each is
         costed as the larger of its host time and its GPU time (`cuda_busy`): what a loop of such
         calls takes, whichever side bounds it. The cheapest of each decide: as soon as one is under
-        PAY_CLEAR of the other, else after PAY_SAMPLES replays. A capture whose replay does not
-        save at least 1 - PAY_MARGIN of a run's cost is dropped."""
+        PAY_CLEAR of the other once PAY_MIN_RUNS runs were sampled, else after PAY_SAMPLES
+        replays. A capture whose replay does not save at least 1 - PAY_MARGIN of a run's cost is
+        dropped."""
         run_plain = len(self._replay_times) > len(self._run_times)
         seen = [h for _, h, _ in self._replay_times + self._run_times]
         ahead = AHEAD_FACTOR * max(seen + [self.host_s or 0.0]) + AHEAD_MIN_S
@@ -401,8 +407,9 @@ class StepGraph:
             return out
         best_replay, best_run = min(self._replay_times[1:]), min(self._run_times)  # the first replay uploaded
         replay, run = best_replay[0], best_run[0]
-        if replay > PAY_CLEAR * run and run > PAY_CLEAR * replay and len(self._replay_times) <= PAY_SAMPLES:
-            return out  # too close to call yet
+        undecided = len(self._run_times) < PAY_MIN_RUNS or (replay > PAY_CLEAR * run and run > PAY_CLEAR * replay)
+        if undecided and len(self._replay_times) <= PAY_SAMPLES:
+            return out  # too close to call yet, or too few runs to tell
         self.replay_s, self.run_s, self.judged = replay, run, (best_replay, best_run)
         if replay >= PAY_MARGIN * run:
             self.declined = f"a replay saves too little over running the graph: {self._judged_text()}"
