@@ -185,3 +185,46 @@ def test_optimized_training_model_is_the_same_with_and_without_direct_calls(monk
     assert len(on[1]) == len(off[1])
     for a, b in zip(on[1], off[1], strict=True):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_each_rmsnorm_node_gets_a_site_of_its_own_with_the_values_of_the_whole_path(monkeypatch) -> None:  # noqa: ANN001
+    """Without autograd recording an rmsnorm node calls a site of its own (rmsnorm's `_Site`),
+    which after its first call skips the launcher's checks; the logits are those of the model with
+    direct calls off, bit for bit, on every call."""
+    lm = load_model("qwen3-tiny", device=DEVICE, dtype=torch.bfloat16, batch=2, seq=8, weights=None, seed=0)
+    ids = lm.example_inputs[0]
+
+    def run(enabled: bool) -> tuple[list[torch.Tensor], list[object]]:
+        monkeypatch.setattr(direct, "ENABLED", enabled)
+        opt, stats = integrate(copy.deepcopy(lm.model).eval(), {})
+        with torch.no_grad():
+            logits = [opt(ids).logits for _ in range(3)]
+        sites = [n.target.site for s in stats.step_graphs for n in s.gm.graph.nodes
+                 if n.op == "call_function" and hasattr(n.target, "site")]
+        return logits, sites
+
+    (off, no_sites), (on, sites) = run(False), run(True)
+    # qwen3-tiny's norms merge with the residual adds (add_rmsnorm) and RoPE (the q/k norms),
+    # which have no sites: the final norm is the one rmsnorm node
+    assert no_sites == [] and len(sites) == 1 and sites[0].sig is not None
+    for a, b in zip(on, off, strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+    class TwoNorms(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.RMSNorm(32, eps=1e-6), torch.nn.RMSNorm(16, eps=1e-5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x).view(-1, 16))
+
+    m = TwoNorms().to(DEVICE)
+    x = torch.randn(4, 32, device=DEVICE)
+    opt, stats = integrate(m, {})
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(opt(x), m(x))
+    two = [n.target.site for s in stats.step_graphs for n in s.gm.graph.nodes
+           if n.op == "call_function" and hasattr(n.target, "site")]
+    assert len(two) == 2 and two[0] is not two[1]
+    assert {s.sig[0] for s in two} == {torch.Size([4, 32]), torch.Size([8, 16])}  # each its node's layout

@@ -25,16 +25,24 @@ def _model() -> torch.nn.Module:
 
 @pytest.fixture
 def norm_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts rmsnorm kernel launches (the custom op calls the module's `rmsnorm`): the final norm
-    of every step is one."""
+    """Counts rmsnorm kernel launches: the final norm of every step is one. A launch goes through
+    the module's `_launch` (the whole path, or a graph node's site without a bound launch), or
+    through a site's bound launch (kernels/launch.py `Bound`), which no rmsnorm launch does twice."""
+    from solforge.kernels.launch import Bound
+
     calls: list[int] = []
-    real = rms.rmsnorm
+    real, real_bound = rms._launch, Bound.__call__
 
-    def spy(*a: Any, **kw: Any) -> torch.Tensor:
+    def spy(*a: Any, **kw: Any) -> None:
         calls.append(1)
-        return real(*a, **kw)
+        real(*a, **kw)
 
-    monkeypatch.setattr(rms, "rmsnorm", spy)
+    def bound_spy(self: Bound, *a: Any) -> None:
+        calls.append(1)
+        real_bound(self, *a)
+
+    monkeypatch.setattr(rms, "_launch", spy)
+    monkeypatch.setattr(Bound, "__call__", bound_spy)
     return calls
 
 

@@ -347,3 +347,37 @@ def test_gpu_profilers_see_direct_launches() -> None:
             assert len(seen) == 2 and L.slow_launches() == slow + 2
     finally:
         L.set_enabled(prev)
+
+
+@requires_gpu
+def test_gpu_a_bound_launch_equals_the_whole_path_and_checks_alignment() -> None:
+    """rmsnorm's graph-node site binds its launch on the GPU (launch.bind): its later calls launch
+    through the bound runner, with the whole path's values; a misaligned x (a view one element in)
+    is another layout, and a bound call given a misaligned tensor goes through `launch`."""
+    from solforge.kernels import rmsnorm as R
+
+    prev = L.enabled()
+    L.set_enabled(True)
+    try:
+        site = R._Site()
+        w = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+        site(x, w, 1e-6, torch.bfloat16, True, "")
+        assert site.sig is not None and isinstance(site.sig[14], L.Bound)
+        for seed in range(3):
+            torch.manual_seed(seed)
+            x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+            slow = L.slow_launches()
+            y = site(x, w, 1e-6, torch.bfloat16, True, "")
+            assert L.slow_launches() == slow
+            assert torch.equal(y, R.rmsnorm(x, w, 1e-6, round_before_weight=True))
+        bound = site.sig[14]
+        wide = torch.randn(8 * 256 + 1, device="cuda", dtype=torch.bfloat16)
+        odd = wide[1:].view(8, 256)  # 2 bytes past an aligned address
+        y = torch.empty_like(odd)
+        slow = L.slow_launches()
+        bound(odd, w, y, *site.sig[15])  # a caller breaking alignment: through launch, as Triton would
+        assert L.slow_launches() == slow + 1
+        assert torch.equal(y, R.rmsnorm(odd, w, 1e-6, round_before_weight=True))
+    finally:
+        L.set_enabled(prev)

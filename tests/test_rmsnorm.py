@@ -161,6 +161,63 @@ def test_repeated_calls_reuse_cached_launch() -> None:
     _check(wl, Config("row", 128, 0, 1, 1), seed=9)  # same shape, another config
 
 
+def test_a_graph_nodes_site_keeps_its_first_calls_plan_and_refills_on_anything_else(monkeypatch) -> None:  # noqa: ANN001
+    """rmsnorm's `_Site` (one node of an optimized graph, called without autograd): the first call
+    takes the whole path; later calls with x and weight of the same layout skip it, with the
+    values the whole path gives; a call with another shape, a strided x, another weight layout or
+    another constant takes the whole path again."""
+    whole = [0]
+    real = R.rmsnorm
+
+    def counted(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        whole[0] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(R, "rmsnorm", counted)
+    site = R._Site()
+    w = (1 + 0.1 * torch.randn(96, device=DEVICE)).to(BF16)
+
+    def check(x: torch.Tensor, weight: torch.Tensor | None, eps: float = EPS, out_dtype: torch.dtype = BF16,
+              rnd: bool = True, config: str = "") -> None:
+        y = site(x, weight, eps, out_dtype, rnd, config)
+        ref = rmsnorm_ref(x, weight, eps, out_dtype=out_dtype, round_before_weight=rnd)
+        assert y.shape == x.shape and y.dtype == out_dtype and y.is_contiguous()
+        assert compare(y, ref, R.output_tolerance(workload_for(x, weight, eps, out_dtype, rnd))).ok
+        cfg = Config.decode(config) if config else None  # the whole path's own result, bit for bit
+        assert torch.equal(y, real(x, weight, eps, out_dtype=out_dtype, round_before_weight=rnd, config=cfg))
+
+    x = torch.randn(2, 5, 96, dtype=BF16, device=DEVICE)
+    check(x, w)
+    assert whole[0] == 1 and site.sig is not None
+    for seed in range(3):  # new values, the same layout: no whole path
+        torch.manual_seed(seed)
+        check(torch.randn(2, 5, 96, dtype=BF16, device=DEVICE), w)
+        check(x, (1 + 0.1 * torch.randn(96, device=DEVICE)).to(BF16))  # another weight of that layout
+    assert whole[0] == 1
+    calls = 1
+    for other in (
+        lambda: check(torch.randn(3, 5, 96, dtype=BF16, device=DEVICE), w),  # another shape
+        lambda: check(torch.randn(2, 5, 200, dtype=BF16, device=DEVICE)[..., :96], w),  # strided rows
+        lambda: check(x.float(), w),  # another dtype
+        lambda: check(x, torch.randn(192, dtype=BF16, device=DEVICE)[::2]),  # a strided weight
+        lambda: check(x, None),  # no weight
+        lambda: check(x, w.float()),  # another weight dtype
+        lambda: check(x, w, eps=1e-5),
+        lambda: check(x, w, out_dtype=torch.float32),
+        lambda: check(x, w, rnd=False),
+        lambda: check(x, w, config="row:bh=128:w=2"),
+    ):
+        other()
+        calls += 1
+        assert whole[0] == calls
+    check(x, w, config="row:bh=128:w=2")  # the last call's layout is the one kept now
+    assert whole[0] == calls
+    strided = torch.randn(2, 5, 200, dtype=BF16, device=DEVICE)[..., :96]
+    check(strided, w)
+    check(strided, w)  # a strided x is never recorded: the whole path each time
+    assert whole[0] == calls + 2 and site.sig is None
+
+
 def test_launcher_errors() -> None:
     x = torch.randn(4, 64, device=DEVICE)
     w = torch.randn(64, device=DEVICE)

@@ -23,7 +23,8 @@ a plain function that
 - else, with autograd recording (grad mode on and an input that requires grad), applies an
   autograd.Function made of the op's implementation and its registered formula: the values, the
   saved tensors and the gradients are the op's;
-- else calls the implementation.
+- else calls the implementation: for ops that registered a `site` maker (rmsnorm), one of the
+  node's own, which keeps the plan of the node's first call for its later ones.
 
 The ops' backward kernels (`<family>_bwd`, no autograd formula of their own) are called the same
 way from the backward formulas (`plain`): directly, unless something traces, or autograd records
@@ -53,6 +54,8 @@ _profiling = torch._C._autograd._profiler_enabled
 
 # op overload -> the function the graph calls instead
 _DIRECT: dict[Any, Callable[..., Any]] = {}
+# op overload -> (a maker of one node's implementation, the op's autograd.Function's apply or None)
+_SITES: dict[Any, tuple[Callable[[], Callable[..., Any]], Callable[..., Any] | None]] = {}
 
 
 def _traced() -> bool:
@@ -62,9 +65,15 @@ def _traced() -> bool:
 
 
 def register(op: Any, impl: Callable[..., Any], setup: Callable[..., None] | None = None,
-             backward: Callable[..., Any] | None = None) -> Callable[..., Any]:
+             backward: Callable[..., Any] | None = None,
+             site: Callable[[], Callable[..., Any]] | None = None) -> Callable[..., Any]:
     """Record `op`'s implementation (and its autograd formula, as given to register_autograd):
-    the function `direct_calls` puts in the graph in its place. Returns that function."""
+    the function `direct_calls` puts in the graph in its place. Returns that function.
+
+    `site`, where given, makes an implementation for one node of a graph (called like `impl`, with
+    the same results), which may keep what it worked out from its first call's layout for the
+    node's later calls (rmsnorm's `_Site`): `direct_calls` gives each node of the op its own, used
+    for the calls without autograd recording."""
     schema = op._schema
     if schema.is_mutable or any(r.alias_info is not None for r in schema.returns):
         raise ValueError(f"{op}: direct calls are for functional ops only")
@@ -87,12 +96,39 @@ def register(op: Any, impl: Callable[..., Any], setup: Callable[..., None] | Non
                 return apply(*args)
             return impl(*args)
 
-    call.__name__ = call.__qualname__ = f"direct_{name}"
-    call._schema = schema  # type: ignore[attr-defined]  # stepgraphs.written_inputs reads alias info
-    call.solforge_op = op  # type: ignore[attr-defined]  # the op it stands for (profile, tests)
-    call.function = fn if backward is not None else None  # type: ignore[attr-defined]  # (benchmarks)
+    _label(call, op, name, fn if backward is not None else None)
     _DIRECT[op] = call
     globals()[call.__name__] = call  # importable by name: what a pickled GraphModule refers to
+    if site is not None:
+        _SITES[op] = (site, apply if backward is not None else None)
+    return call
+
+
+def _label(call: Any, op: Any, name: str, function: Any) -> None:
+    call.__name__ = call.__qualname__ = f"direct_{name}"
+    call._schema = op._schema  # stepgraphs.written_inputs reads alias info
+    call.solforge_op = op  # the op it stands for (profile, tests)
+    call.function = function  # the autograd.Function, or None (benchmarks)
+
+
+def node_call(op: Any) -> Callable[..., Any]:
+    """The function one node of `op` calls: with a site of its own where the op registered a maker
+    of them (register's `site`), else the op's shared direct function."""
+    made = _SITES.get(op)
+    if made is None:
+        return _DIRECT[op]
+    site, apply = made[0](), made[1]
+    shared = _DIRECT[op]
+
+    def call(*args: Any) -> Any:
+        if _traced():
+            return op(*args)
+        if apply is not None and _grad_enabled() and _any_requires_grad(*args):
+            return apply(*args)
+        return site(*args)
+
+    _label(call, op, shared.__name__[len("direct_"):], shared.function)  # type: ignore[attr-defined]
+    call.site = site  # type: ignore[attr-defined]  # (tests)
     return call
 
 
@@ -117,8 +153,7 @@ def direct_calls(gm: fx.GraphModule) -> int:
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.kwargs:
             continue
-        call = _DIRECT.get(node.target)
-        if call is None:
+        if node.target not in _DIRECT:
             continue
         arguments = node.target._schema.arguments
         if any(a.kwarg_only for a in arguments) or len(node.args) > len(arguments):
@@ -127,7 +162,7 @@ def direct_calls(gm: fx.GraphModule) -> int:
         if not all(a.has_default_value() for a in missing):
             continue
         node.args = (*node.args, *(a.default_value for a in missing))
-        node.target = call
+        node.target = node_call(node.target)
         n += 1
     if n:
         gm.recompile()

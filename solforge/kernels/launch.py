@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -270,3 +270,74 @@ def _runner(compiled: Any) -> tuple[Any, tuple[Any, ...]]:
         return c_launch, (function, run.launch_cooperative_grid, run.launch_pdl, None, None, metadata, None, None,
                           None)
     return run, (function, metadata, None, None, None)
+
+
+class Bound:
+    """One call site's launch with its key worked out once (`bind`). A call passes the arguments in
+    the kernel's order, as `launch` gets them; every int, bool and None among them must be the
+    value it was bound with, each float a float, each tensor of the bound dtype (the caller's
+    contract: a site that checked its inputs' shapes and dtypes passes the ints it derived from
+    them). What may change from call to call is checked: the tensors' 16-byte alignment, launch
+    hooks, the direct path being on. Otherwise the launch goes through `launch`."""
+
+    __slots__ = ("kernel", "grid", "constexprs", "run", "head", "g0", "g1", "g2", "tail", "device", "tensors")
+
+    def __init__(self, kernel: Any, grid: tuple[int, ...], constexprs: Mapping[str, Any], entry: _Entry,
+                 device: int, tensors: tuple[int, ...]) -> None:
+        self.kernel, self.grid, self.constexprs = kernel, grid, constexprs
+        _, self.run, self.head, self.g0, self.g1, self.g2, self.tail = entry
+        self.device, self.tensors = device, tensors
+
+    def __call__(self, *args: Any) -> None:
+        ptrs = 0
+        for i in self.tensors:
+            ptrs |= args[i].data_ptr()
+        if not ptrs & 15 and _ON and _quiet():
+            self.run(self.g0, self.g1, self.g2, _get_stream(self.device), *self.head, *args, *self.tail)
+        else:
+            launch(self.kernel, self.grid, args, self.constexprs)
+
+
+def bind(kernel: Any, grid: tuple[int, ...], args: Sequence[Any], constexprs: Mapping[str, Any]) -> Bound | None:
+    """A `Bound` launch of what `launch(kernel, grid, args, constexprs)` just launched through the
+    direct path, for a site that will launch it again with arguments of the same kinds. None where
+    there is nothing to bind: the direct path off, the launch not cached, a tensor argument not
+    16-byte aligned, or an argument the key does not hold by value."""
+    if not _ON or _get_device is None:
+        return None
+    try:
+        device = _get_device()
+        key = launch_key(kernel, grid, args, constexprs, device)
+    except (_Uncacheable, TypeError):
+        return None
+    hit = _CACHE.get(key)
+    if hit is None or hit[0] is not kernel:
+        return None
+    tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+    if any(args[i].data_ptr() & 15 for i in tensors):
+        return None
+    return Bound(kernel, grid, constexprs, hit, device, tensors)
+
+
+def _no_device() -> int:
+    return -1  # what get_device() says of a CPU tensor
+
+
+def empty_strided(device: torch.device) -> tuple[Callable[[tuple[int, ...], tuple[int, ...], torch.dtype],
+                                                          torch.Tensor], Callable[[], int]]:
+    """For a call site that allocates its outputs by (shape, strides, dtype) on `device`: the
+    fastest allocator torch has for it (the one inductor's generated code calls, without the
+    dispatcher), and the getter of the current device, which the caller must check equals
+    `device`'s index first (the CUDA allocator allocates on the current device; on the CPU the
+    getter says -1, as a CPU tensor's get_device() does)."""
+    guards = getattr(torch._C._dynamo, "guards", None)
+    if device.type == "cuda":
+        fast = getattr(guards, "_empty_strided_cuda", None)
+        now = torch._C._cuda_getDevice
+    else:
+        fast = getattr(guards, "_empty_strided_cpu", None) if device.type == "cpu" else None
+        now = _no_device
+    if fast is None:
+        def fast(shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    return fast, now

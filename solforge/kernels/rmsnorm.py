@@ -31,6 +31,8 @@ import triton.language as tl
 from solforge.kernels import config_text, direct
 from solforge.kernels import rmsnorm_cols as _cols
 from solforge.kernels.launch import Meta, sm_count
+from solforge.kernels.launch import bind as _bind
+from solforge.kernels.launch import empty_strided as _empty_strided
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
@@ -299,11 +301,12 @@ def _bad(msg: str) -> ValueError:
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, out_dtype: torch.dtype | None = None,
             round_before_weight: bool = False, config: Config | None = None,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+            out: torch.Tensor | None = None, _record: list[Any] | None = None) -> torch.Tensor:
     """RMSNorm over the last dim of `x` with the Triton kernels (see `rmsnorm_ref` for the math).
 
     `config` picks the kernel (default: `heuristic` for this workload); `out` is written in place
     when given (shape of x, dtype out_dtype, rows addressable with one stride, last dim contiguous).
+    `_record` (internal, `_Site`) gets the row kernels' launch: (kernel, grid, args, constexprs).
     """
     dtype = x.dtype
     if out_dtype is None:
@@ -374,7 +377,10 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *, out_dty
             _PLANS.clear()
         plan = _PLANS[pkey] = _make_plan(n_rows, H, cfg, device, weight is not None, round_before_weight)
     kernel, grid, extra, kw = plan
-    _launch(kernel, (grid,), (x2, w, y2, n_rows, H, sx, sy, eps, *extra), kw)
+    args = (x2, w, y2, n_rows, H, sx, sy, eps, *extra)
+    _launch(kernel, (grid,), args, kw)
+    if _record is not None:
+        _record.append((kernel, (grid,), args, kw))
     return out
 
 
@@ -701,6 +707,63 @@ def _rmsnorm_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_dt
 _LIB.impl("rmsnorm", _rmsnorm_op, "CompositeExplicitAutograd")
 
 
+class _Site:
+    """`_rmsnorm_op` at one node of an optimized graph, called there without autograd (direct.py's
+    `site`). Its first call takes `rmsnorm`'s whole path (checks, reshapes, plan lookup, launch
+    key); where x is contiguous and the weight a contiguous vector, it records what that derived
+    from the call's layout: the output's shape and strides, the launch's arguments after the
+    tensors, and the launch itself (launch.bind). A later call whose x and weight have the recorded
+    shape, strides, dtypes and device, with the same constants, on that device, only allocates the
+    output and launches: 2.6 us against 5.1 us a call on a 2-core CPU with the launch left out.
+    Any other call takes the whole path again, and records it in place of the last. The record is
+    one tuple, replaced whole: a call in another thread sees the old one or the new one."""
+
+    __slots__ = ("sig",)
+
+    def __init__(self) -> None:
+        # (x's shape, strides, dtype, device index, eps, out_dtype, rnd, config, weight's dtype or
+        # None, weight's shape or None, the allocator, the current-device getter, the output's
+        # shape and strides, the launch, the launch's arguments after the tensors)
+        self.sig: tuple[Any, ...] | None = None
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_dtype: torch.dtype,
+                 rnd: bool, config: str) -> torch.Tensor:
+        sig = self.sig
+        if (sig is not None and x.shape == sig[0] and x.stride() == sig[1] and x.dtype is sig[2]
+                and x.get_device() == sig[3] and sig[11]() == sig[3] and eps == sig[4] and out_dtype is sig[5]
+                and rnd is sig[6] and config == sig[7]
+                and (weight is None if sig[8] is None else (
+                    weight is not None and weight.dtype is sig[8] and weight.shape == sig[9]
+                    and weight.stride() == (1,) and weight.get_device() == sig[3]))):
+            y = sig[10](sig[12], sig[13], out_dtype)
+            sig[14](x, x if weight is None else weight, y, *sig[15])
+            return y
+        return self._fill(x, weight, eps, out_dtype, rnd, config)
+
+    def _fill(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_dtype: torch.dtype,
+              rnd: bool, config: str) -> torch.Tensor:
+        self.sig = None
+        fwd = config.partition("|")[0]
+        rec: list[Any] = []
+        y = rmsnorm(x, weight, eps, out_dtype=out_dtype, round_before_weight=rnd,
+                    config=Config.decode(fwd) if fwd else None, _record=rec)
+        if len(rec) != 1 or not x.is_contiguous() or not y.is_contiguous() or y.shape != x.shape:
+            return y
+        if weight is not None and (weight.dim() != 1 or weight.stride() != (1,)):
+            return y
+        kernel, grid, args, kw = rec[0]
+        x2, w, y2 = args[:3]
+        if x2.data_ptr() != x.data_ptr() or y2.data_ptr() != y.data_ptr() or (weight is not None and w is not weight):
+            return y
+        bound = _bind(kernel, grid, args, kw)
+        go = bound if bound is not None else (lambda *a: _launch(kernel, grid, a, kw))
+        empty, now = _empty_strided(x.device)
+        self.sig = (x.shape, x.stride(), x.dtype, x.get_device(), eps, out_dtype, rnd, config,
+                    None if weight is None else weight.dtype, None if weight is None else weight.shape,
+                    empty, now, tuple(y.shape), y.stride(), go, args[3:])
+        return y
+
+
 @torch.library.register_fake("solforge::rmsnorm")
 def _rmsnorm_fake(x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_dtype: torch.dtype,
                   round_before_weight: bool, config: str) -> torch.Tensor:
@@ -729,7 +792,7 @@ def _backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
 
 
 torch.library.register_autograd("solforge::rmsnorm", _backward, setup_context=_setup)
-direct.register(torch.ops.solforge.rmsnorm.default, _rmsnorm_op, _setup, _backward)
+direct.register(torch.ops.solforge.rmsnorm.default, _rmsnorm_op, _setup, _backward, site=_Site)
 
 
 def backward_workload(workload: Workload) -> Workload | None:
