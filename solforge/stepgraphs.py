@@ -23,16 +23,17 @@ Where it is on: inside `step_graphs()`, and in an optimized model made with `cud
 4. The first capture is judged on its next calls, which alternate between a replay and a run of
    the graph as it is. Each is timed twice: the host's time to enqueue it, and the GPU's time
    busy with it, measured behind a sleep kernel long enough that the GPU does not wait for the
-   host in between (`cuda_busy`). A call's cost is the larger of the two: what it takes a loop
-   of such calls, whichever side bounds it. Sampling goes on until the cheapest of one is under
-   half the other's, with at least PAY_MIN_RUNS runs (a decode step: after two) or PAY_SAMPLES
-   replays. If the cheapest
-   replay (the input copies, the replay and the output copies) does not save a tenth of the
-   cheapest run's cost, the capture is dropped and the graph runs as it is from then on. A
-   replay trades host time for GPU time: its copies are kernels too. For a piece of one or two
-   kernels between graph breaks, or a lone norm, the run's host time is hardly more than the
-   replay's, while the copies can cost the GPU more than the kernels (a 4096 x 2048 fp32
-   LayerNorm: 34 us of copies around a 17 us kernel); such a capture only holds memory.
+   host in between (`cuda_busy`). Nothing waits for the GPU to read the latter: later calls
+   collect it (a call timed right after a wait on the GPU reads several times the host time it
+   takes in a loop). A call's cost is the larger of the two: what a loop of such calls takes,
+   whichever side bounds it. Sampling goes on until the cheapest of one is under half the
+   other's, with at least PAY_MIN_RUNS runs in (a decode step: after two), or PAY_SAMPLES
+   replays. If the cheapest replay (the input copies, the replay and the output copies) does not
+   save a tenth of the cheapest run's cost, the capture is dropped and the graph runs as it is
+   from then on. A replay trades host time for GPU time: its copies are kernels too. For a piece
+   of one or two kernels between graph breaks, or a lone norm, the run's host time is hardly
+   more than the replay's, while the copies can cost the GPU more than the kernels (a 4096 x 2048
+   fp32 LayerNorm: 34 us of copies around a 17 us kernel); such a capture only holds memory.
    (Until session 21 a call was timed once, from an idle GPU until it was done: host and GPU
    time added up, which kept that LayerNorm's capture.)
 
@@ -202,6 +203,8 @@ def cuda_measure(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, floa
     return out, host, start.elapsed_time(end) / 1e3
 
 
+# a judged call's GPU seconds: known, or a function that says them once the GPU is done (else None)
+GpuTime = float | Callable[[], float | None]
 # clock cycles a second of torch.cuda._sleep's spin, per device, measured at first use
 _SLEEP_RATE: dict[int, float] = {}
 AHEAD_FACTOR = 1.5  # the sleep ahead of a costed call: this many times the longest enqueue seen, plus
@@ -222,11 +225,16 @@ def _sleep_cycles_per_s() -> float:
     return rate
 
 
-def cuda_busy(fn: Callable[..., Any], args: Sequence[Any], ahead_s: float) -> tuple[Any, float, float]:
+def cuda_busy(fn: Callable[..., Any], args: Sequence[Any], ahead_s: float) -> tuple[Any, float, GpuTime]:
     """Run `fn(*args)` behind `ahead_s` seconds of GPU sleep: (outputs, host seconds to enqueue it,
     GPU seconds busy with it). While the GPU still sleeps the host enqueues the whole call, so the
     events around it time the call's own GPU work, not the host's gaps between its launches (as
-    long as the enqueue takes less than `ahead_s`; past that, some of the host's time shows)."""
+    long as the enqueue takes less than `ahead_s`; past that, some of the host's time shows).
+
+    Nothing waits for the GPU: the GPU time comes as a function that says it once the call's work
+    is done (None before). A call timed right after the host waited on the GPU pays for the wait
+    in host time: a 4096 x 2048 LayerNorm's enqueue read 157.6 us so (an H100's host, session 21),
+    and its capture, whose copies cost the GPU more than the kernel, was kept."""
     torch.cuda._sleep(int(ahead_s * _sleep_cycles_per_s()))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -234,11 +242,14 @@ def cuda_busy(fn: Callable[..., Any], args: Sequence[Any], ahead_s: float) -> tu
     out = fn(*args)
     host = time.perf_counter() - t
     end.record()
-    end.synchronize()
-    return out, host, start.elapsed_time(end) / 1e3
+
+    def gpu() -> float | None:
+        return start.elapsed_time(end) / 1e3 if end.query() else None
+
+    return out, host, gpu
 
 
-def wall_time(fn: Callable[..., Any], args: Sequence[Any], ahead_s: float) -> tuple[Any, float, float]:
+def wall_time(fn: Callable[..., Any], args: Sequence[Any], ahead_s: float) -> tuple[Any, float, GpuTime]:
     """`cuda_busy` for the CPU tests' stand-ins: the wall clock as host time, no GPU time."""
     t = time.perf_counter()
     out = fn(*args)
@@ -253,7 +264,7 @@ class StepGraph:
 
     def __init__(self, gm: fx.GraphModule, *, capture: Callable[..., tuple[Callable[[], None], Any]] = cuda_capture,
                  measure: Callable[..., tuple[Any, float, float]] = cuda_measure,
-                 cost: Callable[..., tuple[Any, float, float]] | None = None,
+                 cost: Callable[..., tuple[Any, float, GpuTime]] | None = None,
                  needs_cuda: bool = True, sizes_fixed: bool = False, auto: bool = False,
                  capture_train: Callable[..., traingraphs.TrainCapture] | None = None) -> None:
         self.gm = gm
@@ -293,6 +304,9 @@ class StepGraph:
         # (_judged_replay)
         self._replay_times: list[tuple[float, float, float]] = []
         self._run_times: list[tuple[float, float, float]] = []
+        # judged calls whose GPU time is not in yet: (a run?, host s, GpuTime), in call order
+        self._pending: list[tuple[bool, float, GpuTime]] = []
+        self._started = [0, 0]  # judged replays and runs made
         # the cost of the cheapest of each, once judged, and that call's host and GPU seconds
         self.replay_s: float | None = None
         self.run_s: float | None = None
@@ -398,11 +412,14 @@ class StepGraph:
         PAY_CLEAR of the other once PAY_MIN_RUNS runs were sampled, else after PAY_SAMPLES
         replays. A capture whose replay does not save at least 1 - PAY_MARGIN of a run's cost is
         dropped."""
-        run_plain = len(self._replay_times) > len(self._run_times)
-        seen = [h for _, h, _ in self._replay_times + self._run_times]
+        self._collect()
+        run_plain = self._started[0] > self._started[1]
+        seen = [h for _, h, _ in self._replay_times + self._run_times] + [h for _, h, _ in self._pending]
         ahead = AHEAD_FACTOR * max(seen + [self.host_s or 0.0]) + AHEAD_MIN_S
         out, host, gpu = self._cost(self.gm if run_plain else lambda *a: self._run_replay(a), args, ahead)
-        (self._run_times if run_plain else self._replay_times).append((max(host, gpu), host, gpu))
+        self._started[run_plain] += 1
+        self._pending.append((run_plain, host, gpu))
+        self._collect()
         if len(self._replay_times) < 2 or not self._run_times:
             return out
         best_replay, best_run = min(self._replay_times[1:]), min(self._run_times)  # the first replay uploaded
@@ -411,10 +428,21 @@ class StepGraph:
         if undecided and len(self._replay_times) <= PAY_SAMPLES:
             return out  # too close to call yet, or too few runs to tell
         self.replay_s, self.run_s, self.judged = replay, run, (best_replay, best_run)
+        self._pending = []
         if replay >= PAY_MARGIN * run:
             self.declined = f"a replay saves too little over running the graph: {self._judged_text()}"
             self._drop_capture()
         return out
+
+    def _collect(self) -> None:
+        """Judged calls whose GPU time is in, in call order (a stream finishes its work in order)."""
+        while self._pending:
+            run_plain, host, gpu = self._pending[0]
+            g = gpu() if callable(gpu) else gpu
+            if g is None:
+                return
+            self._pending.pop(0)
+            (self._run_times if run_plain else self._replay_times).append((max(host, g), host, g))
 
     def _judged_text(self) -> str:
         assert self.judged is not None

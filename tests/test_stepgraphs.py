@@ -260,6 +260,34 @@ def test_a_replay_that_saves_host_time_but_adds_more_gpu_time_is_dropped() -> No
         in step.summary()
 
 
+def test_gpu_times_are_collected_when_they_are_in_and_the_verdict_waits_for_them() -> None:
+    """`cuda_busy` does not wait for the GPU: each judged call's GPU time comes as a function that
+    says it once the work is done. Here each one is in two polls after its call: the samples are
+    taken in call order as they come in, and the verdict comes once enough are in."""
+    gm = _graph()
+    ref: list[StepGraph] = []
+    made: list[list[int]] = []
+
+    def cost(fn: Any, args: Any, ahead_s: float) -> tuple[Any, float, Any]:
+        host, gpu = ((600e-6, 100e-6) if fn is ref[0].gm else (20e-6, 110e-6))
+        polls = [0]
+        made.append(polls)
+
+        def later() -> float | None:
+            polls[0] += 1
+            return gpu if polls[0] > 2 else None
+
+        return fn(*args), host, later
+
+    step = StepGraph(gm, capture=fake_capture, measure=launch_bound, needs_cuda=False, cost=cost)
+    ref.append(step)
+    _decode_steps(step, gm, 6)  # plain, timed, replay, run, replay, run: nothing in yet but the first
+    assert step.judged is None and len(step._replay_times) + len(step._run_times) < 4
+    _decode_steps(step, gm, 6)
+    assert step.judged is not None and step.declined is None, step.summary()
+    assert step.replay_s == 110e-6 and step.run_s == 600e-6 and step._pending == []
+
+
 def test_a_replay_that_costs_less_on_the_larger_side_is_kept() -> None:
     gm = _graph()
     ref: list[StepGraph] = []
@@ -459,9 +487,12 @@ def test_cuda_busy_times_the_gpu_work_not_the_hosts_gaps() -> None:
         return y * 2
 
     gappy(x)
-    out, host, gpu = cuda_busy(gappy, (x,), ahead_s=0.006)
+    out, host, later = cuda_busy(gappy, (x,), ahead_s=0.006)
+    assert callable(later) and later() is None  # nothing waited: the GPU still sleeps
+    torch.cuda.synchronize()
+    gpu = later()
     assert torch.equal(out, (x + 1) * 2)
-    assert host >= 0.002 and gpu < 0.001, (host, gpu)
+    assert gpu is not None and host >= 0.002 and gpu < 0.001, (host, gpu)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
