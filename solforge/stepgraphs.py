@@ -25,17 +25,18 @@ Where it is on: inside `step_graphs()`, and in an optimized model made with `cud
    busy with it, measured behind a sleep kernel long enough that the GPU does not wait for the
    host in between (`cuda_busy`). Nothing waits for the GPU to read the latter: later calls
    collect it (a call timed right after a wait on the GPU reads several times the host time it
-   takes in a loop). A call's cost is the larger of the two: what a loop of such calls takes,
-   whichever side bounds it. Sampling goes on until the cheapest of one is under half the
-   other's, with at least PAY_MIN_RUNS runs in (a decode step: after two), or PAY_SAMPLES
-   replays. If the cheapest replay (the input copies, the replay and the output copies) does not
-   save a tenth of the cheapest run's cost, the capture is dropped and the graph runs as it is
-   from then on. A replay trades host time for GPU time: its copies are kernels too. For a piece
-   of one or two kernels between graph breaks, or a lone norm, the run's host time is hardly
-   more than the replay's, while the copies can cost the GPU more than the kernels (a 4096 x 2048
-   fp32 LayerNorm: 34 us of copies around a 17 us kernel); such a capture only holds memory.
-   (Until session 21 a call was timed once, from an idle GPU until it was done: host and GPU
-   time added up, which kept that LayerNorm's capture.)
+   takes in a loop); where PAY_BACKLOG of them are still out (calls back to back, nothing
+   synchronizing), a call waits for them and goes untimed. A call's cost is the larger of the
+   two: what a loop of such calls takes, whichever side bounds it. Sampling goes on until the
+   cheapest of one is under half the other's, with at least PAY_MIN_RUNS runs in (a decode step:
+   after two), or PAY_SAMPLES replays. If the cheapest replay (the input copies, the replay and
+   the output copies) does not save a tenth of the cheapest run's cost, the capture is dropped
+   and the graph runs as it is from then on. A replay trades host time for GPU time: its copies
+   are kernels too. For a piece of one or two kernels between graph breaks, or a lone norm, the
+   run's host time is hardly more than the replay's, while the copies can cost the GPU more than
+   the kernels (a 4096 x 2048 fp32 LayerNorm: 34 us of copies around a 17 us kernel); such a
+   capture only holds memory. (Until session 21 a call was timed once, from an idle GPU until it
+   was done: host and GPU time added up, which kept that LayerNorm's capture.)
 
 The inputs a CUDA graph reads are addresses. Parameters, tensors marked static for dynamo and
 inputs the graph writes to (the KV cache, its length counter) are used in place: a replay needs
@@ -86,6 +87,8 @@ PAY_CLEAR = 0.5
 # (a 4096 x 2048 LayerNorm's second call: 224 us of host time, against ~30 later), and judged on
 # one of them, a capture whose copies cost the GPU twice the kernel was kept.
 PAY_MIN_RUNS = 2
+# Judged calls whose GPU time may be outstanding before a call waits for them (_judged_replay)
+PAY_BACKLOG = 2
 PAY_MARGIN = 0.9
 
 # None: each StepGraph's own default (`auto`: on in an optimized model made with cuda_graphs=True)
@@ -204,7 +207,8 @@ def cuda_measure(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, floa
 
 
 # a judged call's GPU seconds: known, or a function that says them once the GPU is done (else None)
-GpuTime = float | Callable[[], float | None]
+# (`wait=True`: once the GPU is done, waiting for it)
+GpuTime = float | Callable[..., float | None]
 # clock cycles a second of torch.cuda._sleep's spin, per device, measured at first use
 _SLEEP_RATE: dict[int, float] = {}
 AHEAD_FACTOR = 1.5  # the sleep ahead of a costed call: this many times the longest enqueue seen, plus
@@ -243,8 +247,12 @@ def cuda_busy(fn: Callable[..., Any], args: Sequence[Any], ahead_s: float) -> tu
     host = time.perf_counter() - t
     end.record()
 
-    def gpu() -> float | None:
-        return start.elapsed_time(end) / 1e3 if end.query() else None
+    def gpu(wait: bool = False) -> float | None:
+        if wait:
+            end.synchronize()
+        elif not end.query():
+            return None
+        return start.elapsed_time(end) / 1e3
 
     return out, host, gpu
 
@@ -414,6 +422,12 @@ class StepGraph:
         dropped."""
         self._collect()
         run_plain = self._started[0] > self._started[1]
+        if len(self._pending) >= PAY_BACKLOG:
+            # calls back to back with nothing waiting on the GPU: each judged call's sleep ahead
+            # puts the GPU further behind, and no GPU time comes in. Catch up, and leave this call
+            # untimed: the next one is timed after a call, not right after the wait.
+            self._collect(wait=True)
+            return self.gm(*args) if run_plain else self._run_replay(args)
         seen = [h for _, h, _ in self._replay_times + self._run_times] + [h for _, h, _ in self._pending]
         ahead = AHEAD_FACTOR * max(seen + [self.host_s or 0.0]) + AHEAD_MIN_S
         out, host, gpu = self._cost(self.gm if run_plain else lambda *a: self._run_replay(a), args, ahead)
@@ -434,11 +448,12 @@ class StepGraph:
             self._drop_capture()
         return out
 
-    def _collect(self) -> None:
-        """Judged calls whose GPU time is in, in call order (a stream finishes its work in order)."""
+    def _collect(self, wait: bool = False) -> None:
+        """Judged calls whose GPU time is in, in call order (a stream finishes its work in order);
+        `wait`: every one, waiting for the GPU."""
         while self._pending:
             run_plain, host, gpu = self._pending[0]
-            g = gpu() if callable(gpu) else gpu
+            g = gpu(wait=wait) if callable(gpu) else gpu
             if g is None:
                 return
             self._pending.pop(0)
