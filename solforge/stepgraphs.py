@@ -35,8 +35,10 @@ Where it is on: inside `step_graphs()`, and in an optimized model made with `cud
    are kernels too. For a piece of one or two kernels between graph breaks, or a lone norm, the
    run's host time is hardly more than the replay's, while the copies can cost the GPU more than
    the kernels (a 4096 x 2048 fp32 LayerNorm: 34 us of copies around a 17 us kernel); such a
-   capture only holds memory. (Until session 21 a call was timed once, from an idle GPU until it
-   was done: host and GPU time added up, which kept that LayerNorm's capture.)
+   capture only holds memory. So a capture whose replay's GPU time exceeds PAY_GPU_GROWTH times
+   a run's (plus PAY_GPU_SLACK_S) is dropped too, whatever the host saves: only a loop
+   bound by a slow host would gain from it. (Until session 21 a call was timed once, from an
+   idle GPU until it was done: host and GPU time added up, which kept that LayerNorm's capture.)
 
 The inputs a CUDA graph reads are addresses. Parameters, tensors marked static for dynamo and
 inputs the graph writes to (the KV cache, its length counter) are used in place: a replay needs
@@ -89,6 +91,13 @@ PAY_CLEAR = 0.5
 PAY_MIN_RUNS = 2
 # Judged calls whose GPU time may be outstanding before a call waits for them (_judged_replay)
 PAY_BACKLOG = 2
+# A replay may add at most this much GPU time to a run's (factor, then seconds): past it the capture
+# is dropped whatever the host saves. Its input and output copies are kernels; where they cost the
+# GPU more than the graph's own work (a lone 4096 x 2048 LayerNorm: 72.6 us replayed against 25.3
+# us, on an H100, session 21), a program whose host runs ahead of the GPU pays them in full, and
+# only a loop bound by a slow host gains.
+PAY_GPU_GROWTH = 1.5
+PAY_GPU_SLACK_S = 10e-6
 PAY_MARGIN = 0.9
 
 # None: each StepGraph's own default (`auto`: on in an optimized model made with cuda_graphs=True)
@@ -445,6 +454,9 @@ class StepGraph:
         self._pending = []
         if replay >= PAY_MARGIN * run:
             self.declined = f"a replay saves too little over running the graph: {self._judged_text()}"
+            self._drop_capture()
+        elif best_replay[2] > PAY_GPU_GROWTH * best_run[2] + PAY_GPU_SLACK_S:
+            self.declined = f"a replay adds too much GPU time (its copies): {self._judged_text()}"
             self._drop_capture()
         return out
 

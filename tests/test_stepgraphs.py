@@ -292,6 +292,24 @@ def test_gpu_times_are_collected_when_they_are_in_and_the_verdict_waits_for_them
     assert step.replay_s == 110e-6 and step.run_s == 600e-6 and step._pending == []
 
 
+def test_a_replay_whose_copies_cost_the_gpu_more_than_the_graph_is_dropped_whatever_the_host_saves() -> None:
+    """A slow host: the run's enqueue 200 us, the replay's 5; but the replay's copies take the
+    GPU's part from 30 us to 80, past PAY_GPU_GROWTH x 30 + PAY_GPU_SLACK_S. A program whose host
+    runs ahead pays those 80 us on every call: the capture goes although its cost (80) is under
+    the run's (200)."""
+    from solforge.stepgraphs import PAY_GPU_GROWTH, PAY_GPU_SLACK_S
+
+    assert 80e-6 > PAY_GPU_GROWTH * 30e-6 + PAY_GPU_SLACK_S and 80e-6 < PAY_MARGIN * 200e-6
+    gm = _graph()
+    ref: list[StepGraph] = []
+    step = StepGraph(gm, capture=fake_capture, measure=launch_bound, needs_cuda=False,
+                     cost=_costed(ref, run=(200e-6, 30e-6), replay=(5e-6, 80e-6)))
+    ref.append(step)
+    _decode_steps(step, gm, 8)
+    assert step.declined is not None and "adds too much GPU time" in step.declined, step.summary()
+    assert step._replay is None and step.settled
+
+
 def test_a_replay_that_costs_less_on_the_larger_side_is_kept() -> None:
     gm = _graph()
     ref: list[StepGraph] = []
