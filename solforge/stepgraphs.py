@@ -202,15 +202,21 @@ def reset_capture_state() -> str | None:
     return None
 
 
-def cuda_measure(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float, float]:
-    """Run `fn(*args)`: (outputs, host seconds to enqueue it, GPU seconds from start to end). The
-    host time leaves out the two event records."""
+def _timed_call(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float, Any, Any]:
+    """`fn(*args)` between two recorded CUDA events: (outputs, host seconds to enqueue it, the
+    events). The host time leaves out the event records."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     t = time.perf_counter()
     out = fn(*args)
     host = time.perf_counter() - t
     end.record()
+    return out, host, start, end
+
+
+def cuda_measure(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float, float]:
+    """Run `fn(*args)`: (outputs, host seconds to enqueue it, GPU seconds from start to end)."""
+    out, host, start, end = _timed_call(fn, args)
     end.synchronize()
     return out, host, start.elapsed_time(end) / 1e3
 
@@ -249,12 +255,7 @@ def cuda_busy(fn: Callable[..., Any], args: Sequence[Any], ahead_s: float) -> tu
     in host time: a 4096 x 2048 LayerNorm's enqueue read 157.6 us so (an H100's host, session 21),
     and its capture, whose copies cost the GPU more than the kernel, was kept."""
     torch.cuda._sleep(int(ahead_s * _sleep_cycles_per_s()))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    t = time.perf_counter()
-    out = fn(*args)
-    host = time.perf_counter() - t
-    end.record()
+    out, host, start, end = _timed_call(fn, args)
 
     def gpu(wait: bool = False) -> float | None:
         if wait:

@@ -228,15 +228,17 @@ def test_a_capture_whose_replays_cost_less_is_kept_and_says_what_a_call_costs_ea
     assert "us replayed" in step.summary() and "us run as it is" in step.summary()
 
 
-def _costed(step_ref: list[StepGraph], run: tuple[float, float], replay: tuple[float, float]) -> Any:
-    """A stand-in `cost`: each run of the graph reports `run` (host s, GPU s), each replay `replay`."""
+def _costed(run: tuple[float, float], replay: tuple[float, float]) -> StepGraph:
+    """A StepGraph of the decode graph judged by a stand-in `cost`: each run of the graph reports
+    `run` (host s, GPU s), each replay `replay`."""
+    gm = _graph()
 
     def cost(fn: Any, args: Any, ahead_s: float) -> tuple[Any, float, float]:
         assert ahead_s > 0
-        host, gpu = run if fn is step_ref[0].gm else replay
+        host, gpu = run if fn is gm else replay
         return fn(*args), host, gpu
 
-    return cost
+    return StepGraph(gm, capture=fake_capture, measure=launch_bound, needs_cuda=False, cost=cost)
 
 
 def test_a_replay_that_saves_host_time_but_adds_more_gpu_time_is_dropped() -> None:
@@ -244,11 +246,8 @@ def test_a_replay_that_saves_host_time_but_adds_more_gpu_time_is_dropped() -> No
     (its input and output copies: 40 us against the kernel's 17). A call costs the larger of its
     two parts, 40 against 35: the capture goes. Timed from an idle GPU, as before session 21, the
     parts add up, 45 against 52, and the capture would have stayed."""
-    gm = _graph()
-    ref: list[StepGraph] = []
-    step = StepGraph(gm, capture=fake_capture, measure=launch_bound, needs_cuda=False,
-                     cost=_costed(ref, run=(35e-6, 17e-6), replay=(5e-6, 40e-6)))
-    ref.append(step)
+    step = _costed(run=(35e-6, 17e-6), replay=(5e-6, 40e-6))
+    gm = step.gm
     assert step.settled  # nothing called yet: nothing to judge
     _decode_steps(step, gm, 4)
     assert not step.settled and step.captures == 1  # captured, being judged
@@ -300,23 +299,15 @@ def test_a_replay_whose_copies_cost_the_gpu_more_than_the_graph_is_dropped_whate
     from solforge.stepgraphs import PAY_GPU_GROWTH, PAY_GPU_SLACK_S
 
     assert 80e-6 > PAY_GPU_GROWTH * 30e-6 + PAY_GPU_SLACK_S and 80e-6 < PAY_MARGIN * 200e-6
-    gm = _graph()
-    ref: list[StepGraph] = []
-    step = StepGraph(gm, capture=fake_capture, measure=launch_bound, needs_cuda=False,
-                     cost=_costed(ref, run=(200e-6, 30e-6), replay=(5e-6, 80e-6)))
-    ref.append(step)
-    _decode_steps(step, gm, 8)
+    step = _costed(run=(200e-6, 30e-6), replay=(5e-6, 80e-6))
+    _decode_steps(step, step.gm, 8)
     assert step.declined is not None and "adds too much GPU time" in step.declined, step.summary()
     assert step._replay is None and step.settled
 
 
 def test_a_replay_that_costs_less_on_the_larger_side_is_kept() -> None:
-    gm = _graph()
-    ref: list[StepGraph] = []
-    step = StepGraph(gm, capture=fake_capture, measure=launch_bound, needs_cuda=False,
-                     cost=_costed(ref, run=(600e-6, 100e-6), replay=(20e-6, 110e-6)))
-    ref.append(step)
-    _decode_steps(step, gm, 8)
+    step = _costed(run=(600e-6, 100e-6), replay=(20e-6, 110e-6))
+    _decode_steps(step, step.gm, 8)
     # plain, timed, captured and replayed (uploads), run, replay, run: 110 us is under half of 600
     # (judged: kept), then two more replays
     assert step.settled and step.declined is None and step.replay_s == 110e-6, step.summary()
