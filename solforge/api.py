@@ -134,6 +134,19 @@ def host_time(step_graphs: Sequence[Any]) -> str:
     return f"its timed call took {host:.0f} us of host time for {gpu:.0f} us on the GPU{bound}"
 
 
+def _graph_calls(step: Any) -> int:
+    return step.calls + (step.training.calls if step.training is not None else 0)
+
+
+def settled_since_now(step_graphs: Sequence[Any]) -> Callable[[], bool]:
+    """Whether every one of `step_graphs` (a live list) called from now on runs as its later calls
+    will (StepGraph.settled): validation times the optimized model once this says so. A graph the
+    calls from now on do not reach (one an earlier call of another shape compiled) is not waited
+    for."""
+    before = {id(s): _graph_calls(s) for s in step_graphs}
+    return lambda: all(s.settled or _graph_calls(s) == before.get(id(s), 0) for s in step_graphs)
+
+
 def _check_trainable(model: torch.nn.Module, inputs: Sequence[Any]) -> None:
     """--mode train differentiates the outputs with respect to the parameters and the inputs that
     require grad: with neither (a KernelBench operator: no parameters, plain input tensors) there
@@ -370,10 +383,9 @@ def optimize(
         rep.stage("validate", "original vs optimized on fresh inputs")
         fresh = tuple(make_inputs(1)) if make_inputs is not None else _fresh(example_inputs)
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if train else None
-        graphs = stats.step_graphs
         e2e = validate(model, optimized, fresh, dtype=dtype, device=device,
                        is_language_model=bool(is_language_model), params=params,
-                       settled=lambda: all(s.settled for s in graphs))
+                       settled=settled_since_now(stats.step_graphs))
         if device == "cuda" and e2e.speedup is not None and e2e.speedup < 1:
             graphed = "" if train else "; solforge.graphed replays a forward from a CUDA graph"
             notes.append(f"the optimized model is slower end to end than the original ({e2e.speedup:.2f}x): "

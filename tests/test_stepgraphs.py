@@ -534,3 +534,26 @@ def test_time_model_warms_up_until_settled() -> None:
     calls[0] = 0
     time_model(fn, "cuda", warmup=1, runs=3, min_runs=3, settled=lambda: False, max_warmup=20)
     assert calls[0] == 20 + 3  # never settles: the warm-up stops at max_warmup
+
+
+def test_validation_waits_only_for_the_graphs_its_calls_reach() -> None:
+    """api.settled_since_now: a graph being judged holds the timing back only once a call from
+    now on reaches it; one an earlier call compiled and no later call reaches is not waited for."""
+    from types import SimpleNamespace
+
+    from solforge.api import settled_since_now
+
+    reached = SimpleNamespace(calls=3, training=None, settled=False)
+    left = SimpleNamespace(calls=1, training=None, settled=False)  # e.g. another shape's graph
+    graphs: list[Any] = [reached, left]
+    settled = settled_since_now(graphs)
+    assert settled()  # nothing called since
+    reached.calls += 1
+    assert not settled()  # reached and still judged
+    reached.settled = True
+    assert settled()
+    training = SimpleNamespace(calls=0, training=SimpleNamespace(calls=1), settled=False)
+    graphs.append(training)  # compiled later, and called
+    assert not settled()
+    training.settled = True
+    assert settled()
