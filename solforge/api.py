@@ -21,6 +21,7 @@ from solforge.integrate import Integrator, config_text, integrate_captured
 from solforge.numerics import dtype_name
 from solforge.records import E2EReport, Profile, RegionReport, Report, RunResult, TuneResult, TuningRecord
 from solforge.report import TRACE_BASELINE, TRACE_OPTIMIZED, ensure_writable, write_report
+from solforge.stepgraphs import settled_since_now
 from solforge.tune import candidates, family_module, tune
 from solforge.tune.timing import time_kernel
 from solforge.validate import validate
@@ -132,19 +133,6 @@ def host_time(step_graphs: Sequence[Any]) -> str:
     host, gpu = sum(s.host_s for s in timed) * 1e6, sum(s.gpu_s for s in timed) * 1e6
     bound = ": bound by the host" if host >= gpu else ""
     return f"its timed call took {host:.0f} us of host time for {gpu:.0f} us on the GPU{bound}"
-
-
-def _graph_calls(step: Any) -> int:
-    return step.calls + (step.training.calls if step.training is not None else 0)
-
-
-def settled_since_now(step_graphs: Sequence[Any]) -> Callable[[], bool]:
-    """Whether every one of `step_graphs` (a live list) called from now on runs as its later calls
-    will (StepGraph.settled): validation times the optimized model once this says so. A graph the
-    calls from now on do not reach (one an earlier call of another shape compiled) is not waited
-    for."""
-    before = {id(s): _graph_calls(s) for s in step_graphs}
-    return lambda: all(s.settled or _graph_calls(s) == before.get(id(s), 0) for s in step_graphs)
 
 
 def _check_trainable(model: torch.nn.Module, inputs: Sequence[Any]) -> None:

@@ -274,6 +274,19 @@ def wall_time(fn: Callable[..., Any], args: Sequence[Any], ahead_s: float) -> tu
     return out, time.perf_counter() - t, 0.0
 
 
+def _graph_calls(step: Any) -> int:
+    return step.calls + (step.training.calls if step.training is not None else 0)
+
+
+def settled_since_now(step_graphs: Sequence[Any]) -> Callable[[], bool]:
+    """Whether every one of `step_graphs` (a live list) called from now on runs as its later calls
+    will (StepGraph.settled): validation times the optimized model once this says so. A graph the
+    calls from now on do not reach (one an earlier call of another shape compiled) is not waited
+    for."""
+    before = {id(s): _graph_calls(s) for s in step_graphs}
+    return lambda: all(s.settled or _graph_calls(s) == before.get(id(s), 0) for s in step_graphs)
+
+
 class StepGraph:
     """A compiled graph that replays launch-bound calls from a CUDA graph (see the module doc).
 

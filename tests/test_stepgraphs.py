@@ -537,11 +537,11 @@ def test_time_model_warms_up_until_settled() -> None:
 
 
 def test_validation_waits_only_for_the_graphs_its_calls_reach() -> None:
-    """api.settled_since_now: a graph being judged holds the timing back only once a call from
+    """stepgraphs.settled_since_now: a graph being judged holds the timing back only once a call from
     now on reaches it; one an earlier call compiled and no later call reaches is not waited for."""
     from types import SimpleNamespace
 
-    from solforge.api import settled_since_now
+    from solforge.stepgraphs import settled_since_now
 
     reached = SimpleNamespace(calls=3, training=None, settled=False)
     left = SimpleNamespace(calls=1, training=None, settled=False)  # e.g. another shape's graph

@@ -697,11 +697,15 @@ _LIB.define("rmsnorm(Tensor x, Tensor? weight, float eps, ScalarType out_dtype, 
             "str config) -> Tensor")
 
 
+def _fwd_config(config: str) -> Config | None:
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
+    return Config.decode(fwd) if fwd else None
+
+
 def _rmsnorm_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_dtype: torch.dtype,
                 round_before_weight: bool, config: str) -> torch.Tensor:
-    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
     return rmsnorm(x, weight, eps, out_dtype=out_dtype, round_before_weight=round_before_weight,
-                   config=Config.decode(fwd) if fwd else None)
+                   config=_fwd_config(config))
 
 
 _LIB.impl("rmsnorm", _rmsnorm_op, "CompositeExplicitAutograd")
@@ -743,10 +747,9 @@ class _Site:
     def _fill(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_dtype: torch.dtype,
               rnd: bool, config: str) -> torch.Tensor:
         self.sig = None
-        fwd = config.partition("|")[0]
         rec: list[Any] = []
-        y = rmsnorm(x, weight, eps, out_dtype=out_dtype, round_before_weight=rnd,
-                    config=Config.decode(fwd) if fwd else None, _record=rec)
+        y = rmsnorm(x, weight, eps, out_dtype=out_dtype, round_before_weight=rnd, config=_fwd_config(config),
+                    _record=rec)
         if len(rec) != 1 or not x.is_contiguous() or not y.is_contiguous() or y.shape != x.shape:
             return y
         if weight is not None and (weight.dim() != 1 or weight.stride() != (1,)):
