@@ -13,6 +13,8 @@
   next to eager bf16's own says whether a variant is less accurate than the original or only
   differs from it where bf16 rounding decides near-ties (random weights give them everywhere).
   Like qwen3train, it records clocks and power during the timing and a steady-state profile.
+  `--weights W --ids I` run the forward on a saved state dict and saved token ids instead
+  (bench/train_bytes.py trains the architecture on local text so that its logits have margins).
 - qwen3train: BASELINES.md's training step (B1 S4096, loss = mean of the squared last hidden
   state, forward + backward; solforge optimizes with --mode train), its peak memory, the SM clock
   and board power during the timing (`during_do_bench`), and a profile of two steps run back to
@@ -332,8 +334,11 @@ def steady_profile(step: Any, n: int = 2) -> dict[str, Any]:
             "largest_gaps": [{"us": round(g, 1), "after": p[:80], "before": q[:80]} for g, p, q in big[:8]]}
 
 
-def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str = "fwd") -> dict[str, Any]:
-    """One variant of the Qwen3-4B body, forward (mode fwd) or training step (mode train), in this process."""
+def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str = "fwd",
+                  weights: str | None = None, ids_path: str | None = None) -> dict[str, Any]:
+    """One variant of the Qwen3-4B body, forward (mode fwd) or training step (mode train), in this
+    process; with the state dict at `weights` and the token ids at `ids_path` when given
+    (bench/train_bytes.py writes both), else seeded random weights and random ids."""
     from transformers import Qwen3ForCausalLM
 
     from solforge.zoo import zoo_config
@@ -350,11 +355,18 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
         # fp32: the same seeded weights, rounded to bf16 as every other variant has them, then
         # computed in fp32 (the accuracy reference for the argmax agreement)
         model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+        if weights:
+            model.load_state_dict(torch.load(weights, map_location="cuda"))
         if variant == "fp32":
             model = model.float()
     body = model.model.eval() if mode == "fwd" else model.model.train()
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
-    out: dict[str, Any] = {"variant": variant, "mode": mode, "batch": batch, "seq": seq}
+    if ids_path:
+        ids = torch.load(ids_path).to("cuda")
+        batch, seq = ids.shape
+    else:
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
+    out: dict[str, Any] = {"variant": variant, "mode": mode, "batch": batch, "seq": seq,
+                           "weights": weights or "seeded random", "ids": ids_path or "random"}
     t0 = time.time()
     if variant.startswith("solforge"):
         from solforge.api import optimize
@@ -478,6 +490,9 @@ def main() -> int:
     p.add_argument("--budget", type=float, default=180.0, help="solforge tuning budget for qwen3 (s)")
     p.add_argument("--out", default=None)
     p.add_argument("--variant-timeout", type=float, default=1800.0, help="seconds allowed to each qwen3 variant")
+    p.add_argument("--weights", default=None,
+                   help="qwen3: a Qwen3-4B state dict to load (bench/train_bytes.py) instead of random weights")
+    p.add_argument("--ids", default=None, help="qwen3: token ids to run (a saved tensor) instead of random ones")
     p.add_argument("--mode", default="fwd", help=argparse.SUPPRESS)  # internal, with --one
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one qwen3 variant
     a = p.parse_args()
@@ -485,7 +500,8 @@ def main() -> int:
         print("bench/e2e.py needs a CUDA GPU", file=sys.stderr)
         return 2
     if a.one:
-        print("RESULT " + json.dumps(qwen3_variant(a.one, a.batch, a.seq, a.budget, a.mode)), flush=True)
+        row = qwen3_variant(a.one, a.batch, a.seq, a.budget, a.mode, a.weights, a.ids)
+        print("RESULT " + json.dumps(row), flush=True)
         return 0
     result: dict[str, Any] = provenance()
     what = a.what.split(",")
@@ -502,6 +518,9 @@ def main() -> int:
                 continue
             cmd = [sys.executable, __file__, "--one", v, "--batch", str(batch), "--seq", str(seq),
                    "--budget", str(a.budget), "--mode", mode]
+            for flag, value in (("--weights", a.weights), ("--ids", a.ids)):
+                if value and mode == "fwd":
+                    cmd += [flag, value]
             env = {**os.environ, **ENV_VARIANTS.get(v, {})}
             row = run_one(cmd, a.variant_timeout, {"variant": v}, env=env, tail=2000)
             print(json.dumps(row), flush=True)
