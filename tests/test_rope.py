@@ -526,3 +526,47 @@ def test_persistent_forward_matches_the_tile_kernel(stages: int, norm: bool, wei
         assert torch.equal(a, b)
     c = compare(got[0], R.rope_ref(*args, **kw)[0], R.output_tolerance(wl))
     assert c.ok, c.reason
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("norm", [True, False])
+def test_forward_is_eagers_arithmetic(dtype: torch.dtype, norm: bool) -> None:
+    """Qwen3's q/k norm + rope as transformers computes it in a half dtype (every op rounds its
+    result): the kernel rounds at the same places, so its outputs equal eager's except where the
+    norm's fp32 statistics straddle a rounding boundary. Rounded once at the end, a large share
+    of them differ."""
+    B, S, Hq, Hk, D = 2, 24, 4, 2, 64
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(B, S, Hq, D, generator=gen).to(dtype).to(DEVICE)
+    k = torch.randn(B, S, Hk, D, generator=gen).to(dtype).to(DEVICE)
+    ang = torch.randn(S, D // 2, generator=gen)
+    emb = torch.cat([ang, ang], -1)
+    cos, sin = emb.cos()[None].to(dtype).to(DEVICE), emb.sin()[None].to(dtype).to(DEVICE)
+    qw = (torch.rand(D, generator=gen) * 2).to(dtype).to(DEVICE)
+    kw = (torch.rand(D, generator=gen) * 2).to(dtype).to(DEVICE)
+
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat((-x[..., D // 2:], x[..., :D // 2]), -1)
+
+    def eager(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if norm:  # Qwen3RMSNorm
+            h = x.float()
+            x = w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+        x = x.transpose(1, 2)
+        return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
+
+    got = R.rope(q, k, cos, sin, qw if norm else None, kw if norm else None, 1e-6, norm=norm,
+                 round_before_weight=norm, heads_first=True)
+    for out, x, w in zip(got, (q, k), (qw, kw), strict=True):
+        want = eager(x, w)
+        differ = (out != want).float().mean().item()
+        assert differ < 2e-3, f"{differ:.2%} of the outputs differ from eager's"
+        if not norm:
+            assert torch.equal(out, want)
+        # the same products and sum computed in fp32 and rounded once
+        xn = x.float()
+        if norm:
+            xn = (xn * torch.rsqrt(xn.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype).float() * w.float()
+        xn = xn.transpose(1, 2)
+        once = (xn * cos.float().unsqueeze(1) + rotate_half(xn) * sin.float().unsqueeze(1)).to(dtype)
+        assert (once != want).float().mean().item() > 0.1

@@ -35,7 +35,7 @@ from solforge.kernels import direct
 from solforge.kernels import swiglu as _swiglu
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
-from solforge.kernels.swiglu import _act_fwd, _act_fwd_bwd, _block_for, _warps_for
+from solforge.kernels.swiglu import _act_fwd, _act_fwd_bwd, _as_stored, _block_for, _warps_for
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
 from solforge.shapes import hint
@@ -58,9 +58,9 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 def gelu_ref(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "none") -> torch.Tensor:
     """The function every kernel must compute, in fp32 (fp64 for fp32/fp64 inputs), cast to x's
-    dtype once at the end."""
+    dtype at the end; x + bias is rounded to x's dtype first, as the model's add stores it."""
     acc = _acc(x.dtype)
-    h = x.to(acc) if bias is None else x.to(acc) + bias.to(acc)
+    h = x.to(acc) if bias is None else (x.to(acc) + bias.to(acc)).to(x.dtype).to(acc)
     return F.gelu(h, approximate=approximate).to(x.dtype)
 
 
@@ -96,11 +96,14 @@ def _rows_mask(rt, n_rows, cm, ROWS: tl.constexpr, EVEN_N: tl.constexpr):
 
 @triton.jit
 def _fwd_tile(x_ptr, y_ptr, b, rt, cols, cm, n_rows, sx, sy, ACT: tl.constexpr, ROWS: tl.constexpr,
-              EVEN_N: tl.constexpr, EVICT: tl.constexpr):
+              EVEN_N: tl.constexpr, EVICT: tl.constexpr, HAS_BIAS: tl.constexpr, INTERP: tl.constexpr):
     r, m = _rows_mask(rt, n_rows, cm, ROWS, EVEN_N)
     x = tl.load(x_ptr + r * sx + cols, mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    y = _act_fwd(x + b, ACT)
-    tl.store(y_ptr + r * sy + cols, y.to(y_ptr.dtype.element_ty), mask=m)
+    dt = y_ptr.dtype.element_ty
+    if HAS_BIAS:  # the model's bias add stores x + b in x's dtype before its gelu reads it
+        x = _as_stored(x + b, dt, INTERP)
+    y = _act_fwd(x, ACT)
+    tl.store(y_ptr + r * sy + cols, _as_stored(y, dt, INTERP).to(dt), mask=m)
 
 
 @triton.jit
@@ -118,17 +121,20 @@ def _gelu_fwd_kernel(x_ptr, b_ptr, y_ptr, n_rows, N, sx, sy, n_col_tiles, n_iter
     if HAS_BIAS:
         b = tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)
     if not LOOP:
-        _fwd_tile(x_ptr, y_ptr, b, pr, cols, cm, n_rows, sx, sy, ACT, ROWS, EVEN_N, EVICT)
+        _fwd_tile(x_ptr, y_ptr, b, pr, cols, cm, n_rows, sx, sy, ACT, ROWS, EVEN_N, EVICT,
+                      HAS_BIAS, INTERP)
     elif INTERP:
         # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
         # (triton-lang/triton#9171: int() of a 1-element array); a while loop works there.
         i = 0
         while i < n_iter:
-            _fwd_tile(x_ptr, y_ptr, b, pr + i * n_rprogs, cols, cm, n_rows, sx, sy, ACT, ROWS, EVEN_N, EVICT)
+            _fwd_tile(x_ptr, y_ptr, b, pr + i * n_rprogs, cols, cm, n_rows, sx, sy, ACT, ROWS, EVEN_N, EVICT,
+                      HAS_BIAS, INTERP)
             i += 1
     else:
         for i in range(0, n_iter):
-            _fwd_tile(x_ptr, y_ptr, b, pr + i * n_rprogs, cols, cm, n_rows, sx, sy, ACT, ROWS, EVEN_N, EVICT)
+            _fwd_tile(x_ptr, y_ptr, b, pr + i * n_rprogs, cols, cm, n_rows, sx, sy, ACT, ROWS, EVEN_N, EVICT,
+                      HAS_BIAS, INTERP)
 
 
 # The interpreter replaces @triton.jit functions when TRITON_INTERPRET=1 is set before import;
