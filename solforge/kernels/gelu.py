@@ -35,7 +35,8 @@ from solforge.kernels import direct
 from solforge.kernels import swiglu as _swiglu
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
-from solforge.kernels.swiglu import _act_fwd, _act_fwd_bwd, _as_stored, _block_for, _warps_for
+from solforge.kernels.rounding import as_stored
+from solforge.kernels.swiglu import _act_fwd, _act_fwd_bwd, _block_for, _warps_for
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
 from solforge.shapes import hint
@@ -96,14 +97,14 @@ def _rows_mask(rt, n_rows, cm, ROWS: tl.constexpr, EVEN_N: tl.constexpr):
 
 @triton.jit
 def _fwd_tile(x_ptr, y_ptr, b, rt, cols, cm, n_rows, sx, sy, ACT: tl.constexpr, ROWS: tl.constexpr,
-              EVEN_N: tl.constexpr, EVICT: tl.constexpr, HAS_BIAS: tl.constexpr, INTERP: tl.constexpr):
+              EVEN_N: tl.constexpr, EVICT: tl.constexpr, HAS_BIAS: tl.constexpr):
     r, m = _rows_mask(rt, n_rows, cm, ROWS, EVEN_N)
     x = tl.load(x_ptr + r * sx + cols, mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
     dt = y_ptr.dtype.element_ty
     if HAS_BIAS:  # the model's bias add stores x + b in x's dtype before its gelu reads it
-        x = _as_stored(x + b, dt, INTERP)
+        x = as_stored(x + b, dt)
     y = _act_fwd(x, ACT)
-    tl.store(y_ptr + r * sy + cols, _as_stored(y, dt, INTERP).to(dt), mask=m)
+    tl.store(y_ptr + r * sy + cols, as_stored(y, dt).to(dt), mask=m)
 
 
 @triton.jit
@@ -122,19 +123,19 @@ def _gelu_fwd_kernel(x_ptr, b_ptr, y_ptr, n_rows, N, sx, sy, n_col_tiles, n_iter
         b = tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)
     if not LOOP:
         _fwd_tile(x_ptr, y_ptr, b, pr, cols, cm, n_rows, sx, sy, ACT, ROWS, EVEN_N, EVICT,
-                      HAS_BIAS, INTERP)
+                      HAS_BIAS)
     elif INTERP:
         # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
         # (triton-lang/triton#9171: int() of a 1-element array); a while loop works there.
         i = 0
         while i < n_iter:
             _fwd_tile(x_ptr, y_ptr, b, pr + i * n_rprogs, cols, cm, n_rows, sx, sy, ACT, ROWS, EVEN_N, EVICT,
-                      HAS_BIAS, INTERP)
+                      HAS_BIAS)
             i += 1
     else:
         for i in range(0, n_iter):
             _fwd_tile(x_ptr, y_ptr, b, pr + i * n_rprogs, cols, cm, n_rows, sx, sy, ACT, ROWS, EVEN_N, EVICT,
-                      HAS_BIAS, INTERP)
+                      HAS_BIAS)
 
 
 # The interpreter replaces @triton.jit functions when TRITON_INTERPRET=1 is set before import;

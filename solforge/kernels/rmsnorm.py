@@ -30,10 +30,12 @@ import triton.language as tl
 
 from solforge.kernels import config_text, direct
 from solforge.kernels import rmsnorm_cols as _cols
+from solforge.kernels.interp import cast_rne
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import bind as _bind
 from solforge.kernels.launch import empty_strided as _empty_strided
 from solforge.kernels.launch import launch as _launch
+from solforge.kernels.rounding import as_stored, mean_factor
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 from solforge.shapes import hint
@@ -81,7 +83,7 @@ def _ld(ptrs, m, cols, H, COL_MASK: tl.constexpr, EVICT: tl.constexpr):
 def _st(ptrs, v, m, cols, H, COL_MASK: tl.constexpr):
     if COL_MASK:
         m = m & (cols < H)
-    tl.store(ptrs, v.to(ptrs.dtype.element_ty), mask=m)
+    tl.store(ptrs, cast_rne(v, ptrs.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -133,10 +135,10 @@ def _tile_store(x, xt, w, wt, y_ptr, row0, n_rows, H, stride_y, eps, ROWS: tl.co
     if BLOCK_T > 0:
         xtf = xt.to(tl.float32)
         ss += tl.sum(xtf * xtf, axis=1)
-    rstd = tl.rsqrt(ss / H + eps)[:, None]
+    rstd = tl.rsqrt(ss * mean_factor(H) + eps)[:, None]
     y = xf * rstd
     if ROUND:  # Hugging Face rounds to the input dtype before the weight multiply
-        y = y.to(x.dtype).to(tl.float32)
+        y = as_stored(y, x.dtype)
     if HAS_WEIGHT:
         y = y * w
     _st(ptrs + cols, y, m, cols, H, BLOCK_T == 0 and not EVEN_H)
@@ -144,7 +146,7 @@ def _tile_store(x, xt, w, wt, y_ptr, row0, n_rows, H, stride_y, eps, ROWS: tl.co
         tcols = BLOCK_H + tl.arange(0, BLOCK_T)[None, :]
         yt = xtf * rstd
         if ROUND:
-            yt = yt.to(x.dtype).to(tl.float32)
+            yt = as_stored(yt, x.dtype)
         if HAS_WEIGHT:
             yt = yt * wt
         _st(ptrs + tcols, yt, m, tcols, H, not EVEN_H)
@@ -221,7 +223,7 @@ def _norm_chunk(x_row, w_ptr, y_row, off, H, rstd, BLOCK_H: tl.constexpr, EVEN_H
     on = tl.full([1], 1, tl.int1)
     y = _ld(x_row + cols, on, cols, H, not EVEN_H, "evict_first").to(tl.float32) * rstd
     if ROUND:
-        y = y.to(x_row.dtype.element_ty).to(tl.float32)
+        y = as_stored(y, x_row.dtype.element_ty)
     if HAS_WEIGHT:
         y = y * _ld(w_ptr + cols, on, cols, H, not EVEN_H, "evict_last").to(tl.float32)
     _st(y_row + cols, y, on, cols, H, not EVEN_H)
@@ -249,7 +251,7 @@ def _rmsnorm_loop_kernel(x_ptr, w_ptr, y_ptr, n_rows, H, stride_x, stride_y, eps
         while off < H:
             acc += _sq_chunk(x_row, off, H, BLOCK_H, EVEN_H)
             off += BLOCK_H
-        rstd = tl.rsqrt(tl.sum(acc, axis=0) / H + eps)
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) * mean_factor(H) + eps)
         off = 0
         while off < H:
             _norm_chunk(x_row, w_ptr, y_row, off, H, rstd, BLOCK_H, EVEN_H, HAS_WEIGHT, ROUND)
@@ -257,7 +259,7 @@ def _rmsnorm_loop_kernel(x_ptr, w_ptr, y_ptr, n_rows, H, stride_x, stride_y, eps
     else:
         for off in tl.range(0, H, BLOCK_H):
             acc += _sq_chunk(x_row, off, H, BLOCK_H, EVEN_H)
-        rstd = tl.rsqrt(tl.sum(acc, axis=0) / H + eps)
+        rstd = tl.rsqrt(tl.sum(acc, axis=0) * mean_factor(H) + eps)
         for off in tl.range(0, H, BLOCK_H):
             _norm_chunk(x_row, w_ptr, y_row, off, H, rstd, BLOCK_H, EVEN_H, HAS_WEIGHT, ROUND)
 

@@ -42,6 +42,7 @@ import triton.language as tl
 from solforge.kernels import config_text, direct
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
+from solforge.kernels.rounding import as_stored
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 from solforge.shapes import hint
@@ -127,12 +128,6 @@ def _cast(x, dtype: tl.constexpr):
     return x.to(dtype)
 
 
-@triton.jit
-def _stored(x, dtype: tl.constexpr):
-    """fp32 x as a `dtype` tensor stores it, back in fp32 (no-op for fp32)."""
-    if dtype == tl.float32:
-        return x
-    return _cast(x, dtype).to(tl.float32)
 
 
 @triton.jit
@@ -207,18 +202,18 @@ def _fwd_store(x1, x2, c1, c2, s1, s2, x_ptr, w_ptr, op, m, d, dmask, eps, D2: t
         x1 = x1 * r
         x2 = x2 * r
         if ROUND:  # HF rounds the normalized value to the input dtype before the weight
-            x1 = _cast(x1, x_ptr.dtype.element_ty).to(tl.float32)
-            x2 = _cast(x2, x_ptr.dtype.element_ty).to(tl.float32)
+            x1 = as_stored(x1, x_ptr.dtype.element_ty)
+            x2 = as_stored(x2, x_ptr.dtype.element_ty)
         if HAS_WEIGHT:
             x1 = x1 * tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
             x2 = x2 * tl.load(w_ptr + D2 + d, mask=dmask, other=0.0).to(tl.float32)
-        x1 = _stored(x1, op.dtype.element_ty)  # the norm's output, as the model stores it
-        x2 = _stored(x2, op.dtype.element_ty)
+        x1 = as_stored(x1, op.dtype.element_ty)  # the norm's output, as the model stores it
+        x2 = as_stored(x2, op.dtype.element_ty)
     # each product rounded as the model's mul stores it, then their sum: with half-dtype operands
     # the products are exact in fp32, so this is eager's arithmetic, not an approximation of it
     od = op.dtype.element_ty
-    tl.store(op, _cast(_stored(x1 * c1, od) - _stored(x2 * s1, od), od), mask=m)
-    tl.store(op + D2, _cast(_stored(x2 * c2, od) + _stored(x1 * s2, od), od), mask=m)
+    tl.store(op, _cast(as_stored(x1 * c1, od) - as_stored(x2 * s1, od), od), mask=m)
+    tl.store(op + D2, _cast(as_stored(x2 * c2, od) + as_stored(x1 * s2, od), od), mask=m)
 
 
 @triton.jit

@@ -28,9 +28,9 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text, direct
-from solforge.kernels.interp import round_bf16
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
+from solforge.kernels.rounding import as_stored
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
 from solforge.shapes import hint
@@ -137,26 +137,13 @@ def _tile(tile, n_rows, N, n_col_tiles, ROWS: tl.constexpr, BLOCK_N: tl.constexp
 
 
 @triton.jit
-def _as_stored(a, dtype: tl.constexpr, INTERP: tl.constexpr):
-    """fp32 `a` rounded to `dtype` (nearest even) and back: the value the model's activation op
-    stores before its mul reads it. A bf16/fp16 product of two stored values is exact in fp32, so
-    the kernel's output then equals eager's wherever act(g) rounds the same way."""
-    if dtype == tl.float32:
-        return a
-    if INTERP and dtype == tl.bfloat16:  # the interpreter's bf16 cast truncates
-        return round_bf16(a)
-    return a.to(dtype).to(tl.float32)
-
-
-@triton.jit
 def _fwd_tile(g_ptr, u_ptr, y_ptr, tile, n_rows, N, sg, su, sy, n_col_tiles, ACT: tl.constexpr,
-              ROWS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, EVICT: tl.constexpr,
-              INTERP: tl.constexpr):
+              ROWS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, EVICT: tl.constexpr):
     r, c, m = _tile(tile, n_rows, N, n_col_tiles, ROWS, BLOCK_N, EVEN_N)
     g = tl.load(g_ptr + r * sg + c, mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
     u = tl.load(u_ptr + r * su + c, mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    y = _as_stored(_act_fwd(g, ACT), y_ptr.dtype.element_ty, INTERP) * u
-    tl.store(y_ptr + r * sy + c, _as_stored(y, y_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty), mask=m)
+    y = as_stored(_act_fwd(g, ACT), y_ptr.dtype.element_ty) * u
+    tl.store(y_ptr + r * sy + c, as_stored(y, y_ptr.dtype.element_ty).to(y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -167,20 +154,19 @@ def _swiglu_fwd_kernel(g_ptr, u_ptr, y_ptr, n_rows, N, sg, su, sy, n_col_tiles, 
     (every program runs n_iter trips; tiles past the end are fully masked)."""
     pid = tl.program_id(0)
     if not PERSIST:
-        _fwd_tile(g_ptr, u_ptr, y_ptr, pid, n_rows, N, sg, su, sy, n_col_tiles, ACT, ROWS, BLOCK_N, EVEN_N, EVICT,
-                  INTERP)
+        _fwd_tile(g_ptr, u_ptr, y_ptr, pid, n_rows, N, sg, su, sy, n_col_tiles, ACT, ROWS, BLOCK_N, EVEN_N, EVICT)
     elif INTERP:
         # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
         # (triton-lang/triton#9171: int() of a 1-element array); a while loop works there.
         i = 0
         while i < n_iter:
             _fwd_tile(g_ptr, u_ptr, y_ptr, pid + i * n_progs, n_rows, N, sg, su, sy, n_col_tiles, ACT, ROWS,
-                      BLOCK_N, EVEN_N, EVICT, INTERP)
+                      BLOCK_N, EVEN_N, EVICT)
             i += 1
     else:
         for i in range(0, n_iter):
             _fwd_tile(g_ptr, u_ptr, y_ptr, pid + i * n_progs, n_rows, N, sg, su, sy, n_col_tiles, ACT, ROWS,
-                      BLOCK_N, EVEN_N, EVICT, INTERP)
+                      BLOCK_N, EVEN_N, EVICT)
 
 
 # The interpreter replaces @triton.jit functions when TRITON_INTERPRET=1 is set before import;
