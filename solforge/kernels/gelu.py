@@ -3,7 +3,8 @@
 In order: reference, Triton kernels, launcher, backward kernel + launcher, custom ops (with
 autograd), config triad (+ workload_for, make_inputs). The activation math (and its derivative)
 is swiglu's `_act_fwd` / `_act_fwd_bwd`, shared rather than copied: one tanh that needs no libdevice
-(absent from the interpreter) and stays exact in both tails.
+(absent from the interpreter) and stays exact in both tails. With a bias, x + bias is rounded to x's
+dtype before the activation, as the model's add stores it (rounding.as_stored).
 
 x is seen as (rows, N) after flattening the leading dims, so a bias of size N (GPT-style MLPs:
 `gelu(x @ W + b)` when the bias add is its own op) broadcasts over the rows. Each program owns one
