@@ -69,7 +69,7 @@ def test_forward_matches_reference(dtype: torch.dtype, norm: bool, weight: bool,
 def test_round_before_weight_is_honored() -> None:
     """The tolerance cannot see one bf16 ulp of the normalized value, so check the rounding itself:
     with the same flag kernel and reference agree to the bit almost everywhere (both round to
-    nearest even; see kernels/rope.py _RNE_BY_HAND), with the other flag they disagree often."""
+    nearest even; see kernels/interp.py _RNE_BY_HAND), with the other flag they disagree often."""
     wl = _wl(2, 33, 8, 4, 64)
     args, kw = R.make_inputs(wl, seed=0)
     ref = R.rope_ref(*args, **kw)

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text, direct
+from solforge.kernels.interp import INTERPRETED, cast_rne
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rounding import as_stored
@@ -103,31 +104,10 @@ def rope_ref(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
 # of its tokens once for HEADS heads.
 
 
-@triton.jit
-def _probe() -> None:
-    pass
-
-
-# The interpreter replaces @triton.jit functions when TRITON_INTERPRET=1 is set before import.
-_INTERPRETED = type(_probe).__name__ == "InterpretedFunction"
-# Triton 3.6's interpreter casts fp32 to bf16 by truncation (1.0 + 2^-8 + 2^-12 -> 1.0), while the
-# GPU rounds to nearest even like torch: off the GPU the kernels round by hand, so CPU tests
-# compare the same function the GPU computes (bf16 results then match the reference bit for bit
-# except at rare rounding ties), not one with a systematic one-ulp bias.
-_RNE_BY_HAND = tl.constexpr(_INTERPRETED)
-
-
-@triton.jit
-def _cast(x, dtype: tl.constexpr):
-    """fp32 x to dtype, rounding to nearest even (see _RNE_BY_HAND)."""
-    if _RNE_BY_HAND:
-        if dtype == tl.bfloat16:
-            b = x.to(tl.uint32, bitcast=True)
-            b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-            x = b.to(tl.float32, bitcast=True)
-    return x.to(dtype)
-
-
+# The interpreter's bf16 cast truncates; `_cast` rounds to nearest even there too, so CPU tests
+# compare the function the GPU computes (interp.cast_rne).
+_INTERPRETED = INTERPRETED
+_cast = cast_rne
 
 
 @triton.jit
