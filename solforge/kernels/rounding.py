@@ -24,8 +24,8 @@ _ASM_OK = tl.constexpr(not INTERPRETED)
 @triton.jit
 def as_stored(v, dtype: tl.constexpr):
     """fp32 `v` rounded to `dtype` (to nearest, ties to even), as fp32; fp32 `dtype` returns `v`."""
-    if dtype == tl.bfloat16:
-        return round_bf16(v)
+    if dtype == tl.bfloat16:  # a NaN stays NaN: low payload bits could carry it into inf's
+        return tl.where(v == v, round_bf16(v), v)
     elif dtype == tl.float16:
         if _ASM_OK:
             return tl.inline_asm_elementwise("{ .reg .f16 t; cvt.rn.f16.f32 t, $1; cvt.f32.f16 $0, t; }",
