@@ -123,8 +123,7 @@ def _gelu_fwd_kernel(x_ptr, b_ptr, y_ptr, n_rows, N, sx, sy, n_col_tiles, n_iter
     if HAS_BIAS:
         b = tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)
     if not LOOP:
-        _fwd_tile(x_ptr, y_ptr, b, pr, cols, cm, n_rows, sx, sy, ACT, ROWS, EVEN_N, EVICT,
-                      HAS_BIAS)
+        _fwd_tile(x_ptr, y_ptr, b, pr, cols, cm, n_rows, sx, sy, ACT, ROWS, EVEN_N, EVICT, HAS_BIAS)
     elif INTERP:
         # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
         # (triton-lang/triton#9171: int() of a 1-element array); a while loop works there.
