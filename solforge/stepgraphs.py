@@ -226,8 +226,8 @@ def cuda_measure(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, floa
 GpuTime = float | Callable[..., float | None]
 # clock cycles a second of torch.cuda._sleep's spin, per device, measured at first use
 _SLEEP_RATE: dict[int, float] = {}
-AHEAD_FACTOR = 1.5  # the sleep ahead of a costed call: this many times the longest enqueue seen, plus
-AHEAD_MIN_S = 50e-6  # this
+# the sleep ahead of a costed call: this many times the longest enqueue seen, plus AHEAD_MIN_S
+AHEAD_FACTOR, AHEAD_MIN_S = traingraphs.AHEAD_FACTOR, traingraphs.AHEAD_MIN_S
 
 
 def _sleep_cycles_per_s() -> float:
@@ -386,7 +386,8 @@ class StepGraph:
             return self.gm(*args)
         if self.training is None:
             self.training = traingraphs.TrainGraph(
-                self.gm, capture=self._capture_train or traingraphs.cuda_capture_train, measure=self._measure)
+                self.gm, capture=self._capture_train or traingraphs.cuda_capture_train, measure=self._measure,
+                cost=self._cost)
         elif self.training.declined is not None:
             return self.gm(*args)
         assert self._inplace is not None

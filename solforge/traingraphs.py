@@ -12,11 +12,18 @@ replays the backward.
 recording where some tensor input requires grad, when its replays are on (an optimized model's
 calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off.
 
-1. The first call runs the graph as it is; the second is timed, and the third too when the second
-   did not read launch-bound. A graph is replayed only when the host time of one of them is at
-   least `TRAIN_BOUND` of its GPU time (the GPU waited): a capture holds its
+1. The first call runs the graph as it is. The next ones are timed in pairs: one with events
+   around it (the GPU's time from the call's start to its end, idle gaps included: its span),
+   then one behind a sleep kernel long enough that the host enqueues the whole call before the
+   GPU starts it (stepgraphs.cuda_busy: the GPU's own work, its busy time). A graph is replayed
+   only when, in one of its first TRAIN_TIMED pairs, the GPU sat idle (span - busy) for at least
+   TRAIN_IDLE of the span: only that idle time is what a replay can take out. A capture holds its
    activations and its parameters' gradients in memory of its own from then on, which a model
-   whose step the GPU bounds (Qwen3-4B's) must not pay for nothing.
+   whose step the GPU bounds (Qwen3-4B's) must not pay for nothing. (Until session 23 the host's
+   enqueue time was compared with the span. A GPU-bound forward of more launches than the
+   launch queue holds makes the host wait for the GPU, so the host's time reads close to the
+   GPU's: Qwen3-4B's forward read 56.93 ms of host time for 60.57 on an H100 and was captured,
+   at 8 GB more memory and no gain.)
 2. The capture is made on a call whose in-place inputs (parameters, inputs the graph writes) sit
    where they sat on the call before, like StepGraph's. Other tensor inputs are copied into
    buffers the graph reads; those that require grad (activations from a graph before a graph
@@ -67,18 +74,21 @@ ENABLED = os.environ.get("SOLFORGE_TRAIN_GRAPHS", "1").lower() not in ("0", "fal
 # the accumulating backward (module doc, 4); SOLFORGE_TRAIN_ACCUMULATE=0 leaves every backward to
 # the regular one
 ACCUMULATE = os.environ.get("SOLFORGE_TRAIN_ACCUMULATE", "1").lower() not in ("0", "false", "no", "off")
-# host enqueue time / GPU time of a forward at or above which it is captured. The GPU time is
-# measured from events around the call, so a GPU waiting for the host counts too: a host-bound
-# call reads close to 1 (qwen3-tiny's forward on an H100: 4.07 ms of host time for 4.16 ms), a
-# GPU-bound one below (Qwen3-4B's training forward, B1 S4096: 43.76 for 57.06 ms, 0.77)
-TRAIN_BOUND = 0.9
+# the share of a timed forward's span (events around it, idle gaps included) that the GPU sat idle
+# (span - its busy time behind a sleep, stepgraphs.cuda_busy) at or above which it is captured:
+# only the idle time is what a replay can take out, and a capture holds memory for good
+TRAIN_IDLE = 0.1
 # captures of the accumulating backward a graph gets, in all, before .grad tensors that keep moving
 # (a new .grad each step) are left to the regular backward
 MAX_ACCUMULATING = 4
-# timed calls (the calls after the first) a graph gets to read launch-bound before it is declined:
-# a host-bound forward read 0.85 on its first timing once (qwen3-tiny, session 18)
+# the sleep ahead of a busy call: this many times its span call's host time, plus AHEAD_MIN_S
+# (stepgraphs.py uses the same for its judged calls)
+AHEAD_FACTOR = 1.5
+AHEAD_MIN_S = 50e-6
+# pairs of timed calls (span, then busy; the calls after the first) a graph gets to read
+# launch-bound before it is declined: one early reading can be off (a host-bound forward read
+# 0.85 of host time for its span on its first timing once, qwen3-tiny, session 18)
 TRAIN_TIMED = 2
-
 
 class TrainCaptureRefused(Exception):
     """A graph whose training calls cannot be replayed; the message says why."""
@@ -296,18 +306,26 @@ class TrainGraph:
 
     def __init__(self, gm: fx.GraphModule, *,
                  capture: CaptureTrain = cuda_capture_train,
-                 measure: Callable[..., tuple[Any, float, float]]) -> None:
+                 measure: Callable[..., tuple[Any, float, float]],
+                 cost: Callable[..., tuple[Any, float, Any]]) -> None:
+        """`measure(fn, args)`: (outputs, host s, GPU span s), stepgraphs.cuda_measure's contract;
+        `cost(fn, args, ahead_s)`: (outputs, host s, GPU busy s or a function saying them),
+        stepgraphs.cuda_busy's."""
         self.gm = gm
         self._capture = capture
         self._measure = measure
+        self._cost = cost
         self.calls = 0
         self.replays = 0
         self.backward_replays = 0
         self.captures = 0
         self.eager_while_pending = 0  # calls run as they are because a replay's backward was still due
         self.launch_bound: bool | None = None
+        # the timed pair that read the most idle: its span call's host s and span s, and the busy s
         self.host_s: float | None = None
         self.gpu_s: float | None = None
+        self.busy_s: float | None = None
+        self._span: tuple[float, float] | None = None  # the last span call's (host s, span s)
         self.declined: str | None = None
         self._cap: TrainCapture | None = None
         self._key: tuple[Any, ...] | None = None
@@ -340,18 +358,8 @@ class TrainGraph:
             if self.calls == 1:  # compilation and first launches: not a measure of anything
                 self._last_key = key
                 return self.gm(*args)
-            out, host, gpu = self._measure(self.gm, args)
-            # the timed call that reads the most launch-bound counts (one early reading can be off)
-            if self.host_s is None or self.gpu_s is None or host * self.gpu_s > self.host_s * gpu:
-                self.host_s, self.gpu_s = host, gpu
-            if self.host_s >= TRAIN_BOUND * self.gpu_s:
-                self.launch_bound = True
-            elif self.calls > TRAIN_TIMED:
-                self.launch_bound = False
-                self.declined = (f"training calls not launch-bound: {self.host_s * 1e3:.2f} ms of host time "
-                                 f"for {self.gpu_s * 1e3:.2f} ms on the GPU")
             self._last_key = key
-            return out
+            return self._judged(args)
         if self._pending_backward():
             self.eager_while_pending += 1
             return self.gm(*args)
@@ -373,6 +381,34 @@ class TrainGraph:
             self._reset()
             return self.gm(*args)
         return self._replay(args)
+
+    def _judged(self, args: Sequence[Any]) -> Any:
+        """A timed call (module doc, 1): a span call, then a busy call behind a sleep, which judges
+        the pair."""
+        if self._span is None:
+            out, host, span = self._measure(self.gm, args)
+            self._span = (host, span)
+            return out
+        host, span = self._span
+        self._span = None
+        out, _, gpu = self._cost(self.gm, args, AHEAD_FACTOR * host + AHEAD_MIN_S)
+        busy = gpu(wait=True) if callable(gpu) else gpu
+        if busy is None:  # a stand-in that cannot say
+            busy = span
+        if self.gpu_s is None or self.busy_s is None or (span - busy) * self.gpu_s > (self.gpu_s - self.busy_s) * span:
+            self.host_s, self.gpu_s, self.busy_s = host, span, busy
+        assert self.gpu_s is not None and self.busy_s is not None
+        if self.gpu_s - self.busy_s >= TRAIN_IDLE * self.gpu_s:
+            self.launch_bound = True
+        elif self.calls > 2 * TRAIN_TIMED:
+            self.launch_bound = False
+            self.declined = f"training calls not launch-bound: {self._timed_text()}"
+        return out
+
+    def _timed_text(self) -> str:
+        assert self.host_s is not None and self.gpu_s is not None and self.busy_s is not None
+        return (f"a forward took {self.gpu_s * 1e3:.2f} ms on the GPU, {self.busy_s * 1e3:.2f} ms of it busy "
+                f"({self.host_s * 1e3:.2f} ms of host time)")
 
     def _reset(self) -> None:
         """After a failed CUDA capture: the random generators' state (stepgraphs.reset_capture_state)."""
@@ -509,8 +545,7 @@ class TrainGraph:
     def summary(self) -> str:
         if self.declined is not None:
             return f"training calls not replayed: {self.declined}"
-        timed = "" if self.host_s is None or self.gpu_s is None else \
-            f" (timed forward: {self.host_s * 1e3:.2f} ms of host time for {self.gpu_s * 1e3:.2f} ms on the GPU)"
+        timed = "" if self.busy_s is None else f" ({self._timed_text()})"
         if self.captures:
             return (f"training: replayed {self.replays} forward(s) and {self.backward_replays} backward(s) "
                     f"from {self.captures} capture(s){timed}"

@@ -17,7 +17,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from solforge import traingraphs
-from solforge.stepgraphs import StepGraph, step_graphs
+from solforge.stepgraphs import StepGraph, step_graphs, wall_time
 from solforge.traingraphs import TrainCapture
 
 
@@ -96,8 +96,22 @@ def gpu_bound(fn: Any, args: Any) -> tuple[Any, float, float]:
     return fn(*args), 0.5, 1.0
 
 
-def _wrapped(gm: torch.fx.GraphModule, measure: Any = launch_bound) -> StepGraph:
-    return StepGraph(gm, capture_train=fake_capture_train, measure=measure, needs_cuda=False, auto=True)
+def busy(*readings: float) -> Any:
+    """A stand-in `cost` whose calls report these GPU busy seconds in turn (the last one after),
+    with the sleep ahead each was asked for in `busy.aheads`."""
+    left = list(readings)
+
+    def cost(fn: Any, args: Any, ahead_s: float) -> tuple[Any, float, float]:
+        cost.aheads.append(ahead_s)  # type: ignore[attr-defined]
+        return fn(*args), 0.0, left.pop(0) if len(left) > 1 else left[0]
+
+    cost.aheads = []  # type: ignore[attr-defined]
+    return cost
+
+
+def _wrapped(gm: torch.fx.GraphModule, measure: Any = launch_bound, cost: Any = None) -> StepGraph:
+    return StepGraph(gm, capture_train=fake_capture_train, measure=measure, needs_cuda=False, auto=True,
+                     cost=cost)
 
 
 def _params(seed: int = 0) -> list[torch.nn.Parameter]:
@@ -140,17 +154,18 @@ def _train(call: Any, params: list[torch.nn.Parameter], steps: int, *, zero: boo
 def test_training_calls_replay_with_the_graphs_gradients(zero: bool, x_grad: bool) -> None:
     gm = _graph()
     step = _wrapped(gm)
-    got_losses, got = _train(step, _params(), 7, zero=zero, x_grad=x_grad)
-    exp_losses, exp = _train(gm, _params(), 7, zero=zero, x_grad=x_grad)
+    got_losses, got = _train(step, _params(), 8, zero=zero, x_grad=x_grad)
+    exp_losses, exp = _train(gm, _params(), 8, zero=zero, x_grad=x_grad)
     t = step.training
     assert t is not None and t.declined is None, step.summary()
-    # call 1 runs as it is, call 2 is timed, call 3 is captured and replayed, then replays
-    assert (t.calls, t.captures, t.replays, t.backward_replays) == (7, 1, 5, 5), t.summary()
-    # with .grad kept and every input a parameter, backwards 3 and 4 found the .grad tensors at the
-    # same addresses: call 5 captured the accumulating backward, and backwards 5 to 7 replayed it
+    # call 1 runs as it is, calls 2 and 3 are timed (its span, then its busy time), call 4 is
+    # captured and replayed, then replays
+    assert (t.calls, t.captures, t.replays, t.backward_replays) == (8, 1, 5, 5), t.summary()
+    # with .grad kept and every input a parameter, backwards 4 and 5 found the .grad tensors at the
+    # same addresses: call 6 captured the accumulating backward, and backwards 6 to 8 replayed it
     assert t.accumulated == (3 if not zero and not x_grad else 0), t.summary()
     assert t.accumulating_captures == (1 if not zero and not x_grad else 0)
-    assert torch.equal(got[0], exp[0]) and int(got[0]) == 7  # the written buffer: once a call
+    assert torch.equal(got[0], exp[0]) and int(got[0]) == 8  # the written buffer: once a call
     for i, (a, b) in enumerate(zip(got_losses, exp_losses, strict=True)):
         assert torch.equal(a, b), i
     for i, (a, b) in enumerate(zip(got[1:], exp[1:], strict=True)):
@@ -162,8 +177,8 @@ def test_the_accumulating_backward_can_be_switched_off(monkeypatch: pytest.Monke
     monkeypatch.setattr(traingraphs, "ACCUMULATE", False)
     gm = _graph()
     step = _wrapped(gm)
-    got_losses, got = _train(step, _params(), 7, zero=False)
-    exp_losses, exp = _train(gm, _params(), 7, zero=False)
+    got_losses, got = _train(step, _params(), 8, zero=False)
+    exp_losses, exp = _train(gm, _params(), 8, zero=False)
     t = step.training
     assert t is not None and (t.replays, t.accumulated, t.accumulating_captures) == (5, 0, 0), t.summary()
     for i, (a, b) in enumerate(zip(got[1:], exp[1:], strict=True)):
@@ -179,8 +194,8 @@ def test_grad_tensors_that_move_get_the_regular_backward_then_a_capture_of_their
     params, ref = _params(), _params()
     count, ref_count = torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long)
     t = None
-    for i in range(10):
-        if i == 6:  # new .grad tensors, same values
+    for i in range(11):
+        if i == 7:  # new .grad tensors, same values
             for p in params:
                 p.grad = p.grad.clone()  # type: ignore[union-attr]
         _loss(step(_x(i), *params, count)).backward()
@@ -189,9 +204,9 @@ def test_grad_tensors_that_move_get_the_regular_backward_then_a_capture_of_their
         for p, r in zip(params, ref, strict=True):
             torch.testing.assert_close(p.grad, r.grad, rtol=1e-6, atol=1e-6, msg=f"step {i}")
     assert t is not None
-    # backwards 5 and 6 added into the first .grad tensors; the moved ones were found by backwards
-    # 7 and 8 (the regular one), the accumulating one was captured for them before call 9, and
-    # backwards 9 and 10 added into them
+    # backwards 6 and 7 added into the first .grad tensors; the moved ones were found by backwards
+    # 8 and 9 (the regular one), the accumulating one was captured for them before call 10, and
+    # backwards 10 and 11 added into them
     assert (t.accumulating_captures, t.accumulated) == (2, 4), t.summary()
     assert "4 backward(s) adding into .grad in place" in t.summary()
 
@@ -203,12 +218,12 @@ def test_a_second_call_before_the_backward_runs_as_it_is() -> None:
     step = _wrapped(gm)
     params, ref = _params(), _params()
     count, ref_count = torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long)
-    for i in range(3):  # up to the capture
+    for i in range(4):  # up to the capture
         _loss(step(_x(i), *params, count)).backward()
         _loss(gm(_x(i), *ref, ref_count)).backward()
-    loss = _loss(step(_x(3), *params, count)) + _loss(step(_x(4), *params, count))
+    loss = _loss(step(_x(4), *params, count)) + _loss(step(_x(5), *params, count))
     loss.backward()
-    ref_loss = _loss(gm(_x(3), *ref, ref_count)) + _loss(gm(_x(4), *ref, ref_count))
+    ref_loss = _loss(gm(_x(4), *ref, ref_count)) + _loss(gm(_x(5), *ref, ref_count))
     ref_loss.backward()
     t = step.training
     assert t is not None and (t.replays, t.eager_while_pending) == (2, 1), t.summary()
@@ -216,7 +231,7 @@ def test_a_second_call_before_the_backward_runs_as_it_is() -> None:
     for p, r in zip(params, ref, strict=True):
         torch.testing.assert_close(p.grad, r.grad, rtol=1e-6, atol=1e-6)
     # the backward ran: the next call replays again
-    _loss(step(_x(5), *params, count)).backward()
+    _loss(step(_x(6), *params, count)).backward()
     assert (t.replays, t.eager_while_pending) == (3, 1)
 
 
@@ -225,14 +240,14 @@ def test_a_call_whose_outputs_were_dropped_does_not_hold_the_next_one_back() -> 
     step = _wrapped(gm)
     params = _params()
     count = torch.zeros((), dtype=torch.long)
-    for i in range(3):
+    for i in range(4):
         _loss(step(_x(i), *params, count)).backward()
-    step(_x(3), *params, count)  # an evaluation with autograd on: no backward, outputs dropped
-    out = step(_x(4), *params, count)
+    step(_x(4), *params, count)  # an evaluation with autograd on: no backward, outputs dropped
+    out = step(_x(5), *params, count)
     t = step.training
     assert t is not None and (t.replays, t.eager_while_pending) == (3, 0), t.summary()
     ref = [p.detach().clone().requires_grad_() for p in params]
-    torch.testing.assert_close(out[0], gm(_x(4), *ref, count.clone())[0], rtol=0, atol=0)
+    torch.testing.assert_close(out[0], gm(_x(5), *ref, count.clone())[0], rtol=0, atol=0)
 
 
 def test_a_backward_after_a_later_replay_overwrote_its_activations_raises() -> None:
@@ -240,12 +255,12 @@ def test_a_backward_after_a_later_replay_overwrote_its_activations_raises() -> N
     step = _wrapped(gm)
     params = _params()
     count = torch.zeros((), dtype=torch.long)
-    for i in range(3):
+    for i in range(4):
         _loss(step(_x(i), *params, count)).backward()
-    first = _loss(step(_x(3), *params, count))
+    first = _loss(step(_x(4), *params, count))
     first.backward(retain_graph=True)
     first.backward(retain_graph=True)  # the activations are still this call's: allowed
-    _loss(step(_x(4), *params, count)).backward()
+    _loss(step(_x(5), *params, count)).backward()
     with pytest.raises(RuntimeError, match="overwritten"):
         first.backward()
 
@@ -255,10 +270,10 @@ def test_a_double_backward_through_a_replay_says_what_to_do() -> None:
     step = _wrapped(gm)
     params = _params()
     count = torch.zeros((), dtype=torch.long)
-    for i in range(3):
+    for i in range(4):
         _loss(step(_x(i), *params, count)).backward()
     with pytest.raises(RuntimeError, match="cuda_graphs=False"):
-        torch.autograd.grad(_loss(step(_x(3), *params, count)), params, create_graph=True)
+        torch.autograd.grad(_loss(step(_x(4), *params, count)), params, create_graph=True)
 
 
 def test_autograd_grad_returns_the_gradients_and_leaves_dot_grad_alone() -> None:
@@ -268,7 +283,7 @@ def test_autograd_grad_returns_the_gradients_and_leaves_dot_grad_alone() -> None
     count = torch.zeros((), dtype=torch.long)
     for p in params:
         p.grad = torch.ones_like(p)
-    for i in range(4):
+    for i in range(5):
         got = torch.autograd.grad(_loss(step(_x(i), *params, count)), params)
         exp = torch.autograd.grad(_loss(gm(_x(i), *ref, count.clone())), ref)
         for a, b in zip(got, exp, strict=True):
@@ -279,13 +294,55 @@ def test_autograd_grad_returns_the_gradients_and_leaves_dot_grad_alone() -> None
 
 def test_not_launch_bound_training_calls_are_never_captured() -> None:
     gm = _graph()
-    step = _wrapped(gm, gpu_bound)
-    got_losses, _ = _train(step, _params(), 5)
-    exp_losses, _ = _train(gm, _params(), 5)
+    step = _wrapped(gm, gpu_bound, busy(0.95))
+    got_losses, _ = _train(step, _params(), 6)
+    exp_losses, _ = _train(gm, _params(), 6)
     assert all(torch.equal(a, b) for a, b in zip(got_losses, exp_losses, strict=True))
     t = step.training
     assert t is not None and t.captures == 0 and "not launch-bound" in (t.declined or ""), step.summary()
+    assert t.calls == 5 and t.replays == 0  # declined on the second pair; later calls go straight to the graph
     assert "training calls not replayed" in step.summary()
+    assert "a forward took 1000.00 ms on the GPU, 950.00 ms of it busy (500.00 ms of host time)" in step.summary()
+
+
+def test_a_forward_whose_host_waits_on_a_busy_gpu_is_not_captured() -> None:
+    """Qwen3-4B's training forward on an H100 (session 22): the host took 56.93 ms to enqueue a
+    forward the GPU spent 60.57 ms on, because a GPU-bound call of more launches than the queue
+    holds makes the host wait. Its host time is 0.94 of the span, but the GPU was busy for all but
+    a few percent of it: a capture takes out nothing and holds memory."""
+    gm = _graph()
+
+    def waiting(fn: Any, args: Any) -> tuple[Any, float, float]:
+        return fn(*args), 56.93e-3, 60.57e-3
+
+    step = _wrapped(gm, waiting, busy(58.1e-3, 57.9e-3))
+    _train(step, _params(), 6)
+    t = step.training
+    assert t is not None and t.captures == 0 and "not launch-bound" in (t.declined or ""), step.summary()
+    # each busy call slept ahead of itself 1.5 times its span call's host time, plus 50 us
+    assert busy_aheads(step) == pytest.approx([1.5 * 56.93e-3 + 50e-6] * 2)
+    # the pair that read the most idle is the one reported
+    assert "60.57 ms on the GPU, 57.90 ms of it busy (56.93 ms of host time)" in t.summary()
+
+
+def busy_aheads(step: StepGraph) -> list[float]:
+    return step._cost.aheads  # type: ignore[attr-defined,union-attr]
+
+
+@pytest.mark.parametrize("idle", [0.12, 0.09])
+def test_a_forward_the_gpu_waited_on_is_captured_from_a_tenth_of_its_span(idle: float) -> None:
+    """The GPU idle for at least TRAIN_IDLE (a tenth) of a forward's span in one of the first two
+    pairs: captured after that pair; below it in both: declined after the second."""
+    gm = _graph()
+    step = _wrapped(gm, launch_bound, busy(0.99, 1.0 - idle))  # the second pair reads the idle
+    _train(step, _params(), 7)
+    t = step.training
+    assert t is not None
+    if idle >= traingraphs.TRAIN_IDLE:
+        assert t.declined is None and t.captures == 1 and t.replays == 2, t.summary()
+        assert f"1000.00 ms on the GPU, {(1 - idle) * 1e3:.2f} ms of it busy" in t.summary()
+    else:
+        assert t.captures == 0 and "not launch-bound" in (t.declined or ""), t.summary()
 
 
 def test_off_by_switch_by_block_and_without_inputs_that_require_grad(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -334,12 +391,13 @@ def test_an_optimized_models_training_calls_reach_the_replay_through_dynamo() ->
     model, ref = _mlp(4), _mlp(4)
     opt, stats = integrate(model, {})
     sgd, ref_sgd = torch.optim.SGD(model.parameters(), lr=0.01), torch.optim.SGD(ref.parameters(), lr=0.01)
-    for i in range(6):
+    for i in range(7):
         x = torch.full((8, 64), 0.01 * (i + 1))
         loss, ref_loss = opt(x).square().mean(), ref(x).square().mean()
         if i == 0:
             (step,) = stats.step_graphs
             step._needs_cuda, step._capture_train, step._measure = False, fake_capture_train, launch_bound
+            step._cost = wall_time
             step._refusal, step._inplace = None, None  # classified again, without the CUDA-only refusal
         loss.backward()
         ref_loss.backward()
@@ -371,7 +429,7 @@ def test_an_optimized_small_models_training_steps_replay_on_the_gpu(zero: bool) 
     def steps(f: Any, m: torch.nn.Module) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
         sgd = torch.optim.SGD(m.parameters(), lr=0.01)
         losses, grads = [], []
-        for i in range(8):
+        for i in range(9):
             x = torch.full((8, 64), 0.01 * (i + 1), device="cuda")
             loss = f(x).square().mean()
             loss.backward()
@@ -388,7 +446,7 @@ def test_an_optimized_small_models_training_steps_replay_on_the_gpu(zero: bool) 
     t = step.training
     assert t is not None and t.declined is None and t.captures == 1 and t.replays == 6, step.summary()
     assert t.backward_replays == 6
-    # with .grad kept: backwards 3 and 4 found it in place, so 5 to 8 replayed the accumulating one
+    # with .grad kept: backwards 4 and 5 found it in place, so 6 to 9 replayed the accumulating one
     assert (t.accumulated, t.accumulating_declined) == (0 if zero else 4, None), step.summary()
     for i, (a, b) in enumerate(zip(got_losses, exp_losses, strict=True)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=f"loss {i}")
@@ -417,7 +475,7 @@ def test_a_tiny_transformers_models_training_replays_and_trains_the_same() -> No
     for name, model in models.items():
         fn = steps[name][0]
         optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        for i in range(10):
+        for i in range(12):
             ids = batches[i % 2]
             loss = F.cross_entropy(fn(ids[:, :-1]).logits.flatten(0, 1).float(), ids[:, 1:].flatten())
             optim.zero_grad(set_to_none=True)
