@@ -12,23 +12,34 @@ replays the backward.
 recording where some tensor input requires grad, when its replays are on (an optimized model's
 calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off.
 
-1. The first call runs the graph as it is. The next ones are timed in pairs: one with events
-   around it (the GPU's time from the call's start to its end, idle gaps included: its span),
-   then one behind a sleep kernel long enough that the host enqueues the whole call before the
-   GPU starts it (stepgraphs.cuda_busy: the GPU's own work, its busy time). A graph is replayed
-   only when, in one of its first TRAIN_TIMED pairs, the GPU sat idle (span - busy) for at least
-   TRAIN_IDLE of the span: only that idle time is what a replay can take out. A capture holds its
-   activations and its parameters' gradients in memory of its own from then on, which a model
-   whose step the GPU bounds (Qwen3-4B's) must not pay for nothing. (Until session 23 the host's
-   enqueue time was compared with the span. A GPU-bound forward of more launches than the
-   launch queue holds makes the host wait for the GPU, so the host's time reads close to the
-   GPU's: Qwen3-4B's forward read 56.93 ms of host time for 60.57 on an H100 and was captured,
-   at 8 GB more memory and no gain.)
-2. The capture is made on a call whose in-place inputs (parameters, inputs the graph writes) sit
+1. The screen. The first call runs the graph as it is. The next ones are timed in pairs: one with
+   events around it (the GPU's time from the call's start to its end, idle gaps included: its
+   span), then one behind a sleep kernel long enough that the host enqueues the whole call before
+   the GPU starts it (stepgraphs.cuda_busy: the GPU's own work, its busy time). A graph is
+   captured only when, in one of its first TRAIN_TIMED pairs, the GPU sat idle (span - busy) for
+   at least TRAIN_IDLE of the span: only that idle time is what a replay can take out.
+2. The judgement. A forward's idle time can still be hidden in a step: the host enqueues a
+   backward faster than the GPU runs it, and the queue of GPU work it leaves covers the next
+   forward's gaps. Qwen3-4B's forward on an H100 read 6.2 ms idle of a 60.4 ms span (54.2 busy,
+   70.2 of host time: session 23), yet its replayed step was no faster (191.35 ms against
+   189.53-192.09 run as it is, session 17) and held 8 GB more (41.2 GB against 32.9). So the
+   first capture is judged on whole steps, as StepGraph judges its captures on calls: blocks of
+   TRAIN_BLOCK replays and TRAIN_BLOCK runs of the graph as it is alternate, and the last call of
+   each block is timed from its start to the next call's (the host's clock: in a loop, what a
+   step takes whichever side bounds it; only a call whose outputs a backward reached in between
+   counts). The capture is kept only if its fastest step is under TRAIN_KEEP of the fastest step
+   run as it is; otherwise it is dropped with its memory, and the graph runs as it is from then
+   on. While judged, a run and the capture's pool are both in memory. (Until session 23 the
+   host's enqueue time was compared with the span, and the capture kept without a judgement: a
+   GPU-bound forward of more launches than the launch queue holds makes the host wait for the
+   GPU, so Qwen3-4B's host time read 0.94 of its span and it was captured.) A capture holds its
+   activations and its parameters' gradients in memory of its own, which a model whose step the
+   GPU bounds must not pay for nothing.
+3. The capture is made on a call whose in-place inputs (parameters, inputs the graph writes) sit
    where they sat on the call before, like StepGraph's. Other tensor inputs are copied into
    buffers the graph reads; those that require grad (activations from a graph before a graph
    break) are leaves of the captured graph, so their gradients come out of the backward too.
-3. A replayed call returns copies of the graph's outputs, connected to autograd through one node.
+4. A replayed call returns copies of the graph's outputs, connected to autograd through one node.
    Its backward copies the incoming gradients into the captured buffers, replays the backward and
    hands each input its gradient:
    - a parameter whose `.grad` may be added to in place (linears.accumulates_in_place: dense, same
@@ -36,7 +47,7 @@ calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off
      gets no gradient for it, as linears.py does;
    - any other input gets a copy (the captured gradient is overwritten by the next replay, and
      AccumulateGrad would keep the tensor it is handed as `.grad`).
-4. Where `.grad` is kept from step to step (gradient accumulation, BASELINES.md's step), that add
+5. Where `.grad` is kept from step to step (gradient accumulation, BASELINES.md's step), that add
    is a pass of its own over every weight, which the graph run as it is does inside its GEMMs
    (linears.py) and row by row (embeddings.py): Llama-3.2-1B's step had 4.5 ms more kernel time
    replayed than run as it is (session 17). So when the last two backwards of a capture found
@@ -59,6 +70,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -71,13 +83,29 @@ from torch.utils import _pytree as pytree
 from solforge.linears import accumulates_in_place
 
 ENABLED = os.environ.get("SOLFORGE_TRAIN_GRAPHS", "1").lower() not in ("0", "false", "no", "off")
-# the accumulating backward (module doc, 4); SOLFORGE_TRAIN_ACCUMULATE=0 leaves every backward to
+# the accumulating backward (module doc, 5); SOLFORGE_TRAIN_ACCUMULATE=0 leaves every backward to
 # the regular one
 ACCUMULATE = os.environ.get("SOLFORGE_TRAIN_ACCUMULATE", "1").lower() not in ("0", "false", "no", "off")
 # the share of a timed forward's span (events around it, idle gaps included) that the GPU sat idle
 # (span - its busy time behind a sleep, stepgraphs.cuda_busy) at or above which it is captured:
 # only the idle time is what a replay can take out, and a capture holds memory for good
 TRAIN_IDLE = 0.1
+# The first capture is then judged on whole steps (module doc, 2): the host's time from a call
+# to the next call of the graph, in steady state what a step takes whichever side bounds it.
+# Calls go in blocks of TRAIN_BLOCK replays, then TRAIN_BLOCK runs of the graph as it is, and so
+# on; the last call of each block is timed (the first ones start from the other kind's queue of
+# GPU work). After TRAIN_JUDGE_SAMPLES timed steps of each kind (or TRAIN_JUDGE_MIN of each, when
+# the fastest of one is under TRAIN_CLEAR of the other's), the capture is kept only if its fastest
+# step is under TRAIN_KEEP of the fastest step run as it is.
+TRAIN_BLOCK = 2
+TRAIN_JUDGE_SAMPLES = 3
+TRAIN_JUDGE_MIN = 2
+TRAIN_CLEAR = 0.5
+TRAIN_KEEP = 0.97
+# calls a judging may take (calls that do not follow the blocks, such as a second forward before a
+# backward, do not count a step): past it, the capture is kept as the screen's reading says
+TRAIN_JUDGE_CALLS = 40
+_clock = time.perf_counter  # the host's clock for whole steps (the CPU tests put in their own)
 # captures of the accumulating backward a graph gets, in all, before .grad tensors that keep moving
 # (a new .grad each step) are left to the regular backward
 MAX_ACCUMULATING = 4
@@ -326,6 +354,14 @@ class TrainGraph:
         self.gpu_s: float | None = None
         self.busy_s: float | None = None
         self._span: tuple[float, float] | None = None  # the last span call's (host s, span s)
+        # judging the first capture on whole steps (module doc, 2): the calls since the capture
+        # call, the timed steps of each kind, and the last call's start (perf_counter) and whether
+        # its step is timed: "replay", "run" or None
+        self._judge_calls: int | None = None
+        self._steps: dict[str, list[float]] = {"replay": [], "run": []}
+        # (start, the kind timed or None, [a backward reached its outputs], the call before's had)
+        self._last_start: tuple[float, str | None, list[bool], bool] | None = None
+        self.judged: tuple[float, float] | None = None  # the fastest step replayed and run, once judged
         self.declined: str | None = None
         self._cap: TrainCapture | None = None
         self._key: tuple[Any, ...] | None = None
@@ -353,6 +389,8 @@ class TrainGraph:
         self.calls += 1
         if self.declined is not None:
             return self.gm(*args)
+        now = _clock()
+        after_backward = self._step_ended(now)
         key = (*key, *(isinstance(x, torch.Tensor) and x.requires_grad for x in args))
         if self.launch_bound is None:
             if self.calls == 1:  # compilation and first launches: not a measure of anything
@@ -362,16 +400,27 @@ class TrainGraph:
             return self._judged(args)
         if self._pending_backward():
             self.eager_while_pending += 1
-            return self.gm(*args)
+            out = self.gm(*args)
+            return out if self._judge_calls is None else self._mark(now, None, out, after_backward)
         if self._cap is not None and key == self._key:
-            self._accumulate_from_now(args)
-            return self._replay(args)
+            if self._judge_calls is not None:
+                kind = self._judging_kind()
+                if kind is None:
+                    return self.gm(*args)  # the capture was dropped
+                timed = self._judge_calls is not None and self._judge_calls % TRAIN_BLOCK == 0
+                out = self.gm(*args) if kind == "run" else self._replay_accumulating(args)
+                return self._mark(now, kind if timed else None, out, after_backward)
+            return self._replay_accumulating(args)
         if key != self._last_key and self._served < 2:
             self._last_key = key
             return self.gm(*args)
         self._last_key = key
         try:
+            first = self.captures == 0
             self._record(args, key, inplace, written)
+            if first:
+                self._judge_calls = 0
+                self._last_start = None
         except TrainCaptureRefused as e:
             self.declined = str(e)
             return self.gm(*args)
@@ -404,6 +453,64 @@ class TrainGraph:
             self.launch_bound = False
             self.declined = f"training calls not launch-bound: {self._timed_text()}"
         return out
+
+    def _replay_accumulating(self, args: Sequence[Any]) -> Any:
+        self._accumulate_from_now(args)
+        return self._replay(args)
+
+    def _mark(self, now: float, kind: str | None, out: Any, after_backward: bool) -> Any:
+        """A call while the capture is judged, started at `now` (`after_backward`: once a backward
+        reached the call before's outputs): a hook on its first output that requires grad says
+        when a backward reaches it. With `kind`, its time to the next call is a step of that kind
+        if it is a whole step: a backward reached the outputs of the call before it and of it
+        before the next call (not so with micro-batches: forwards summed into one backward)."""
+        seen = [False]
+        first = next((o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad), None)
+        if first is not None:
+            def reached(g: torch.Tensor) -> None:
+                seen[0] = True
+
+            first.register_hook(reached)
+        self._last_start = (now, kind, seen, after_backward)
+        return out
+
+    def _step_ended(self, now: float) -> bool:
+        """At a call's start: the call before's step ends now; if it was a timed, whole step, its
+        time goes to its kind. Whether a backward reached the call before's outputs (False where
+        that is not known: outside a judgement)."""
+        if self._last_start is None:
+            return False
+        start, kind, seen, after_backward = self._last_start
+        self._last_start = None
+        if kind is not None and seen[0] and after_backward:
+            self._steps[kind].append(now - start)
+        return seen[0]
+
+    def _judging_kind(self) -> str | None:
+        """While the first capture is judged (module doc, 2): whether this call replays or runs the
+        graph as it is, after the judgement the steps so far allow: None once the capture was
+        dropped."""
+        assert self._judge_calls is not None
+        replays, runs = self._steps["replay"], self._steps["run"]
+        n = min(len(replays), len(runs))
+        clear = n >= TRAIN_JUDGE_MIN and (min(replays) < TRAIN_CLEAR * min(runs)
+                                          or min(runs) < TRAIN_CLEAR * min(replays))
+        if n >= TRAIN_JUDGE_SAMPLES or clear or self._judge_calls >= TRAIN_JUDGE_CALLS:
+            self._judge_calls = None
+            if n == 0:
+                return "replay"  # no whole steps to judge on: the screen's reading stands
+            self.judged = (min(replays), min(runs))
+            if self.judged[0] >= TRAIN_KEEP * self.judged[1]:
+                self.declined = f"a replay saves too little of a step: {self._judged_text()}"
+                self.release()
+                return None
+            return "replay"
+        self._judge_calls += 1
+        return "replay" if (self._judge_calls - 1) // TRAIN_BLOCK % 2 == 0 else "run"
+
+    def _judged_text(self) -> str:
+        assert self.judged is not None
+        return f"a step took {self.judged[0] * 1e3:.2f} ms replayed against {self.judged[1] * 1e3:.2f} ms run as it is"
 
     def _timed_text(self) -> str:
         assert self.host_s is not None and self.gpu_s is not None and self.busy_s is not None
@@ -535,9 +642,11 @@ class TrainGraph:
 
     @property
     def settled(self) -> bool:
-        """Whether its calls now run the way later ones will: declined, or replayed often enough
-        that the accumulating backward (module doc, 4) was captured or not."""
-        return self.declined is not None or self.calls == 0 or self.replays >= 3
+        """Whether its calls now run the way later ones will: declined, or its capture judged
+        (module doc, 2) and replayed often enough that the accumulating backward (5) was captured
+        or not."""
+        return self.declined is not None or self.calls == 0 or (
+            self.captures > 0 and self._judge_calls is None and self.replays >= 3)
 
     def release(self) -> None:
         self._cap, self._key, self._copied, self._outs, self._acc = None, None, [], [], None
@@ -545,7 +654,8 @@ class TrainGraph:
     def summary(self) -> str:
         if self.declined is not None:
             return f"training calls not replayed: {self.declined}"
-        timed = "" if self.busy_s is None else f" ({self._timed_text()})"
+        timed = "" if self.busy_s is None else f" ({self._timed_text()}"
+        timed += "" if not timed else f"; {self._judged_text()})" if self.judged is not None else ")"
         if self.captures:
             return (f"training: replayed {self.replays} forward(s) and {self.backward_replays} backward(s) "
                     f"from {self.captures} capture(s){timed}"

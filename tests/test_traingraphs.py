@@ -109,6 +109,14 @@ def busy(*readings: float) -> Any:
     return cost
 
 
+@pytest.fixture(autouse=True)
+def _no_judgement(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first capture is kept without judging it on whole steps (traingraphs' module doc, 2),
+    so that the tests' counts of replays do not depend on the machine's clock; the tests of the
+    judgement put it back."""
+    monkeypatch.setattr(traingraphs, "TRAIN_JUDGE_CALLS", 0)
+
+
 def _wrapped(gm: torch.fx.GraphModule, measure: Any = launch_bound, cost: Any = None) -> StepGraph:
     return StepGraph(gm, capture_train=fake_capture_train, measure=measure, needs_cuda=False, auto=True,
                      cost=cost)
@@ -372,6 +380,97 @@ def test_new_parameter_addresses_are_captured_again() -> None:
     assert t is not None and t.captures == 2, t.summary()
 
 
+def _clocked_steps(monkeypatch: pytest.MonkeyPatch, step: StepGraph, params: list[torch.nn.Parameter],
+                   steps: int, replay_s: float, run_s: float, *, zero: bool = True,
+                   forwards: int = 1) -> list[str]:
+    """`steps` SGD steps through `step` and through its graph, on a stand-in host clock that
+    advances by `replay_s` over a step whose forward replayed and by `run_s` over one run as it
+    is; every loss and gradient is checked against the graph's. `forwards` calls are summed into
+    each backward (micro-batches) from the fifth step on (after the capture: the stand-in capture
+    puts every input back, which a forward still to be backpropagated cannot take). What each step
+    did, in order."""
+    judge_calls = 40 if forwards == 1 else 8
+    monkeypatch.setattr(traingraphs, "TRAIN_JUDGE_CALLS", judge_calls)
+    now = [0.0]
+    monkeypatch.setattr(traingraphs, "_clock", lambda: now[0])
+    gm = step.gm
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    count, ref_count = torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long)
+    kinds = []
+    for i in range(steps):
+        before = 0 if step.training is None else step.training.replays
+        n = forwards if i >= 4 else 1
+        loss = sum(_loss(step(_x(i + k), *params, count)) for k in range(n))
+        ref_loss = sum(_loss(gm(_x(i + k), *ref, ref_count)) for k in range(n))
+        loss.backward()
+        ref_loss.backward()
+        assert torch.equal(loss, ref_loss), i
+        for p, r in zip(params, ref, strict=True):
+            torch.testing.assert_close(p.grad, r.grad, rtol=1e-6, atol=1e-6, msg=f"step {i}")
+        replayed = step.training is not None and step.training.replays > before
+        kinds.append("R" if replayed else "P")
+        now[0] += replay_s if replayed else run_s
+        with torch.no_grad():
+            for group in (params, ref):
+                for p in group:
+                    p -= 0.01 * p.grad  # type: ignore[operator]
+                    if zero:
+                        p.grad = None
+    return kinds
+
+
+@pytest.mark.parametrize("zero", [True, False], ids=["grad-set-to-none", "grad-accumulated"])
+def test_a_capture_whose_steps_are_no_faster_is_dropped(monkeypatch: pytest.MonkeyPatch, zero: bool) -> None:
+    """Qwen3-4B's case (session 22): the forward passed the screen, but a replayed step takes about
+    what a step run as it is does. Blocks of two replays and two runs alternate, the second of each
+    timed; after three of each the capture goes, and every call after runs the graph as it is."""
+    step = _wrapped(_graph())
+    kinds = _clocked_steps(monkeypatch, step, _params(), 20, 0.190, 0.191, zero=zero)
+    t = step.training
+    assert t is not None
+    # plain, span, busy, captured and replayed; then RR PP RR PP RR PP, judged at the next call
+    assert "".join(kinds) == "PPPR" + "RRPPRRPPRRPP" + "P" * 4, kinds
+    assert t.judged == pytest.approx((0.190, 0.191))
+    assert t.declined == ("a replay saves too little of a step: a step took 190.00 ms replayed against "
+                          "191.00 ms run as it is"), t.summary()
+    assert t._cap is None and t.settled
+    assert "training calls not replayed: a replay saves too little" in step.summary()
+
+
+@pytest.mark.parametrize("zero", [True, False], ids=["grad-set-to-none", "grad-accumulated"])
+def test_a_capture_whose_steps_are_faster_is_kept(monkeypatch: pytest.MonkeyPatch, zero: bool) -> None:
+    """GPT-2 medium's case (session 16: 64.28 ms a step run as it is, 8.48 replayed): after two
+    timed steps of each kind one is under half the other, and the capture stays."""
+    step = _wrapped(_graph())
+    kinds = _clocked_steps(monkeypatch, step, _params(), 16, 0.0085, 0.0643, zero=zero)
+    t = step.training
+    assert t is not None and t.declined is None, t.summary()
+    assert "".join(kinds) == "PPPR" + "RRPPRRPP" + "R" * 4, kinds
+    assert t.judged == pytest.approx((0.0085, 0.0643)) and t.settled
+    assert "a step took 8.50 ms replayed against 64.30 ms run as it is" in t.summary()
+    if not zero:  # the accumulating backward was captured and used between the runs
+        assert t.accumulated > 0, t.summary()
+
+
+def test_a_capture_not_yet_judged_is_not_settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    step = _wrapped(_graph())
+    _clocked_steps(monkeypatch, step, _params(), 8, 0.0085, 0.0643)
+    t = step.training
+    assert t is not None and t.captures == 1 and t.replays >= 3 and t.judged is None
+    assert not t.settled and not step.settled
+
+
+def test_micro_batches_give_no_whole_steps_and_the_capture_stays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two forwards summed into each backward: a call's time to the next is no step (no backward
+    reached its outputs in between), so no step is timed, and after TRAIN_JUDGE_CALLS judged calls
+    the capture stays as the screen found it."""
+    step = _wrapped(_graph())
+    _clocked_steps(monkeypatch, step, _params(), 20, 0.190, 0.191, forwards=2)
+    t = step.training
+    assert t is not None and t.declined is None and t.judged is None and t.captures == 1, t.summary()
+    assert t._steps == {"replay": [], "run": []} and t.settled
+
+
 def _mlp(depth: int = 16) -> torch.nn.Module:
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
@@ -453,6 +552,32 @@ def test_an_optimized_small_models_training_steps_replay_on_the_gpu(zero: bool) 
     for i, (a, b) in enumerate(zip(got, exp, strict=True)):
         for j, (ga, gb) in enumerate(zip(a, b, strict=True)):
             torch.testing.assert_close(ga, gb, rtol=1e-4, atol=1e-6, msg=f"step {i} grad {j}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_launch_bound_steps_capture_is_judged_on_whole_steps_and_kept_on_the_gpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real judgement (traingraphs' module doc, 2) on the host's clock: a step of many tiny
+    kernels replays much faster than it runs, so the capture is kept; losses and gradients are
+    those of the model with the replays off, through the runs and replays that alternate."""
+    from solforge.integrate import integrate
+
+    monkeypatch.setattr(traingraphs, "TRAIN_JUDGE_CALLS", 40)
+    model, ref_model = _mlp().cuda(), _mlp().cuda()
+    opt, stats = integrate(model, {})
+    ref, _ = integrate(ref_model, {}, cuda_graphs=False)
+    for m, f in ((model, opt), (ref_model, ref)):
+        sgd = torch.optim.SGD(m.parameters(), lr=0.01)
+        for i in range(24):
+            f(torch.full((8, 64), 0.01 * (i + 1), device="cuda")).square().mean().backward()
+            sgd.step()
+            sgd.zero_grad(set_to_none=True)
+    (step,) = stats.step_graphs
+    t = step.training
+    assert t is not None and t.declined is None and t.judged is not None, step.summary()
+    assert t.judged[0] < traingraphs.TRAIN_CLEAR * t.judged[1], step.summary()
+    for p, r in zip(model.parameters(), ref_model.parameters(), strict=True):
+        torch.testing.assert_close(p, r, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
