@@ -26,6 +26,8 @@ no linears.py), "solforge-nograd-in-place" (SOLFORGE_GRAD_IN_PLACE=0: linears.py
 embeddings.py's ops, but every weight gradient handed back to autograd's AccumulateGrad) and "solforge-noembedding"
 (SOLFORGE_EMBEDDING=0: no embeddings.py). "solforge-profile" runs optimize's
 profile stage even when the kernel database knows every kernel (as a first run does).
+"solforge-judged" lets every training forward past traingraphs.py's screen (TRAIN_IDLE -inf), so
+that its judgement on whole steps alone decides whether the step replays from CUDA graphs.
 
 Writes one JSON file with device, versions, date, command and every number.
 """
@@ -369,7 +371,11 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
                            "weights": weights or "seeded random", "ids": ids_path or "random"}
     t0 = time.time()
     if variant.startswith("solforge"):
+        from solforge import traingraphs
         from solforge.api import optimize
+
+        if variant == "solforge-judged":  # past the screen: the judgement on whole steps decides
+            traingraphs.TRAIN_IDLE = float("-inf")
 
         with torch.no_grad() if mode == "fwd" else torch.enable_grad():
             f, rep = optimize(body, (ids,), budget=budget, is_language_model=False,
