@@ -28,8 +28,11 @@ calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off
    each block is timed from its start to the next call's (the host's clock: in a loop, what a
    step takes whichever side bounds it; only a call whose outputs a backward reached in between
    counts). The capture is kept only if its fastest step is under TRAIN_KEEP of the fastest step
-   run as it is; otherwise it is dropped with its memory, and the graph runs as it is from then
-   on. While judged, a run and the capture's pool are both in memory. (Until session 23 the
+   run as it is; otherwise it is dropped, and the graph runs as it is from then
+   on. While judged, a run and the capture's pool are both in memory: a capture is judged only
+   where the device has TRAIN_JUDGE_ROOM times its pool's size free, and kept unjudged (as the
+   screen found it) where not. A dropped capture's pool stays reserved by torch's caching
+   allocator until torch.cuda.empty_cache() or an allocation that needs it. (Until session 23 the
    host's enqueue time was compared with the span, and the capture kept without a judgement: a
    GPU-bound forward of more launches than the launch queue holds makes the host wait for the
    GPU, so Qwen3-4B's host time read 0.94 of its span and it was captured.) A capture holds its
@@ -106,6 +109,24 @@ TRAIN_KEEP = 0.97
 # backward, do not count a step): past it, the capture is kept as the screen's reading says
 TRAIN_JUDGE_CALLS = 40
 _clock = time.perf_counter  # the host's clock for whole steps (the CPU tests put in their own)
+# a judged run of the graph as it is needs its activations beside the capture's pool, which holds
+# the same: judged only where the device has this many times the pool's size free, else the
+# capture is kept as the screen found it (a run that does not fit would end the caller's training)
+TRAIN_JUDGE_ROOM = 1.25
+
+
+def _allocated(device: torch.device | None) -> int:
+    """Bytes allocated on `device` by torch (0 off CUDA)."""
+    return torch.cuda.memory_allocated(device) if device is not None and device.type == "cuda" else 0
+
+
+def _free(device: torch.device | None) -> int | None:
+    """Bytes a new allocation on `device` can get: free on the device plus what torch's caching
+    allocator holds unused; None off CUDA."""
+    if device is None or device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 # captures of the accumulating backward a graph gets, in all, before .grad tensors that keep moving
 # (a new .grad each step) are left to the regular backward
 MAX_ACCUMULATING = 4
@@ -362,6 +383,8 @@ class TrainGraph:
         # (start, the kind timed or None, [a backward reached its outputs], the call before's had)
         self._last_start: tuple[float, str | None, list[bool], bool] | None = None
         self.judged: tuple[float, float] | None = None  # the fastest step replayed and run, once judged
+        self.unjudged: str | None = None  # why the first capture was not judged (too little memory)
+        self.pool_bytes = 0  # what the last capture added to the memory allocated (its pool)
         self.declined: str | None = None
         self._cap: TrainCapture | None = None
         self._key: tuple[Any, ...] | None = None
@@ -419,8 +442,13 @@ class TrainGraph:
             first = self.captures == 0
             self._record(args, key, inplace, written)
             if first:
-                self._judge_calls = 0
                 self._last_start = None
+                free = _free(self._device)
+                if free is not None and free < TRAIN_JUDGE_ROOM * self.pool_bytes:
+                    self.unjudged = (f"{free / 2**30:.1f} GiB free for a run beside the capture's "
+                                     f"{self.pool_bytes / 2**30:.1f} GiB")
+                else:
+                    self._judge_calls = 0
         except TrainCaptureRefused as e:
             self.declined = str(e)
             return self.gm(*args)
@@ -586,7 +614,10 @@ class TrainGraph:
                 # caller's last loss holds it), bound to the stream of that step, and a backward
                 # captured through it waits on that stream, which ends the capture
                 static[i] = args[i].detach().requires_grad_(True)
+        device = next((x.device for x in args if isinstance(x, torch.Tensor) and x.is_cuda), None)
+        before = _allocated(device)
         cap = self._capture(self.gm, static, needs, [i for i in written if isinstance(args[i], torch.Tensor)])
+        self.pool_bytes = max(0, _allocated(device) - before)  # the tensors the capture left in its pool
         leaves, spec = pytree.tree_flatten(cap.outputs)
         storages = {x.untyped_storage().data_ptr(): i for i, x in enumerate(static) if isinstance(x, torch.Tensor)}
         outs: list[tuple[str, Any]] = []
@@ -608,7 +639,7 @@ class TrainGraph:
             raise TrainCaptureRefused("the captured outputs and their gradient buffers do not match")
         differentiable = list(cap.differentiable)
         self._cap, self._key, self._copied, self._needs = cap, key, copied, needs
-        self._device = next((x.device for x in args if isinstance(x, torch.Tensor) and x.is_cuda), None)
+        self._device = device
         self._outs, self._out_spec, self._differentiable = outs, spec, differentiable
         self.captures += 1
         self._served = 0
@@ -655,7 +686,8 @@ class TrainGraph:
         if self.declined is not None:
             return f"training calls not replayed: {self.declined}"
         timed = "" if self.busy_s is None else f" ({self._timed_text()}"
-        timed += "" if not timed else f"; {self._judged_text()})" if self.judged is not None else ")"
+        timed += "" if not timed else f"; {self._judged_text()})" if self.judged is not None else (
+            f"; not judged: {self.unjudged})" if self.unjudged is not None else ")")
         if self.captures:
             return (f"training: replayed {self.replays} forward(s) and {self.backward_replays} backward(s) "
                     f"from {self.captures} capture(s){timed}"

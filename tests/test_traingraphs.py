@@ -460,6 +460,22 @@ def test_a_capture_not_yet_judged_is_not_settled(monkeypatch: pytest.MonkeyPatch
     assert not t.settled and not step.settled
 
 
+def test_a_capture_is_not_judged_without_room_for_a_run_beside_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A judged run needs its activations beside the capture's pool: where the device has less
+    than TRAIN_JUDGE_ROOM times the pool free, the capture is kept as the screen found it, and the
+    summary says why it was not judged."""
+    allocated = iter([0, 1000 * 2**20])  # before and after the capture: a 1000 MiB pool
+    monkeypatch.setattr(traingraphs, "_allocated", lambda device: next(allocated))
+    monkeypatch.setattr(traingraphs, "_free", lambda device: 1200 * 2**20)  # under 1.25 x 1000 MiB
+    step = _wrapped(_graph())
+    kinds = _clocked_steps(monkeypatch, step, _params(), 10, 0.190, 0.191)
+    t = step.training
+    assert t is not None and t.declined is None and t.judged is None and t.settled, t.summary()
+    assert "".join(kinds) == "PPP" + "R" * 7, kinds
+    assert t.pool_bytes == 1000 * 2**20
+    assert "not judged: 1.2 GiB free for a run beside the capture's 1.0 GiB" in t.summary()
+
+
 def test_micro_batches_give_no_whole_steps_and_the_capture_stays(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two forwards summed into each backward: a call's time to the next is no step (no backward
     reached its outputs in between), so no step is timed, and after TRAIN_JUDGE_CALLS judged calls
