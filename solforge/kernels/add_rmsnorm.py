@@ -26,6 +26,7 @@ from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import Config, _load_weight, _st, _tile_load, _tile_store
 from solforge.kernels.rmsnorm_bwd import rmsnorm_bwd_call, workload_from
+from solforge.kernels.torch_order import torch_sum_width
 from solforge.numerics import Tolerance, input_generator
 from solforge.records import Workload
 
@@ -57,7 +58,7 @@ def _tile_put(v, vt, ptr, row0, n_rows, H, stride, ROWS: tl.constexpr, BLOCK_H: 
 def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, s_ptr, y_ptr, n_rows, H, stride_x, stride_r, stride_s, stride_y,
                         eps, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
                         EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr,
-                        EVICT: tl.constexpr, INTERP: tl.constexpr):
+                        EVICT: tl.constexpr, INTERP: tl.constexpr, W: tl.constexpr = 0, K: tl.constexpr = 0):
     row0 = tl.program_id(0) * ROWS
     x, xt = _tile_load(x_ptr, row0, n_rows, H, stride_x, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
     r, rt = _tile_load(r_ptr, row0, n_rows, H, stride_r, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
@@ -74,7 +75,7 @@ def _add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, s_ptr, y_ptr, n_rows, H, stride_x, 
     _tile_put(s, st, s_ptr, row0, n_rows, H, stride_s, ROWS, BLOCK_H, BLOCK_T, EVEN_H)
     w, wt = _load_weight(w_ptr, H, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT)
     _tile_store(s, st, w, wt, y_ptr, row0, n_rows, H, stride_y, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H,
-                HAS_WEIGHT, ROUND)
+                HAS_WEIGHT, ROUND, x_ptr, r_ptr, stride_x, stride_r, W, K, True)
 
 
 def _rows_view(t: torch.Tensor, H: int) -> torch.Tensor:
@@ -131,7 +132,9 @@ def _launch_plan(n_rows: int, H: int, dtype: torch.dtype, wdtype: torch.dtype | 
     c = config or heuristic(wl)
     if not is_valid(c, wl):
         raise ValueError(f"solforge add_rmsnorm: config {c.encode()} is not valid for {wl.key}")
+    width = torch_sum_width(n_rows, H)  # the statistic in torch's order (kernels/torch_order.py)
     return triton.cdiv(n_rows, c.rows), Meta(
+        W=width, K=triton.cdiv(H, 4 * width) if width else 0,
         ROWS=c.rows, BLOCK_H=c.block_h, BLOCK_T=c.block_t, EVEN_H=H == c.block_h + c.block_t,
         HAS_WEIGHT=wdtype is not None, ROUND=rbw, EVICT="evict_first" if c.evict else "", INTERP=_rms._INTERPRETED,
         num_warps=c.num_warps)

@@ -36,6 +36,7 @@ from solforge.kernels.launch import bind as _bind
 from solforge.kernels.launch import empty_strided as _empty_strided
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rounding import as_stored, mean_factor
+from solforge.kernels.torch_order import row_sumsq, torch_sum_width
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 from solforge.shapes import hint
@@ -124,17 +125,24 @@ def _tile_load(x_ptr, row0, n_rows, H, stride_x, ROWS: tl.constexpr, BLOCK_H: tl
 @triton.jit
 def _tile_store(x, xt, w, wt, y_ptr, row0, n_rows, H, stride_y, eps, ROWS: tl.constexpr,
                 BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr,
-                HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr):
-    """Normalize a tile from `_tile_load` in fp32 and store it in y's dtype."""
+                HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, x_ptr, r_ptr, stride_x, stride_r,
+                W: tl.constexpr, K: tl.constexpr, ADD: tl.constexpr):
+    """Normalize a tile from `_tile_load` in fp32 and store it in y's dtype. With W > 0 the sum of
+    squares is taken in torch's order (kernels/torch_order.py), from the rows at x_ptr (with ADD:
+    of x + r rounded to the tile's dtype, add_rmsnorm's sum), else with tl.sum over the tile."""
     rows = row0 + tl.arange(0, ROWS)
     m = (rows < n_rows)[:, None]
     ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_y
     cols = tl.arange(0, BLOCK_H)[None, :]
     xf = x.to(tl.float32)
-    ss = tl.sum(xf * xf, axis=1)
     if BLOCK_T > 0:
         xtf = xt.to(tl.float32)
-        ss += tl.sum(xtf * xtf, axis=1)
+    if W > 0:
+        ss = row_sumsq(x_ptr, r_ptr, row0, n_rows, H, stride_x, stride_r, ROWS, W, K, ADD, x.dtype)
+    else:
+        ss = tl.sum(xf * xf, axis=1)
+        if BLOCK_T > 0:
+            ss += tl.sum(xtf * xtf, axis=1)
     rstd = tl.rsqrt(ss * mean_factor(H) + eps)[:, None]
     y = xf * rstd
     if ROUND:  # Hugging Face rounds to the input dtype before the weight multiply
@@ -156,20 +164,21 @@ def _tile_store(x, xt, w, wt, y_ptr, row0, n_rows, H, stride_y, eps, ROWS: tl.co
 def _rmsnorm_tile_kernel(x_ptr, w_ptr, y_ptr, n_rows, H, stride_x, stride_y, eps,
                          ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
                          EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr,
-                         EVICT: tl.constexpr):
+                         EVICT: tl.constexpr, W: tl.constexpr = 0, K: tl.constexpr = 0):
     """Variants `row` (ROWS == 1) and `rows`: one tile per program."""
     row0 = tl.program_id(0) * ROWS
     # x first: its HBM latency is the long pole; the weight (L2-resident) arrives meanwhile.
     x, xt = _tile_load(x_ptr, row0, n_rows, H, stride_x, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
     w, wt = _load_weight(w_ptr, H, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT)
     _tile_store(x, xt, w, wt, y_ptr, row0, n_rows, H, stride_y, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H,
-                HAS_WEIGHT, ROUND)
+                HAS_WEIGHT, ROUND, x_ptr, x_ptr, stride_x, stride_x, W, K, False)
 
 
 @triton.jit
 def _persist_step(x, xt, w, wt, i, pid, n_progs, x_ptr, y_ptr, n_rows, H, stride_x, stride_y, eps,
                   ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr,
-                  HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr):
+                  HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr,
+                  W: tl.constexpr, K: tl.constexpr):
     """Tile i of this program. STAGES == 2: (x, xt) holds this tile, already loaded; the next
     tile's load is issued before this one's reduction, so a program keeps two tiles in flight."""
     row0 = (pid + i * n_progs) * ROWS
@@ -180,7 +189,7 @@ def _persist_step(x, xt, w, wt, i, pid, n_progs, x_ptr, y_ptr, n_rows, H, stride
     else:
         cur, cur_t = _tile_load(x_ptr, row0, n_rows, H, stride_x, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
     _tile_store(cur, cur_t, w, wt, y_ptr, row0, n_rows, H, stride_y, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H,
-                HAS_WEIGHT, ROUND)
+                HAS_WEIGHT, ROUND, x_ptr, x_ptr, stride_x, stride_x, W, K, False)
     return x, xt
 
 
@@ -188,7 +197,8 @@ def _persist_step(x, xt, w, wt, i, pid, n_progs, x_ptr, y_ptr, n_rows, H, stride
 def _rmsnorm_persistent_kernel(x_ptr, w_ptr, y_ptr, n_rows, H, stride_x, stride_y, eps, n_iter, n_progs,
                                ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
                                EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr,
-                               STAGES: tl.constexpr, EVICT: tl.constexpr, INTERP: tl.constexpr):
+                               STAGES: tl.constexpr, EVICT: tl.constexpr, INTERP: tl.constexpr,
+                               W: tl.constexpr = 0, K: tl.constexpr = 0):
     """Variant `persist`: a grid-stride loop over row tiles; the weight is loaded once per program.
 
     Every program runs the same trip count (cdiv(tiles, programs)); a tile past the end is all
@@ -207,13 +217,13 @@ def _rmsnorm_persistent_kernel(x_ptr, w_ptr, y_ptr, n_rows, H, stride_x, stride_
         while i < n_iter:
             x, xt = _persist_step(x, xt, w, wt, i, pid, n_progs, x_ptr, y_ptr, n_rows, H, stride_x,
                                   stride_y, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, ROUND, STAGES,
-                                  EVICT)
+                                  EVICT, W, K)
             i += 1
     else:
         for i in range(0, n_iter):
             x, xt = _persist_step(x, xt, w, wt, i, pid, n_progs, x_ptr, y_ptr, n_rows, H, stride_x,
                                   stride_y, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, ROUND, STAGES,
-                                  EVICT)
+                                  EVICT, W, K)
 
 
 @triton.jit
@@ -288,7 +298,9 @@ def _make_plan(n_rows: int, H: int, config: Config, device: torch.device, has_we
                               num_warps=c.num_warps)
     if c.variant == "loop":
         return _rmsnorm_loop_kernel, n_rows, (), Meta(kw, INTERP=_INTERPRETED)
-    kw.update(ROWS=c.rows, BLOCK_T=c.block_t, EVICT="evict_first" if c.evict else "")
+    w = torch_sum_width(n_rows, H)
+    kw.update(ROWS=c.rows, BLOCK_T=c.block_t, EVICT="evict_first" if c.evict else "", W=w,
+              K=triton.cdiv(H, 4 * w) if w else 0)
     n_tiles = triton.cdiv(n_rows, c.rows)
     if c.variant == "persist":
         grid = min(n_tiles, sm_count(device) * c.progs)

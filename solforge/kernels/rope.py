@@ -43,7 +43,8 @@ from solforge.kernels import config_text, direct
 from solforge.kernels.interp import INTERPRETED, cast_rne
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
-from solforge.kernels.rounding import as_stored
+from solforge.kernels.rounding import as_stored, mean_factor
+from solforge.kernels.torch_order import head_sumsq_128
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 from solforge.shapes import hint
@@ -154,8 +155,13 @@ def _dmask(d, D2: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _rstd(x1, x2, eps, D2: tl.constexpr):
-    ss = tl.sum(x1 * x1, axis=2) + tl.sum(x2 * x2, axis=2)
-    return tl.rsqrt(ss / (2 * D2) + eps)[:, :, None]
+    """The q/k norm's rstd. A head of 128 (Qwen3's) sums its squares in torch's order
+    (kernels/torch_order.py), as eager's `pow(2).mean(-1)` does: bit for bit its statistic."""
+    if D2 == 64:
+        ss = head_sumsq_128(x1, x2)
+    else:
+        ss = tl.sum(x1 * x1, axis=2) + tl.sum(x2 * x2, axis=2)
+    return tl.rsqrt(ss * mean_factor(2 * D2) + eps)[:, :, None]
 
 
 @triton.jit
