@@ -35,8 +35,8 @@ from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import bind as _bind
 from solforge.kernels.launch import empty_strided as _empty_strided
 from solforge.kernels.launch import launch as _launch
-from solforge.kernels.rounding import as_stored, mean_factor
-from solforge.kernels.torch_order import row_sumsq, torch_sum_width
+from solforge.kernels.rounding import as_stored
+from solforge.kernels.torch_order import row_sumsq, rstd_of, torch_sum_width
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 from solforge.shapes import hint
@@ -143,7 +143,7 @@ def _tile_store(x, xt, w, wt, y_ptr, row0, n_rows, H, stride_y, eps, ROWS: tl.co
         ss = tl.sum(xf * xf, axis=1)
         if BLOCK_T > 0:
             ss += tl.sum(xtf * xtf, axis=1)
-    rstd = tl.rsqrt(ss * mean_factor(H) + eps)[:, None]
+    rstd = rstd_of(ss, H, eps)[:, None]
     y = xf * rstd
     if ROUND:  # Hugging Face rounds to the input dtype before the weight multiply
         y = as_stored(y, x.dtype)
@@ -261,7 +261,7 @@ def _rmsnorm_loop_kernel(x_ptr, w_ptr, y_ptr, n_rows, H, stride_x, stride_y, eps
         while off < H:
             acc += _sq_chunk(x_row, off, H, BLOCK_H, EVEN_H)
             off += BLOCK_H
-        rstd = tl.rsqrt(tl.sum(acc, axis=0) * mean_factor(H) + eps)
+        rstd = rstd_of(tl.sum(acc, axis=0), H, eps)
         off = 0
         while off < H:
             _norm_chunk(x_row, w_ptr, y_row, off, H, rstd, BLOCK_H, EVEN_H, HAS_WEIGHT, ROUND)
@@ -269,7 +269,7 @@ def _rmsnorm_loop_kernel(x_ptr, w_ptr, y_ptr, n_rows, H, stride_x, stride_y, eps
     else:
         for off in tl.range(0, H, BLOCK_H):
             acc += _sq_chunk(x_row, off, H, BLOCK_H, EVEN_H)
-        rstd = tl.rsqrt(tl.sum(acc, axis=0) * mean_factor(H) + eps)
+        rstd = rstd_of(tl.sum(acc, axis=0), H, eps)
         for off in tl.range(0, H, BLOCK_H):
             _norm_chunk(x_row, w_ptr, y_row, off, H, rstd, BLOCK_H, EVEN_H, HAS_WEIGHT, ROUND)
 

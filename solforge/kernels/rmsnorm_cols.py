@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solforge.kernels.rounding import mean_factor
+from solforge.kernels.torch_order import rstd_of
 
 
 def cols_inner(x: torch.Tensor) -> int:
@@ -68,7 +68,7 @@ def _rmsnorm_cols_kernel(x_ptr, w_ptr, y_ptr, H, inner, n_blocks, eps, ROWS: tl.
     base = o * H * inner
     if not LOOP:
         xf, offs, m, h = _tile(x_ptr, base, 0, i, inner, H, BLOCK_H, "")
-        rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) * mean_factor(H) + eps)[None, :]
+        rstd = rstd_of(tl.sum(xf * xf, axis=0), H, eps)[None, :]
         _normalize(xf, rstd, w_ptr, h, H, x_ptr, y_ptr, offs, m, HAS_WEIGHT, ROUND)
     else:
         acc = tl.zeros([ROWS], dtype=tl.float32)
@@ -78,7 +78,7 @@ def _rmsnorm_cols_kernel(x_ptr, w_ptr, y_ptr, H, inner, n_blocks, eps, ROWS: tl.
                 xf, offs, m, h = _tile(x_ptr, base, h0, i, inner, H, BLOCK_H, "evict_last")
                 acc += tl.sum(xf * xf, axis=0)
                 h0 += BLOCK_H
-            rstd = tl.rsqrt(acc * mean_factor(H) + eps)[None, :]
+            rstd = rstd_of(acc, H, eps)[None, :]
             h0 = 0
             while h0 < H:
                 xf, offs, m, h = _tile(x_ptr, base, h0, i, inner, H, BLOCK_H, "evict_first")
@@ -88,7 +88,7 @@ def _rmsnorm_cols_kernel(x_ptr, w_ptr, y_ptr, H, inner, n_blocks, eps, ROWS: tl.
             for h0 in tl.range(0, H, BLOCK_H):
                 xf, offs, m, h = _tile(x_ptr, base, h0, i, inner, H, BLOCK_H, "evict_last")
                 acc += tl.sum(xf * xf, axis=0)
-            rstd = tl.rsqrt(acc * mean_factor(H) + eps)[None, :]
+            rstd = rstd_of(acc, H, eps)[None, :]
             for h0 in tl.range(0, H, BLOCK_H):
                 xf, offs, m, h = _tile(x_ptr, base, h0, i, inner, H, BLOCK_H, "evict_first")
                 _normalize(xf, rstd, w_ptr, h, H, x_ptr, y_ptr, offs, m, HAS_WEIGHT, ROUND)

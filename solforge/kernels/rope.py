@@ -43,8 +43,8 @@ from solforge.kernels import config_text, direct
 from solforge.kernels.interp import INTERPRETED, cast_rne
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
-from solforge.kernels.rounding import as_stored, mean_factor
-from solforge.kernels.torch_order import head_sumsq_128
+from solforge.kernels.rounding import as_stored
+from solforge.kernels.torch_order import head_sumsq_128, rstd_of
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 from solforge.shapes import hint
@@ -161,7 +161,7 @@ def _rstd(x1, x2, eps, D2: tl.constexpr):
         ss = head_sumsq_128(x1, x2)
     else:
         ss = tl.sum(x1 * x1, axis=2) + tl.sum(x2 * x2, axis=2)
-    return tl.rsqrt(ss * mean_factor(2 * D2) + eps)[:, :, None]
+    return rstd_of(ss, 2 * D2, eps)[:, :, None]
 
 
 @triton.jit

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels.interp import INTERPRETED
-from solforge.kernels.rounding import as_stored
+from solforge.kernels.rounding import as_stored, mean_factor
 
 _ASM_OK = tl.constexpr(not INTERPRETED)
 
@@ -63,15 +63,30 @@ def torch_sum_width(rows: int, n: int) -> int:
 
 
 @triton.jit
-def square(v):
-    """fp32 v * v, rounded on its own: PTX's `mul.rn` is never contracted into a following add (an
-    fma would round once), as torch's pow kernel stores the square before the sum reads it. The
-    interpreter computes it in numpy, which contracts nothing."""
+def mul_rn(a, b):
+    """fp32 a * b, rounded on its own: PTX's `mul.rn` is never contracted into a following add
+    (an fma rounds once). torch stores each op's result: its square before the sum reads it, its
+    mean before `+ eps`. The interpreter computes it in numpy, which contracts nothing."""
     if _ASM_OK:
-        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $1;", "=f,f", [v], dtype=tl.float32,
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32,
                                          is_pure=True, pack=1)
     else:
-        return v * v
+        return a * b
+
+
+@triton.jit
+def square(v):
+    """fp32 v * v, rounded before anything adds it (`mul_rn`)."""
+    return mul_rn(v, v)
+
+
+@triton.jit
+def rstd_of(ss, n, eps):
+    """rsqrt(mean + eps) from a sum of squares over n, as eager computes it: the mean rounded
+    (torch's factor, then its own op), the add rounded, then rsqrt (tl.rsqrt matched torch.rsqrt
+    on an H100 for 2^20 values, session 23). Written `ss * factor + eps`, the compiler fuses an
+    fma: 21% of a 4096 x 2560 RMSNorm's rows then had another rstd than eager's."""
+    return tl.rsqrt(mul_rn(ss, mean_factor(n)) + eps)
 
 
 @triton.jit
