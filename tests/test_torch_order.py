@@ -143,3 +143,11 @@ def test_rope_q_k_norm_of_a_128_head_is_eagers_statistic() -> None:
     for out, x, w in zip(got, (q, k), (qw, kw), strict=True):
         want = _eager_norm(x, w, 1e-6, DEVICE == "cpu").transpose(1, 2)
         assert torch.equal(out, want)
+
+
+def test_the_switch_turns_the_order_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SOLFORGE_TORCH_ORDER=0 (read at import): no width, so the row kernels sum with tl.sum."""
+    from solforge.kernels import torch_order
+
+    monkeypatch.setattr(torch_order, "ENABLED", False)
+    assert torch_sum_width(4096, 2560) == 0

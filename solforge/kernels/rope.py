@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from solforge.kernels import config_text, direct
+from solforge.kernels import config_text, direct, torch_order
 from solforge.kernels.interp import INTERPRETED, cast_rne
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
@@ -153,11 +153,14 @@ def _dmask(d, D2: tl.constexpr, BLOCK: tl.constexpr):
     return m
 
 
+_TORCH_ORDER = tl.constexpr(torch_order.ENABLED)
+
+
 @triton.jit
 def _rstd(x1, x2, eps, D2: tl.constexpr):
     """The q/k norm's rstd. A head of 128 (Qwen3's) sums its squares in torch's order
     (kernels/torch_order.py), as eager's `pow(2).mean(-1)` does: bit for bit its statistic."""
-    if D2 == 64:
+    if D2 == 64 and _TORCH_ORDER:
         ss = head_sumsq_128(x1, x2)
     else:
         ss = tl.sum(x1 * x1, axis=2) + tl.sum(x2 * x2, axis=2)

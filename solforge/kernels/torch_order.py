@@ -29,6 +29,8 @@ not contracted into an fma), as torch's pow kernel stores it.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -39,6 +41,9 @@ from solforge.kernels.rounding import as_stored, mean_factor
 _ASM_OK = tl.constexpr(not INTERPRETED)
 
 _MAX_THREADS = 512  # ATen's reduce kernel's threads per block for fp32 (mnt_wrapper)
+# SOLFORGE_TORCH_ORDER=0: the row kernels sum with tl.sum over their tile instead (what they did
+# before session 23): a little faster, and off eager's bits by a rounding now and then
+ENABLED = os.environ.get("SOLFORGE_TORCH_ORDER", "1").lower() not in ("0", "false", "no", "off")
 
 
 def _last_pow2(n: int) -> int:
@@ -48,8 +53,8 @@ def _last_pow2(n: int) -> int:
 def torch_sum_width(rows: int, n: int) -> int:
     """The lanes W that share a row in ATen's reduce kernel for `rows` contiguous fp32 rows of `n`
     reduced over the last dim, in the case the kernels follow (module doc); 0 where they do not
-    (n % 4, n < 128, or a row split across warps)."""
-    if n % 4 or n < 128 or rows < 1:
+    (n % 4, n < 128, a row split across warps, or SOLFORGE_TORCH_ORDER=0)."""
+    if not ENABLED or n % 4 or n < 128 or rows < 1:
         return 0
     dim0 = n // 4
     d0 = _last_pow2(dim0) if dim0 < _MAX_THREADS else _MAX_THREADS
