@@ -14,7 +14,9 @@ N >= 128), one row per group of `width` lanes, no split across warps or blocks:
   ("up"); the header torch ships says which, and both are checked;
 - the sum times torch's factor, fl(outputs) / fl(numel).
 For each shape it reports the share of rows whose emulated mean equals torch's bit for bit, per
-warp order, and the block width torch's configuration gives. The lines of the installed
+warp order, and the block width torch's configuration gives. solforge/kernels/torch_order.py
+carries the same rule (torch_sum_width, sumsq_ref) for the kernels; this script stays as it ran in
+session 23. The lines of the installed
 Reduce.cuh that set the warp order are printed too.
 """
 
@@ -88,7 +90,7 @@ def probe(rows: int, n: int, seed: int) -> dict[str, Any]:
     for warp in ("down", "up"):
         mean = emulate(sq, width, warp) * factor.to("cuda")
         out[f"match_{warp}"] = round(float((mean.view(torch.int32) == ref.view(torch.int32)).float().mean()), 6)
-    # the order a plain sequential or pairwise sum would give, for scale
+    # torch's own sum then the factor: the same reduce kernel, so the same order as the mean's
     out["match_torch_sum_then_factor"] = round(float(((sq.sum(-1) * factor.to("cuda")).view(torch.int32)
                                                        == ref.view(torch.int32)).float().mean()), 6)
     return out

@@ -114,6 +114,18 @@ _clock = time.perf_counter  # the host's clock for whole steps (the CPU tests pu
 # capture is kept as the screen found it (a run that does not fit would end the caller's training)
 TRAIN_JUDGE_ROOM = 1.25
 
+# captures of the accumulating backward a graph gets, in all, before .grad tensors that keep moving
+# (a new .grad each step) are left to the regular backward
+MAX_ACCUMULATING = 4
+# the sleep ahead of a busy call: this many times its span call's host time, plus AHEAD_MIN_S
+# (stepgraphs.py uses the same for its judged calls)
+AHEAD_FACTOR = 1.5
+AHEAD_MIN_S = 50e-6
+# pairs of timed calls (span, then busy; the calls after the first) a graph gets to read
+# launch-bound before it is declined: one early reading can be off (a host-bound forward read
+# 0.85 of host time for its span on its first timing once, qwen3-tiny, session 18)
+TRAIN_TIMED = 2
+
 
 def _allocated(device: torch.device | None) -> int:
     """Bytes allocated on `device` by torch (0 off CUDA)."""
@@ -127,17 +139,6 @@ def _free(device: torch.device | None) -> int | None:
         return None
     free, _ = torch.cuda.mem_get_info(device)
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-# captures of the accumulating backward a graph gets, in all, before .grad tensors that keep moving
-# (a new .grad each step) are left to the regular backward
-MAX_ACCUMULATING = 4
-# the sleep ahead of a busy call: this many times its span call's host time, plus AHEAD_MIN_S
-# (stepgraphs.py uses the same for its judged calls)
-AHEAD_FACTOR = 1.5
-AHEAD_MIN_S = 50e-6
-# pairs of timed calls (span, then busy; the calls after the first) a graph gets to read
-# launch-bound before it is declined: one early reading can be off (a host-bound forward read
-# 0.85 of host time for its span on its first timing once, qwen3-tiny, session 18)
-TRAIN_TIMED = 2
 
 class TrainCaptureRefused(Exception):
     """A graph whose training calls cannot be replayed; the message says why."""
@@ -375,9 +376,8 @@ class TrainGraph:
         self.gpu_s: float | None = None
         self.busy_s: float | None = None
         self._span: tuple[float, float] | None = None  # the last span call's (host s, span s)
-        # judging the first capture on whole steps (module doc, 2): the calls since the capture
-        # call, the timed steps of each kind, and the last call's start (perf_counter) and whether
-        # its step is timed: "replay", "run" or None
+        # judging the first capture on whole steps (module doc, 2): the judged calls since the
+        # capture (None: not judging), the timed steps of each kind
         self._judge_calls: int | None = None
         self._steps: dict[str, list[float]] = {"replay": [], "run": []}
         # (start, the kind timed or None, [a backward reached its outputs], the call before's had)
