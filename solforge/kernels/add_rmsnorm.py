@@ -26,7 +26,7 @@ from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import Config, _load_weight, _st, _tile_load, _tile_store
 from solforge.kernels.rmsnorm_bwd import rmsnorm_bwd_call, workload_from
-from solforge.kernels.torch_order import torch_sum_width
+from solforge.kernels.torch_order import sum_meta
 from solforge.numerics import Tolerance, input_generator
 from solforge.records import Workload
 
@@ -132,9 +132,8 @@ def _launch_plan(n_rows: int, H: int, dtype: torch.dtype, wdtype: torch.dtype | 
     c = config or heuristic(wl)
     if not is_valid(c, wl):
         raise ValueError(f"solforge add_rmsnorm: config {c.encode()} is not valid for {wl.key}")
-    width = torch_sum_width(n_rows, H)  # the statistic in torch's order (kernels/torch_order.py)
     return triton.cdiv(n_rows, c.rows), Meta(
-        W=width, K=triton.cdiv(H, 4 * width) if width else 0,
+        **sum_meta(n_rows, H),  # the statistic in torch's order (kernels/torch_order.py)
         ROWS=c.rows, BLOCK_H=c.block_h, BLOCK_T=c.block_t, EVEN_H=H == c.block_h + c.block_t,
         HAS_WEIGHT=wdtype is not None, ROUND=rbw, EVICT="evict_first" if c.evict else "", INTERP=_rms._INTERPRETED,
         num_warps=c.num_warps)

@@ -36,7 +36,7 @@ from solforge.kernels.launch import bind as _bind
 from solforge.kernels.launch import empty_strided as _empty_strided
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rounding import as_stored
-from solforge.kernels.torch_order import row_sumsq, rstd_of, torch_sum_width
+from solforge.kernels.torch_order import row_sumsq, rstd_of, sum_meta
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 from solforge.shapes import hint
@@ -298,9 +298,7 @@ def _make_plan(n_rows: int, H: int, config: Config, device: torch.device, has_we
                               num_warps=c.num_warps)
     if c.variant == "loop":
         return _rmsnorm_loop_kernel, n_rows, (), Meta(kw, INTERP=_INTERPRETED)
-    w = torch_sum_width(n_rows, H)
-    kw.update(ROWS=c.rows, BLOCK_T=c.block_t, EVICT="evict_first" if c.evict else "", W=w,
-              K=triton.cdiv(H, 4 * w) if w else 0)
+    kw.update(ROWS=c.rows, BLOCK_T=c.block_t, EVICT="evict_first" if c.evict else "", **sum_meta(n_rows, H))
     n_tiles = triton.cdiv(n_rows, c.rows)
     if c.variant == "persist":
         grid = min(n_tiles, sm_count(device) * c.progs)

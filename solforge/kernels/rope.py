@@ -18,9 +18,11 @@ heads_first=False they are (B, S, H, D) contiguous (models that rotate before tr
 Numerics. Every kernel loads the native dtype and computes in fp32, rounding where the model's ops
 store a half-dtype result: after the norm (`round_before_weight`), after the weight multiply, after
 each rope product and after their sum. Products of half-dtype values are exact in fp32, so from the
-norm's output on this is eager's arithmetic bit for bit; only the norm's fp32 statistics may land
-an ulp apart. Rounding once at the end instead (fewer roundings, but not the model's function)
-changed 40% of the bf16 outputs of Qwen3's q/k norm + rope against eager's on random inputs.
+norm's output on this is eager's arithmetic bit for bit. The norm's statistic is eager's too for a
+head of 128 (summed in torch's order, kernels/torch_order.py); other head sizes sum in the
+kernel's own order and may land an ulp apart. Rounding once at the end instead (fewer roundings,
+but not the model's function) changed 40% of the bf16 outputs of Qwen3's q/k norm + rope against
+eager's on random inputs.
 
 Backward: dq_in, dk_in (through the rope and, when fused, the norm) and dq_weight, dk_weight.
 Gradients with respect to cos and sin are not computed: HF builds them from positions under

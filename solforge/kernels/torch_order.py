@@ -67,6 +67,13 @@ def torch_sum_width(rows: int, n: int) -> int:
     return width
 
 
+def sum_meta(rows: int, n: int) -> dict[str, int]:
+    """The row kernels' constexprs for `row_sumsq`: W (`torch_sum_width`; 0: their own tl.sum) and
+    K, the chunks of 4W a row is read in."""
+    w = torch_sum_width(rows, n)
+    return {"W": w, "K": -(-n // (4 * w)) if w else 0}
+
+
 @triton.jit
 def mul_rn(a, b):
     """fp32 a * b, rounded on its own: PTX's `mul.rn` is never contracted into a following add
