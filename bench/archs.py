@@ -160,7 +160,7 @@ def variant(arch: str, name: str, mode: str, batch: int, seq: int, budget: float
                            "best_us": r.best_us, "speedup": r.speedup, "verified": r.verified}
                           for r in rep.regions]
         out["validate"] = ({"passed": rep.e2e.passed, "max_rel_err": rep.e2e.max_rel_err,
-                            "grad_max_rel_err": rep.e2e.grad_max_rel_err} if rep.e2e else None)
+                            "grad_max_rel_err": rep.e2e.grad_max_rel_err, "note": rep.e2e.note} if rep.e2e else None)
     elif name == "compile":
         f = torch.compile(body)
     else:

@@ -269,7 +269,7 @@ ALLOC_COUNTS = ("num_alloc_retries", "num_sync_all_streams", "num_device_alloc",
 
 def spread(times: list[float]) -> dict[str, Any]:
     """How a do_bench timing's samples spread: a few slow ones (pauses) or all of them slow."""
-    q = statistics.quantiles(times, n=10) if len(times) > 1 else times * 9
+    q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times * 9
     return {"n": len(times), "min_ms": round(min(times), 2), "p10_ms": round(q[0], 2), "p90_ms": round(q[-1], 2),
             "max_ms": round(max(times), 2)}
 
@@ -385,7 +385,7 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
         out["regions"] = [{"workload": r.workload, "count": r.count, "baseline_us": r.baseline_us,
                            "best_us": r.best_us, "speedup": r.speedup, "config": r.config} for r in rep.regions]
         out["validate"] = {"passed": rep.e2e.passed, "max_rel_err": rep.e2e.max_rel_err,
-                           "grad_max_rel_err": rep.e2e.grad_max_rel_err} if rep.e2e else None
+                           "grad_max_rel_err": rep.e2e.grad_max_rel_err, "note": rep.e2e.note} if rep.e2e else None
     elif variant.endswith("compile"):
         f = torch.compile(body)
     else:

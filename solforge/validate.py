@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import functools
+import gc
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -205,37 +207,65 @@ def _wide(original: torch.nn.Module, inputs: Sequence[Any], device: str, params:
     """The original run once more in fp32: a copy whose floating parameters and buffers are fp32
     copies of the original's (made directly, never a second copy in the model's dtype), on the
     inputs upcast likewise, from the same seed. Returns both models' distances from it, or why it
-    could not run (the copy or its run out of memory, a model that cannot be copied)."""
-    try:
-        out, wide_g = _run_fp32(original, inputs, device, params)
-        wide_out = flatten_tensors(out)
-        if [n for n, _ in wide_out] != [n for n, _ in ref_out]:
-            return "its fp32 run returned a different output structure"
-        def dist(n: str, t: torch.Tensor, w: torch.Tensor) -> float:
-            return output_error(n, t, w, any_dtype=True).norm_rel_err
+    could not run (out of memory, a model that cannot be copied).
 
-        triples = zip(wide_out, ref_out, opt_out, strict=True)
-        outputs = tuple((n, dist(n, r, w), dist(n, o, w))
-                        for (n, w), (_, r), (_, o) in triples if w.is_floating_point())
-        del out, wide_out
-        gd = None
-        if wide_g is not None and ref_g is not None and opt_g is not None:
-            gd = [(dist(n, ref_g[n], g), dist(n, opt_g[n], g)) for n, g in wide_g.items()]
-        return WideCheck(outputs, None if gd is None else max((a for a, _ in gd), default=0.0),
-                         None if gd is None else max((b for _, b in gd), default=0.0))
+    A training step that does not fit (a 7B model's fp32 step needs ~110 GB) runs again lean
+    (`_lean_grads`): `ref_g` and `opt_g` move to host memory (this empties the caller's dicts'
+    device copies), each outermost nn.ModuleList's blocks run under activation checkpointing, and
+    each fp32 gradient is compared as soon as it is made, then freed. Same numbers, less memory."""
+    try:
+        return _wide_check(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g, lean=False)
     except torch.OutOfMemoryError:
-        return "out of memory for an fp32 copy of the model"
+        pass  # retried below, once this frame's tensors are gone with the exception
     except (RuntimeError, TypeError, copy.Error) as e:  # a model that cannot be copied or run in fp32
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
-        if device == "cuda" and torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        _release(device)
+    if params is None or ref_g is None or opt_g is None:
+        return "out of memory for an fp32 copy of the model"
+    for grads in (ref_g, opt_g):
+        for n in grads:
+            grads[n] = grads[n].cpu()
+    try:
+        return _wide_check(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g, lean=True)
+    except torch.OutOfMemoryError:
+        pass
+    except (RuntimeError, TypeError, copy.Error) as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    finally:
+        _release(device)
+    return "out of memory for an fp32 copy of the model, even checkpointed block by block"
 
 
-def _run_fp32(original: torch.nn.Module, inputs: Sequence[Any], device: str,
-              params: Params | None) -> tuple[Any, dict[str, torch.Tensor] | None]:
-    """_wide's run: the outputs (and the gradients of `params`' names) of an fp32 copy of the
-    original, which is freed on return."""
+def _release(device: str) -> None:
+    if device == "cuda" and torch.cuda.is_available():
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def _dist(n: str, t: torch.Tensor, w: torch.Tensor) -> float:
+    return output_error(n, t.to(w.device), w, any_dtype=True).norm_rel_err
+
+
+def _wide_check(original: torch.nn.Module, inputs: Sequence[Any], device: str, params: Params | None,
+                ref_out: Sequence[tuple[str, torch.Tensor]], opt_out: Sequence[tuple[str, torch.Tensor]],
+                ref_g: dict[str, torch.Tensor] | None, opt_g: dict[str, torch.Tensor] | None,
+                lean: bool) -> WideCheck | str:
+    out, gd = _run_fp32(original, inputs, device, params, ref_g, opt_g, lean)
+    wide_out = flatten_tensors(out)
+    if [n for n, _ in wide_out] != [n for n, _ in ref_out]:
+        return "its fp32 run returned a different output structure"
+    triples = zip(wide_out, ref_out, opt_out, strict=True)
+    outputs = tuple((n, _dist(n, r, w), _dist(n, o, w)) for (n, w), (_, r), (_, o) in triples if w.is_floating_point())
+    return WideCheck(outputs, None if gd is None else max((a for a, _ in gd), default=0.0),
+                     None if gd is None else max((b for _, b in gd), default=0.0))
+
+
+def _run_fp32(original: torch.nn.Module, inputs: Sequence[Any], device: str, params: Params | None,
+              ref_g: dict[str, torch.Tensor] | None, opt_g: dict[str, torch.Tensor] | None,
+              lean: bool) -> tuple[Any, list[tuple[float, float]] | None]:
+    """_wide's run: the outputs of an fp32 copy of the original (freed on return) and, with
+    `params`, each parameter gradient's distances (the original's, the optimized model's) from its."""
     memo: dict[int, Any] = {}
     for t in [*original.parameters(), *original.buffers()]:
         if t.is_floating_point() and id(t) not in memo:
@@ -246,10 +276,54 @@ def _run_fp32(original: torch.nn.Module, inputs: Sequence[Any], device: str,
     inputs32 = _upcast(tuple(inputs))
     if params is None:
         return _seeded(lambda: model32(*inputs32), device), None
+    assert ref_g is not None and opt_g is not None
     named = dict(model32.named_parameters())
     params32 = [(n, named[n]) for n, _ in params]
     with torch.enable_grad():
-        return _seeded(lambda: _step(model32, inputs32, params32), device)
+        if not lean:
+            out, wide_g = _seeded(lambda: _step(model32, inputs32, params32), device)
+            return out, [(_dist(n, ref_g[n], g), _dist(n, opt_g[n], g)) for n, g in wide_g.items()]
+        checkpoint_blocks(model32)
+        return _seeded(lambda: _lean_grads(model32, inputs32, params32, ref_g, opt_g), device)
+
+
+def checkpoint_blocks(model: torch.nn.Module) -> int:
+    """Run each block of the model's outermost nn.ModuleLists (a transformer's layers) under
+    non-reentrant activation checkpointing: a block keeps only its inputs for the backward, which
+    runs its forward again. Returns how many blocks; for a copy of the model (it sets `forward`)."""
+    from torch.utils.checkpoint import checkpoint
+
+    lists: list[str] = []
+    blocks = 0
+    for name, m in model.named_modules():
+        if not isinstance(m, torch.nn.ModuleList) or any(name.startswith(f"{o}.") for o in lists):
+            continue
+        lists.append(name)
+        for block in m:
+            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+            blocks += 1
+    return blocks
+
+
+def _lean_grads(model: torch.nn.Module, inputs: Sequence[Any], params: Params, ref_g: dict[str, torch.Tensor],
+                opt_g: dict[str, torch.Tensor]) -> tuple[Any, list[tuple[float, float]]]:
+    """_step for the fp32 copy, with each gradient compared as soon as it is accumulated (the
+    original's and the optimized model's distances from it), then freed."""
+    dists: list[tuple[float, float]] = []
+
+    def consume(n: str, p: torch.Tensor) -> None:
+        if p.grad is not None and n in ref_g and n in opt_g:
+            dists.append((_dist(n, ref_g[n], p.grad), _dist(n, opt_g[n], p.grad)))
+        p.grad = None
+
+    hooks = [p.register_post_accumulate_grad_hook(functools.partial(consume, n)) for n, p in params]
+    try:
+        out = model(*inputs)
+        train_loss(out).backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    return out, dists
 
 
 def _peak_gb(fn: Callable[[], Any], device: str) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import DEVICE
 
@@ -216,6 +217,79 @@ def test_train_mode_compares_gradients_with_the_fp32_run_too() -> None:
 
     bad = validate(m, scaled_grads, (x,), **kw)
     assert not bad.passed and "gradients" in (bad.note or "")
+
+
+class Block(torch.nn.Module):
+    fp32_calls = 0  # forwards run in fp32: the fp32 reference's (the models compared run in bf16)
+
+    def __init__(self, w: torch.Tensor) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(w.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        Block.fp32_calls += x.dtype == torch.float32
+        return torch.tanh(x @ self.w)
+
+
+class Blocks(torch.nn.Module):
+    """Chaotic's function laid out as a transformer is: an nn.ModuleList of blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block(w) for w in Chaotic().w)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def test_an_fp32_step_that_does_not_fit_runs_again_checkpointed_with_the_same_numbers(monkeypatch) -> None:
+    """A training step's fp32 reference that runs out of memory runs again block by block
+    (activation checkpointing, each gradient compared as it is made): the same distances, and
+    each block's forward runs twice (its recompute). Out of memory both ways: a failure that says so."""
+    from solforge import validate as validation
+
+    m = Blocks().to(torch.bfloat16)
+    x = _chaotic_input()
+
+    def fp32_inside(x: torch.Tensor) -> torch.Tensor:
+        y = x.float()
+        for b in m.blocks:
+            y = torch.tanh(y @ b.w.float())
+        return y.to(x.dtype)
+
+    kw = dict(dtype=torch.bfloat16, device="cpu", is_language_model=False, time_it=False,
+              params=list(m.named_parameters()))
+    Block.fp32_calls = 0
+    plain = validate(m, fp32_inside, (x,), **kw)
+    assert plain.passed and plain.fp32_grad_err_original is not None, plain.note
+    assert Block.fp32_calls == 32
+
+    real, lean_runs = validation._run_fp32, []
+
+    def tight(*args, **kwargs):  # the plain fp32 step does not fit
+        lean_runs.append(args[-1])
+        if not args[-1]:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(validation, "_run_fp32", tight)
+    Block.fp32_calls = 0
+    lean = validate(m, fp32_inside, (x,), **kw)
+    assert lean_runs == [False, True] and Block.fp32_calls == 64
+    assert lean.passed, lean.note
+    for field in ("fp32_err_original", "fp32_err_optimized", "fp32_grad_err_original", "fp32_grad_err_optimized"):
+        assert getattr(lean, field) == pytest.approx(getattr(plain, field), rel=1e-6), field
+    assert all(p.grad is None for p in m.parameters()) and all(p.dtype == torch.bfloat16 for p in m.parameters())
+    assert all(not hasattr(b, "__dict__") or "forward" not in vars(b) for b in m.blocks)  # the copy's, not these
+
+    def no_room(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(validation, "_run_fp32", no_room)
+    none = validate(m, fp32_inside, (x,), **kw)
+    assert not none.passed and "even checkpointed block by block" in (none.note or "")
 
 
 class TwoOutputs(torch.nn.Module):
