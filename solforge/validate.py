@@ -174,6 +174,7 @@ class WideCheck:
     outputs: tuple[tuple[str, float, float], ...]
     grad_original: float | None = None
     grad_optimized: float | None = None
+    lean: bool = False  # the fp32 step ran block by block (`_wide`: the whole did not fit)
 
     @property
     def original(self) -> float:
@@ -258,7 +259,7 @@ def _wide_check(original: torch.nn.Module, inputs: Sequence[Any], device: str, p
     triples = zip(wide_out, ref_out, opt_out, strict=True)
     outputs = tuple((n, _dist(n, r, w), _dist(n, o, w)) for (n, w), (_, r), (_, o) in triples if w.is_floating_point())
     return WideCheck(outputs, None if gd is None else max((a for a, _ in gd), default=0.0),
-                     None if gd is None else max((b for _, b in gd), default=0.0))
+                     None if gd is None else max((b for _, b in gd), default=0.0), lean)
 
 
 def _run_fp32(original: torch.nn.Module, inputs: Sequence[Any], device: str, params: Params | None,
@@ -435,7 +436,8 @@ def _wide_text(w: WideCheck) -> str:
     text = f"outputs {w.optimized:.3g} against the original's {w.original:.3g}"
     if w.grad_optimized is not None:
         text += f", gradients {w.grad_optimized:.3g} against {w.grad_original:.3g}"
-    return text + f" (allowed: {WIDE_SLACK:g}x)"
+    text += f" (allowed: {WIDE_SLACK:g}x)"
+    return text + (", its fp32 step checkpointed block by block (out of memory whole)" if w.lean else "")
 
 
 def _join(first: str, then: str | None) -> str:
