@@ -1,6 +1,6 @@
 """End to end on the other architectures issue 4 names: eager vs torch.compile vs Liger-Kernel vs solforge.
 
-    python bench/archs.py [--archs llama-3.2-1b,gemma-2b,phi-3-mini,gpt2-medium,mistral-7b]
+    python bench/archs.py [--archs llama-3.2-1b,gemma-2b,phi-3-mini,gpt2-medium,mistral-7b,phi-3-medium]
                           [--modes fwd,train] [--variants eager,compile,liger,solforge,solforge-noreplay]
                           [--budget 30] [--out bench/results/NAME.json]
 
@@ -80,6 +80,12 @@ ARCHS: dict[str, Arch] = {
                                           rms_norm_eps=1e-5, max_position_embeddings=4096, pad_token_id=32000,
                                           bos_token_id=1, eos_token_id=32000),
                        "apply_liger_kernel_to_phi3", _LIGER_RMS, max_seq=4096),
+    # microsoft/Phi-3-medium-4k-instruct: 14B, grouped K/V (10 heads)
+    "phi-3-medium": Arch("Phi3Config", dict(vocab_size=32064, hidden_size=5120, intermediate_size=17920,
+                                            num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=10,
+                                            rms_norm_eps=1e-5, max_position_embeddings=4096, pad_token_id=32000,
+                                            bos_token_id=1, eos_token_id=32000),
+                         "apply_liger_kernel_to_phi3", _LIGER_RMS, max_seq=4096),
     # mistralai/Mistral-7B-v0.1 (sliding window 4096: causal at 4096 tokens)
     "mistral-7b": Arch("MistralConfig", dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
                                              num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
@@ -246,7 +252,7 @@ def agreement(rows: list[dict[str, Any]], arch: str) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--archs", default=",".join(a for a in ARCHS if a != "mistral-7b"),
+    p.add_argument("--archs", default=",".join(a for a in ARCHS if a not in ("mistral-7b", "phi-3-medium")),
                    help=f"comma-separated, of: {', '.join(ARCHS)}")
     p.add_argument("--modes", default="fwd,train", help="fwd, train or both")
     p.add_argument("--variants", default="eager,fp32,compile,liger,solforge")

@@ -174,7 +174,7 @@ class WideCheck:
     outputs: tuple[tuple[str, float, float], ...]
     grad_original: float | None = None
     grad_optimized: float | None = None
-    lean: bool = False  # the fp32 step ran block by block (`_wide`: the whole did not fit)
+    lean: bool = False  # the fp32 run went block by block (`_wide`: the whole did not fit)
 
     @property
     def original(self) -> float:
@@ -210,10 +210,14 @@ def _wide(original: torch.nn.Module, inputs: Sequence[Any], device: str, params:
     inputs upcast likewise, from the same seed. Returns both models' distances from it, or why it
     could not run (out of memory, a model that cannot be copied).
 
-    A training step that does not fit (a 7B model's fp32 step needs ~110 GB) runs again lean
-    (`_lean_grads`): `ref_g` and `opt_g` move to host memory (this empties the caller's dicts'
-    device copies), each outermost nn.ModuleList's blocks run under activation checkpointing, and
-    each fp32 gradient is compared as soon as it is made, then freed. Same numbers, less memory."""
+    A run that does not fit runs again lean, block by block (the blocks of the model's outermost
+    nn.ModuleLists: a transformer's layers). Same numbers, less memory:
+    - a training step (a 7B model's fp32 step needs ~110 GB): `ref_g` and `opt_g` move to host
+      memory (this moves the caller's dicts' tensors), the blocks run under activation
+      checkpointing, and each fp32 gradient is compared as soon as it is made, then freed
+      (`_lean_grads`);
+    - a forward (a 14B model's fp32 copy needs 56 GB beside its own 28): each block's weights are
+      made fp32 for its forward only (`_fp32_block_by_block`)."""
     try:
         return _wide_check(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g, lean=False)
     except torch.OutOfMemoryError:
@@ -222,10 +226,8 @@ def _wide(original: torch.nn.Module, inputs: Sequence[Any], device: str, params:
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
         _release(device)
-    if params is None or ref_g is None or opt_g is None:
-        return "out of memory for an fp32 copy of the model"
-    for grads in (ref_g, opt_g):
-        for n in grads:
+    for grads in (ref_g, opt_g) if params is not None else ():
+        for n in grads or {}:
             grads[n] = grads[n].cpu()
     try:
         return _wide_check(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g, lean=True)
@@ -235,7 +237,7 @@ def _wide(original: torch.nn.Module, inputs: Sequence[Any], device: str, params:
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
         _release(device)
-    return "out of memory for an fp32 copy of the model, even checkpointed block by block"
+    return "out of memory for an fp32 copy of the model, even block by block"
 
 
 def _release(device: str) -> None:
@@ -267,13 +269,7 @@ def _run_fp32(original: torch.nn.Module, inputs: Sequence[Any], device: str, par
               lean: bool) -> tuple[Any, list[tuple[float, float]] | None]:
     """_wide's run: the outputs of an fp32 copy of the original (freed on return) and, with
     `params`, each parameter gradient's distances (the original's, the optimized model's) from its."""
-    memo: dict[int, Any] = {}
-    for t in [*original.parameters(), *original.buffers()]:
-        if t.is_floating_point() and id(t) not in memo:
-            w = t.detach().float()
-            memo[id(t)] = torch.nn.Parameter(w, t.requires_grad) if isinstance(t, torch.nn.Parameter) else w
-    model32 = copy.deepcopy(original, memo)
-    del memo
+    model32 = _fp32_block_by_block(original) if lean and params is None else _fp32_copy(original, set())
     inputs32 = _upcast(tuple(inputs))
     if params is None:
         return _seeded(lambda: model32(*inputs32), device), None
@@ -288,22 +284,77 @@ def _run_fp32(original: torch.nn.Module, inputs: Sequence[Any], device: str, par
         return _seeded(lambda: _lean_grads(model32, inputs32, params32, ref_g, opt_g), device)
 
 
+def _fp32_copy(original: torch.nn.Module, keep: set[int]) -> torch.nn.Module:
+    """A copy of `original` whose floating parameters and buffers are fp32 copies of its own (made
+    directly, never a second copy in the model's dtype), except those in `keep` (ids), shared."""
+    memo: dict[int, Any] = {}
+    for t in [*original.parameters(), *original.buffers()]:
+        if id(t) in memo:
+            continue
+        if not t.is_floating_point() or id(t) in keep:
+            memo[id(t)] = t
+            continue
+        w = t.detach().float()
+        memo[id(t)] = torch.nn.Parameter(w, t.requires_grad) if isinstance(t, torch.nn.Parameter) else w
+    return copy.deepcopy(original, memo)
+
+
+def outer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The children of the model's outermost nn.ModuleLists (a transformer's layers)."""
+    lists: list[str] = []
+    blocks: list[torch.nn.Module] = []
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and not any(name.startswith(f"{o}.") for o in lists):
+            lists.append(name)
+            blocks += list(m)
+    return blocks
+
+
 def checkpoint_blocks(model: torch.nn.Module) -> int:
-    """Run each block of the model's outermost nn.ModuleLists (a transformer's layers) under
-    non-reentrant activation checkpointing: a block keeps only its inputs for the backward, which
-    runs its forward again. Returns how many blocks; for a copy of the model (it sets `forward`)."""
+    """Run each of `outer_blocks` under non-reentrant activation checkpointing: a block keeps only
+    its inputs for the backward, which runs its forward again. Returns how many blocks; for a copy
+    of the model (it sets `forward`)."""
     from torch.utils.checkpoint import checkpoint
 
-    lists: list[str] = []
-    blocks = 0
-    for name, m in model.named_modules():
-        if not isinstance(m, torch.nn.ModuleList) or any(name.startswith(f"{o}.") for o in lists):
-            continue
-        lists.append(name)
-        for block in m:
-            block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
-            blocks += 1
-    return blocks
+    blocks = outer_blocks(model)
+    for block in blocks:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    return len(blocks)
+
+
+def _fp32_block_by_block(original: torch.nn.Module) -> torch.nn.Module:
+    """For a forward without autograd: a copy of `original` that computes what `_fp32_copy`'s
+    does, holding one block's fp32 weights at a time. The blocks' own tensors stay shared with the
+    original (no copy) and are swapped for fp32 copies from the block's forward pre-hook to its
+    forward hook; every other floating tensor (embeddings, the head, tensors a block shares with
+    the rest) is an fp32 copy throughout."""
+    inside: set[int] = set()
+    for block in outer_blocks(original):
+        inside |= {id(t) for t in [*block.parameters(), *block.buffers()]}
+    in_blocks = {id(m) for b in outer_blocks(original) for m in b.modules()}
+    for m in original.modules():
+        if id(m) not in in_blocks:
+            inside -= {id(t) for t in [*m._parameters.values(), *m._buffers.values()] if t is not None}
+    model = _fp32_copy(original, inside)
+    for block in outer_blocks(model):
+        held: list[tuple[dict[str, Any], str, torch.Tensor]] = []
+
+        def upcast(_m: torch.nn.Module, _args: Any, held: list = held, block: torch.nn.Module = block) -> None:
+            for m in block.modules():
+                for slots in (m._parameters, m._buffers):
+                    for name, t in slots.items():
+                        if t is not None and t.is_floating_point() and t.dtype != torch.float32:
+                            held.append((slots, name, t))
+                            slots[name] = t.detach().float()
+
+        def restore(_m: torch.nn.Module, _args: Any, _out: Any, held: list = held) -> None:
+            while held:
+                slots, name, t = held.pop()
+                slots[name] = t
+
+        block.register_forward_pre_hook(upcast)
+        block.register_forward_hook(restore)
+    return model
 
 
 def _lean_grads(model: torch.nn.Module, inputs: Sequence[Any], params: Params, ref_g: dict[str, torch.Tensor],
@@ -437,7 +488,7 @@ def _wide_text(w: WideCheck) -> str:
     if w.grad_optimized is not None:
         text += f", gradients {w.grad_optimized:.3g} against {w.grad_original:.3g}"
     text += f" (allowed: {WIDE_SLACK:g}x)"
-    return text + (", its fp32 step checkpointed block by block (out of memory whole)" if w.lean else "")
+    return text + (", its fp32 run block by block (out of memory whole)" if w.lean else "")
 
 
 def _join(first: str, then: str | None) -> str:

@@ -278,7 +278,7 @@ def test_an_fp32_step_that_does_not_fit_runs_again_checkpointed_with_the_same_nu
     Block.fp32_calls = 0
     lean = validate(m, fp32_inside, (x,), **kw)
     assert lean_runs == [False, True] and Block.fp32_calls == 64
-    assert lean.passed and "checkpointed block by block" in (lean.note or ""), lean.note
+    assert lean.passed and "block by block" in (lean.note or ""), lean.note
     assert "block by block" not in (plain.note or "")
     for field in ("fp32_err_original", "fp32_err_optimized", "fp32_grad_err_original", "fp32_grad_err_optimized"):
         assert getattr(lean, field) == pytest.approx(getattr(plain, field), rel=1e-6), field
@@ -290,7 +290,75 @@ def test_an_fp32_step_that_does_not_fit_runs_again_checkpointed_with_the_same_nu
 
     monkeypatch.setattr(validation, "_run_fp32", no_room)
     none = validate(m, fp32_inside, (x,), **kw)
-    assert not none.passed and "even checkpointed block by block" in (none.note or "")
+    assert not none.passed and "even block by block" in (none.note or "")
+
+
+def test_an_fp32_forward_that_does_not_fit_runs_again_one_blocks_weights_at_a_time(monkeypatch) -> None:
+    """Without autograd, the fallback holds one block's fp32 weights at a time: the same distances
+    from the fp32 computation as the whole fp32 copy."""
+    from solforge import validate as validation
+
+    m = Blocks().to(torch.bfloat16)
+    x = _chaotic_input()
+
+    def fp32_inside(x: torch.Tensor) -> torch.Tensor:
+        y = x.float()
+        for b in m.blocks:
+            y = torch.tanh(y @ b.w.float())
+        return y.to(x.dtype)
+
+    kw = dict(dtype=torch.bfloat16, device="cpu", is_language_model=False, time_it=False)
+    plain = validate(m, fp32_inside, (x,), **kw)
+    assert plain.passed and plain.fp32_err_original is not None and plain.fp32_err_original > 0.05, plain.note
+    real, runs = validation._run_fp32, []
+
+    def tight(*args, **kwargs):
+        runs.append(args[-1])
+        if not args[-1]:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(validation, "_run_fp32", tight)
+    lean = validate(m, fp32_inside, (x,), **kw)
+    assert runs == [False, True] and lean.passed and "block by block" in (lean.note or ""), lean.note
+    assert lean.fp32_err_original == pytest.approx(plain.fp32_err_original, rel=1e-6)
+    assert lean.fp32_err_optimized == pytest.approx(plain.fp32_err_optimized, rel=1e-6)
+
+
+class Tied(torch.nn.Module):
+    """Blocks whose first block's weight is also used after the blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block(w) for w in list(Chaotic(depth=4, width=64).w))
+        self.out = self.blocks[0].w
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, 64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return (x @ self.out) * self.scale
+
+
+def test_block_by_block_copy_computes_the_fp32_copys_function_with_one_block_upcast() -> None:
+    from solforge.validate import _fp32_block_by_block, _fp32_copy
+
+    m = Tied().to(torch.bfloat16)
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(3))
+    lean = _fp32_block_by_block(m)
+    # the blocks' own weights are the original's (no copy); what the rest also uses is fp32 throughout
+    assert lean.blocks[1].w is m.blocks[1].w and lean.blocks[0].w.dtype == torch.float32
+    assert lean.out is lean.blocks[0].w and lean.scale.dtype == torch.float32
+    upcast_blocks = []
+    for b in lean.blocks:
+        b.register_forward_pre_hook(lambda *_: upcast_blocks.append(
+            sum(bb.w.dtype == torch.float32 for bb in lean.blocks[1:])))
+    with torch.no_grad():
+        got, want = lean(x), _fp32_copy(m, set())(x)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    assert upcast_blocks == [0, 1, 1, 1]  # block 0's (shared) weight is fp32 throughout; one other at a time
+    assert all(b.w.dtype == torch.bfloat16 for b in lean.blocks[1:])
+    assert all(p.dtype == torch.bfloat16 for p in m.parameters())
 
 
 class TwoOutputs(torch.nn.Module):
