@@ -243,6 +243,29 @@ class Blocks(torch.nn.Module):
             x = b(x)
         return x
 
+    def fp32_inside(self, x: torch.Tensor) -> torch.Tensor:
+        """The same function computed in fp32 between bf16 input and output (Fp32Inside's)."""
+        y = x.float()
+        for b in self.blocks:
+            y = torch.tanh(y @ b.w.float())
+        return y.to(x.dtype)
+
+
+def _plain_fp32_run_out_of_memory(monkeypatch) -> list[bool]:
+    """validate's fp32 run fails with out of memory unless lean; returns the runs' `lean` flags."""
+    from solforge import validate as validation
+
+    real, runs = validation._run_fp32, []
+
+    def tight(*args, **kwargs):
+        runs.append(args[-1])
+        if not args[-1]:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(validation, "_run_fp32", tight)
+    return runs
+
 
 def test_an_fp32_step_that_does_not_fit_runs_again_checkpointed_with_the_same_numbers(monkeypatch) -> None:
     """A training step's fp32 reference that runs out of memory runs again block by block
@@ -252,13 +275,7 @@ def test_an_fp32_step_that_does_not_fit_runs_again_checkpointed_with_the_same_nu
 
     m = Blocks().to(torch.bfloat16)
     x = _chaotic_input()
-
-    def fp32_inside(x: torch.Tensor) -> torch.Tensor:
-        y = x.float()
-        for b in m.blocks:
-            y = torch.tanh(y @ b.w.float())
-        return y.to(x.dtype)
-
+    fp32_inside = m.fp32_inside
     kw = dict(dtype=torch.bfloat16, device="cpu", is_language_model=False, time_it=False,
               params=list(m.named_parameters()))
     Block.fp32_calls = 0
@@ -266,15 +283,7 @@ def test_an_fp32_step_that_does_not_fit_runs_again_checkpointed_with_the_same_nu
     assert plain.passed and plain.fp32_grad_err_original is not None, plain.note
     assert Block.fp32_calls == 32
 
-    real, lean_runs = validation._run_fp32, []
-
-    def tight(*args, **kwargs):  # the plain fp32 step does not fit
-        lean_runs.append(args[-1])
-        if not args[-1]:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(validation, "_run_fp32", tight)
+    lean_runs = _plain_fp32_run_out_of_memory(monkeypatch)
     Block.fp32_calls = 0
     lean = validate(m, fp32_inside, (x,), **kw)
     assert lean_runs == [False, True] and Block.fp32_calls == 64
@@ -296,29 +305,13 @@ def test_an_fp32_step_that_does_not_fit_runs_again_checkpointed_with_the_same_nu
 def test_an_fp32_forward_that_does_not_fit_runs_again_one_blocks_weights_at_a_time(monkeypatch) -> None:
     """Without autograd, the fallback holds one block's fp32 weights at a time: the same distances
     from the fp32 computation as the whole fp32 copy."""
-    from solforge import validate as validation
-
     m = Blocks().to(torch.bfloat16)
     x = _chaotic_input()
-
-    def fp32_inside(x: torch.Tensor) -> torch.Tensor:
-        y = x.float()
-        for b in m.blocks:
-            y = torch.tanh(y @ b.w.float())
-        return y.to(x.dtype)
-
+    fp32_inside = m.fp32_inside
     kw = dict(dtype=torch.bfloat16, device="cpu", is_language_model=False, time_it=False)
     plain = validate(m, fp32_inside, (x,), **kw)
     assert plain.passed and plain.fp32_err_original is not None and plain.fp32_err_original > 0.05, plain.note
-    real, runs = validation._run_fp32, []
-
-    def tight(*args, **kwargs):
-        runs.append(args[-1])
-        if not args[-1]:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(validation, "_run_fp32", tight)
+    runs = _plain_fp32_run_out_of_memory(monkeypatch)
     lean = validate(m, fp32_inside, (x,), **kw)
     assert runs == [False, True] and lean.passed and "block by block" in (lean.note or ""), lean.note
     assert lean.fp32_err_original == pytest.approx(plain.fp32_err_original, rel=1e-6)
