@@ -470,9 +470,11 @@ class StepGraph:
         if replay >= PAY_MARGIN * run:
             self.declined = f"a replay saves too little over running the graph: {self._judged_text()}"
             self._drop_capture()
+            traingraphs.give_back_pool()
         elif best_replay[2] > PAY_GPU_GROWTH * best_run[2] + PAY_GPU_SLACK_S:
             self.declined = f"a replay adds too much GPU time (its copies): {self._judged_text()}"
             self._drop_capture()
+            traingraphs.give_back_pool()
         return out
 
     def _collect(self, wait: bool = False) -> None:

@@ -31,8 +31,8 @@ calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off
    run as it is; otherwise it is dropped, and the graph runs as it is from then
    on. While judged, a run and the capture's pool are both in memory: a capture is judged only
    where the device has TRAIN_JUDGE_ROOM times its pool's size free, and kept unjudged (as the
-   screen found it) where not. A dropped capture's pool stays reserved by torch's caching
-   allocator until torch.cuda.empty_cache() or an allocation that needs it. (Until session 23 the
+   screen found it) where not. A dropped capture's pool goes back to the device at once
+   (`give_back_pool`). (Until session 23 the
    host's enqueue time was compared with the span, and the capture kept without a judgement: a
    GPU-bound forward of more launches than the launch queue holds makes the host wait for the
    GPU, so Qwen3-4B's host time read 0.94 of its span and it was captured.) A capture holds its
@@ -350,6 +350,16 @@ class _Call:
         return targets
 
 
+def give_back_pool() -> None:
+    """After a capture is dropped. Once its graph is gone its pool is free in torch's caching
+    allocator, but it stays reserved from the device (what nvidia-smi and other processes see: 8 GB
+    for Qwen3-4B's training forward) until torch.cuda.empty_cache(), which this calls. The
+    allocator's other cached blocks go back too and are allocated again as needed, once. Nothing
+    while a stream is being captured."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized() and not torch.cuda.is_current_stream_capturing():
+        torch.cuda.empty_cache()
+
+
 class TrainGraph:
     """The training-call side of a StepGraph (module doc). `capture` and `measure` are the CUDA
     implementations by default; the CPU tests pass stand-ins with the same contract."""
@@ -531,6 +541,7 @@ class TrainGraph:
             if self.judged[0] >= TRAIN_KEEP * self.judged[1]:
                 self.declined = f"a replay saves too little of a step: {self._judged_text()}"
                 self.release()
+                give_back_pool()
                 return None
             return "replay"
         self._judge_calls += 1

@@ -597,6 +597,41 @@ def test_a_launch_bound_steps_capture_is_judged_on_whole_steps_and_kept_on_the_g
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_dropped_captures_memory_goes_back_to_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture the judgement drops (a stand-in clock makes every replayed step slower) gives its
+    pool back to the device: the memory reserved after it is what the steps run as they are
+    reserved before the capture, not that plus the pool."""
+    from solforge.integrate import integrate
+
+    monkeypatch.setattr(traingraphs, "TRAIN_JUDGE_CALLS", 40)
+    monkeypatch.setattr(traingraphs, "TRAIN_IDLE", float("-inf"))  # past the screen on any machine
+    now = [0.0]
+    monkeypatch.setattr(traingraphs, "_clock", lambda: now[0])
+    torch.cuda.empty_cache()
+    model = _mlp().cuda()
+    opt, stats = integrate(model, {})
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01)
+    reserved = []
+    for i in range(24):
+        t = stats.step_graphs[0].training if stats.step_graphs else None
+        before = t.replays if t is not None else 0
+        opt(torch.full((8192, 64), 0.01 * (i + 1), device="cuda")).square().mean().backward()
+        sgd.step()
+        sgd.zero_grad(set_to_none=True)
+        t = stats.step_graphs[0].training
+        now[0] += 0.2 if t is not None and t.replays > before else 0.1
+        torch.cuda.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+    assert t is not None and t.judged is not None, stats.step_graphs[0].summary()
+    assert (t.declined or "").startswith("a replay saves too little"), t.summary()
+    assert t.pool_bytes > 32 * 2**20, t.pool_bytes  # 16 layers of 2 MiB activations
+    assert max(reserved) > reserved[1] + t.pool_bytes // 2  # the capture's pool was reserved
+    # the allocator reserves such blocks in 20 MiB segments: the steps' own reservation may land a
+    # segment apart; a pool kept would add all of its size
+    assert reserved[-1] < reserved[1] + t.pool_bytes // 2, (reserved[1], reserved[-1], t.pool_bytes)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_a_tiny_transformers_models_training_replays_and_trains_the_same() -> None:
     """qwen3-tiny through solforge's fused ops and their backward formulas: AdamW steps with the
     training replays on (the default) and off give the same losses and parameters."""
