@@ -72,6 +72,7 @@ an error instead of returning wrong gradients.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import time
 import weakref
@@ -357,6 +358,7 @@ def give_back_pool() -> None:
     allocator's other cached blocks go back too and are allocated again as needed, once. Nothing
     while a stream is being captured."""
     if torch.cuda.is_available() and torch.cuda.is_initialized() and not torch.cuda.is_current_stream_capturing():
+        gc.collect()  # the capture's closures and autograd graph can hold each other
         torch.cuda.empty_cache()
 
 
