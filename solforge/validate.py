@@ -304,7 +304,7 @@ def outer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     lists: list[str] = []
     blocks: list[torch.nn.Module] = []
     for name, m in model.named_modules():
-        if isinstance(m, torch.nn.ModuleList) and not any(name.startswith(f"{o}.") for o in lists):
+        if isinstance(m, torch.nn.ModuleList) and not any(o == "" or name.startswith(f"{o}.") for o in lists):
             lists.append(name)
             blocks += list(m)
     return blocks
