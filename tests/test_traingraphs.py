@@ -637,8 +637,8 @@ def test_a_dropped_captures_memory_goes_back_to_the_device(monkeypatch: pytest.M
     assert t is not None and t.judged is not None, stats.step_graphs[0].summary()
     assert (t.declined or "").startswith("a replay saves too little"), t.summary()
     assert t.pool_bytes > 32 * 2**20, t.pool_bytes  # 16 layers of 2 MiB activations
-    # the pool held the activations while the capture lived (pool_bytes also counts the side
-    # stream's cuBLAS workspace, allocated outside the pool)
+    # the pool held the activations while the capture lived (pool_bytes, the memory allocated
+    # across the capture, also counts memory outside the pool: 131 MiB against 82 on an H100)
     assert declined_at is not None and max(pools[:declined_at]) > 32 * 2**20, [p >> 20 for p in pools]
     assert all(p <= 0 for p in pools[declined_at:]), [p >> 20 for p in pools]
 
