@@ -218,25 +218,19 @@ def _wide(original: torch.nn.Module, inputs: Sequence[Any], device: str, params:
       (`_lean_grads`);
     - a forward (a 14B model's fp32 copy needs 56 GB beside its own 28): each block's weights are
       made fp32 for its forward only (`_fp32_block_by_block`)."""
-    try:
-        return _wide_check(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g, lean=False)
-    except torch.OutOfMemoryError:
-        pass  # retried below, once this frame's tensors are gone with the exception
-    except (RuntimeError, TypeError, copy.Error) as e:  # a model that cannot be copied or run in fp32
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    finally:
-        _release(device)
-    for grads in (ref_g, opt_g) if params is not None else ():
-        for n in grads or {}:
-            grads[n] = grads[n].cpu()
-    try:
-        return _wide_check(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g, lean=True)
-    except torch.OutOfMemoryError:
-        pass
-    except (RuntimeError, TypeError, copy.Error) as e:
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    finally:
-        _release(device)
+    for lean in (False, True):
+        if lean:
+            for grads in (ref_g, opt_g) if params is not None else ():
+                for n in grads or {}:
+                    grads[n] = grads[n].cpu()
+        try:
+            return _wide_check(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g, lean=lean)
+        except torch.OutOfMemoryError:
+            pass  # tried lean next, once this frame's tensors are gone with the exception
+        except (RuntimeError, TypeError, copy.Error) as e:  # a model that cannot be copied or run in fp32
+            return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        finally:
+            _release(device)
     return "out of memory for an fp32 copy of the model, even block by block"
 
 
@@ -328,10 +322,9 @@ def _fp32_block_by_block(original: torch.nn.Module) -> torch.nn.Module:
     original (no copy) and are swapped for fp32 copies from the block's forward pre-hook to its
     forward hook; every other floating tensor (embeddings, the head, tensors a block shares with
     the rest) is an fp32 copy throughout."""
-    inside: set[int] = set()
-    for block in outer_blocks(original):
-        inside |= {id(t) for t in [*block.parameters(), *block.buffers()]}
-    in_blocks = {id(m) for b in outer_blocks(original) for m in b.modules()}
+    blocks = outer_blocks(original)
+    inside = {id(t) for b in blocks for t in [*b.parameters(), *b.buffers()]}
+    in_blocks = {id(m) for b in blocks for m in b.modules()}
     for m in original.modules():
         if id(m) not in in_blocks:
             inside -= {id(t) for t in [*m._parameters.values(), *m._buffers.values()] if t is not None}
