@@ -152,8 +152,8 @@ def variant(arch: str, name: str, mode: str, batch: int, seq: int, budget: float
         out["checkpointing"] = checkpointing
     t0 = time.time()
     if name in ("solforge", "solforge-noreplay"):
-        from solforge import traingraphs
         from solforge.api import optimize
+        from solforge.runtime import traingraphs
 
         if name == "solforge-noreplay":  # the training replays off (SOLFORGE_TRAIN_GRAPHS=0): their share
             traingraphs.ENABLED = False

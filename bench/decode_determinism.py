@@ -11,7 +11,7 @@ import sys
 import torch
 
 import solforge
-import solforge.generation as g
+import solforge.runtime.generation as g
 from solforge.zoo import load_model
 
 if sys.argv[1] == "nocudnn":

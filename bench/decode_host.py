@@ -87,7 +87,7 @@ def main() -> None:
         loops["torch_compile"] = loop_us(lambda: comp(x))
         benches["torch_compile"] = bench_us(lambda: comp(x))
         # the StepGraph and its FX graph, without dynamo: the arguments dynamo passes, recorded once
-        import solforge.stepgraphs as sg
+        import solforge.runtime.stepgraphs as sg
 
         got: list[Any] = []
         real = sg.StepGraph.__call__

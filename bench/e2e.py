@@ -185,7 +185,7 @@ def rmsnorm_row(rows: int, H: int, LigerRMSNorm: Any, tune_budget: float = 30.0)
     row["solforge_op_us"] = bench_us(lambda: op(x, w, EPS, torch.bfloat16, True, enc))
     if rows == 1:
         from solforge.api import optimize
-        from solforge.graphed import Graphed
+        from solforge.runtime.graphed import Graphed
 
         m = OneNorm(H).cuda().to(torch.bfloat16)
         with torch.no_grad():
@@ -201,7 +201,7 @@ def rmsnorm_row(rows: int, H: int, LigerRMSNorm: Any, tune_budget: float = 30.0)
             # launch cost is paid once per graph, not per kernel
             row["model_path_cuda_graph_us"] = graph_us(lambda: opt(x))
             row["eager_cuda_graph_us"] = graph_us(lambda: m(x))
-            # the same, one step per replay, through solforge.graphed (what a decode loop would use)
+            # the same, one step per replay, through solforge.runtime.graphed (what a decode loop would use)
             gopt, geager = Graphed(opt, (x,)), Graphed(m, (x,))
             row["model_path_graphed_do_bench_us"] = bench_us(lambda: gopt(x))
             row["model_path_graphed_loop_us"] = loop_us(lambda: gopt(x))
@@ -371,8 +371,8 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
                            "weights": weights or "seeded random", "ids": ids_path or "random"}
     t0 = time.time()
     if variant.startswith("solforge"):
-        from solforge import traingraphs
         from solforge.api import optimize
+        from solforge.runtime import traingraphs
 
         if variant == "solforge-judged":  # past the screen: the judgement on whole steps decides
             traingraphs.TRAIN_IDLE = float("-inf")
@@ -424,7 +424,7 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
         out["train_step_ms_after_empty_cache"] = round(statistics.median(times), 2)
         out["after_empty_cache"] = {**spread(times), **{k: after.get(k, 0) - before.get(k, 0) for k in ALLOC_COUNTS}}
         if variant.startswith("solforge"):
-            from solforge.linears import COUNTERS
+            from solforge.integrate.linears import COUNTERS
 
             out["weight_grads"] = {"accumulated_in_gemm": COUNTERS.in_place, "handed_to_autograd": COUNTERS.handed_back}
         out["steady_profile"] = steady_profile(step)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from solforge import embeddings  # noqa: E402
+from solforge.integrate import embeddings  # noqa: E402
 
 
 def main() -> int:

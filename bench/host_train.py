@@ -69,17 +69,17 @@ def variant(name: str, budget: float, steps: int) -> dict[str, Any]:
     out: dict[str, Any] = {"variant": name}
     f: Any = body
     if name.startswith("solforge"):
-        import solforge.compact
         import solforge.integrate
-        import solforge.linears
+        import solforge.integrate.compact
+        import solforge.integrate.linears
         from solforge.api import optimize
 
         # solforge-nocompact: without compact.py's pass, to measure what it saves in the same process
-        solforge.compact.ENABLED = name != "solforge-nocompact"
+        solforge.integrate.compact.ENABLED = name != "solforge-nocompact"
         # solforge-nolinears: without linears.py's pass (the training linears stay aten.linear)
-        solforge.linears.ENABLED = name != "solforge-nolinears"
+        solforge.integrate.linears.ENABLED = name != "solforge-nolinears"
         counted = [0]
-        real = solforge.compact.recompose_linear
+        real = solforge.integrate.compact.recompose_linear
 
         def counting(gm: Any) -> int:  # the Integrator's call, counted
             n = real(gm)

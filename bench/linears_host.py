@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from solforge import linears  # noqa: E402
+from solforge.integrate import linears  # noqa: E402
 
 
 def host_us(fn: Any, calls: int, device: str) -> float:

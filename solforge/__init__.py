@@ -24,10 +24,10 @@ def profile(*args: Any, **kwargs: Any) -> Any:
 
 def step_graphs(enabled: bool = True) -> Any:
     """A context manager: inside it, the optimized model's launch-bound calls without autograd
-    recording replay from CUDA graphs (`enabled`; solforge.stepgraphs), or never do
+    recording replay from CUDA graphs (`enabled`; solforge.runtime.stepgraphs), or never do
     (`step_graphs(False)`). Outside any such block they do when the model was optimized with
     cuda_graphs=True, the default. A call replays once its graph was captured, which needs a decode
     loop's cache (a static one) at the same addresses from call to call."""
-    from solforge.stepgraphs import step_graphs as _step_graphs
+    from solforge.runtime.stepgraphs import step_graphs as _step_graphs
 
     return _step_graphs(enabled)

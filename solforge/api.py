@@ -21,7 +21,7 @@ from solforge.integrate import Integrator, config_text, integrate_captured
 from solforge.numerics import dtype_name
 from solforge.records import E2EReport, Profile, RegionReport, Report, RunResult, TuneResult, TuningRecord
 from solforge.report import TRACE_BASELINE, TRACE_OPTIMIZED, ensure_writable, write_report
-from solforge.stepgraphs import settled_since_now
+from solforge.runtime.stepgraphs import settled_since_now
 from solforge.tune import candidates, family_module, tune
 from solforge.tune.timing import time_kernel
 from solforge.validate import validate
@@ -375,7 +375,7 @@ def optimize(
                        is_language_model=bool(is_language_model), params=params,
                        settled=settled_since_now(stats.step_graphs))
         if device == "cuda" and e2e.speedup is not None and e2e.speedup < 1:
-            graphed = "" if train else "; solforge.graphed replays a forward from a CUDA graph"
+            graphed = "" if train else "; solforge.runtime.graphed replays a forward from a CUDA graph"
             notes.append(f"the optimized model is slower end to end than the original ({e2e.speedup:.2f}x): "
                          f"keep the original for these inputs ({host_time(stats.step_graphs)}{graphed})")
         drawn = random_ops(g.aten for g in captured.graphs)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from solforge.dbcli import add_db_parser, run_db
+from solforge.db.cli import add_db_parser, run_db
 from solforge.errors import UserError
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ import torch.nn as nn
 from conftest import DEVICE
 
 from solforge import capture
-from solforge.compact import recompose_linear
 from solforge.integrate import integrate
+from solforge.integrate.compact import recompose_linear
 
 aten = torch.ops.aten
 

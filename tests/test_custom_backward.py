@@ -21,9 +21,9 @@ import torch.nn as nn
 from conftest import DEVICE
 from torch.utils.checkpoint import checkpoint
 
-from solforge import traingraphs
 from solforge.capture import capture
 from solforge.integrate import integrate
+from solforge.runtime import traingraphs
 
 
 class RoundSTE(torch.autograd.Function):

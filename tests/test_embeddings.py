@@ -19,10 +19,11 @@ import torch.nn.functional as F
 from conftest import DEVICE, requires_gpu
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import solforge.embeddings
-import solforge.linears
-from solforge.embeddings import COUNTERS, accumulate_rows, embedding
+import solforge.integrate.embeddings
+import solforge.integrate.linears
+import solforge.runtime.accumulate
 from solforge.integrate import IntegrationStats, integrate
+from solforge.integrate.embeddings import COUNTERS, accumulate_rows, embedding
 
 aten = torch.ops.aten
 V, H = 37, 13  # odd table; ids drawn from a few values so that most tokens repeat one
@@ -304,7 +305,7 @@ def test_tied_weight_gets_both_gradients() -> None:
 
 
 def test_switched_off_leaves_the_graph_to_aten(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(solforge.embeddings, "ENABLED", False)
+    monkeypatch.setattr(solforge.integrate.embeddings, "ENABLED", False)
     ref, opt_model, optimized, stats = _pair(11)
     before = _counts()
     for step in range(2):
@@ -315,14 +316,14 @@ def test_switched_off_leaves_the_graph_to_aten(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_environment_switch_is_read_at_import() -> None:
-    code = "import solforge.embeddings as e; print(e.ENABLED)"
+    code = "import solforge.integrate.embeddings as e; print(e.ENABLED)"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SOLFORGE_EMBEDDING": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_grad_in_place_off_hands_every_gradient_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(solforge.linears, "IN_PLACE", False)
+    monkeypatch.setattr(solforge.runtime.accumulate, "IN_PLACE", False)
     ref, opt_model, optimized, stats = _pair(12)
     before = _counts()
     for step in range(3):

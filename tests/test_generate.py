@@ -141,7 +141,7 @@ def test_the_static_cache_is_handed_back_reset() -> None:
 
 def test_a_kept_cache_is_not_handed_to_a_cast_model() -> None:
     """The kept cache's key holds the model's dtype and device: a model cast since gets a new one."""
-    from solforge.generation import StaticCacheKeeper
+    from solforge.runtime.generation import StaticCacheKeeper
 
     class Cache:
         def __init__(self) -> None:
@@ -181,7 +181,7 @@ def test_a_call_that_chose_no_cache_gets_a_static_one_of_a_rounded_length() -> N
     that chose none gets a static cache, rounded up in length, so that other lengths reuse it."""
     from transformers import DynamicCache, StaticCache
 
-    from solforge.generation import CACHE_LENGTH_STEP
+    from solforge.runtime.generation import CACHE_LENGTH_STEP
 
     m = _model()
     gen = torch.Generator().manual_seed(4)

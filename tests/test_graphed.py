@@ -9,8 +9,8 @@ import torch.nn as nn
 from conftest import requires_gpu
 
 from solforge.errors import UserError
-from solforge.graphed import Graphed
 from solforge.integrate import integrate
+from solforge.runtime.graphed import Graphed
 
 
 class Norm(nn.Module):

@@ -13,9 +13,10 @@ import torch
 import torch.nn as nn
 from conftest import requires_gpu
 
-import solforge.linears
+import solforge.integrate.linears
+import solforge.runtime.accumulate
 from solforge.integrate import IntegrationStats, integrate
-from solforge.linears import COUNTERS, linears
+from solforge.integrate.linears import COUNTERS, linears
 
 
 class Block(nn.Module):
@@ -143,7 +144,7 @@ def test_hooks_see_the_gradient() -> None:
 
 
 def test_switch_off_hands_every_gradient_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(solforge.linears, "IN_PLACE", False)
+    monkeypatch.setattr(solforge.runtime.accumulate, "IN_PLACE", False)
     ref, opt_model, optimized, _ = _pair(5)
     x = torch.randn(2, 4, 24)
     before = _counts()

@@ -13,8 +13,8 @@ from test_stepgraphs import fake_capture, launch_bound
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from solforge.integrate import integrate
-from solforge.shapes import ShapeDispatch, bound, hint, symbolic_inputs
-from solforge.stepgraphs import StepGraph, step_graphs
+from solforge.runtime.shapes import ShapeDispatch, bound, hint, symbolic_inputs
+from solforge.runtime.stepgraphs import StepGraph, step_graphs
 
 transformers = pytest.importorskip("transformers")
 
@@ -184,7 +184,7 @@ def test_a_graph_no_longer_kept_is_released() -> None:
 
 
 def test_a_copy_keeps_the_lowerings_meta() -> None:
-    from solforge.shapes import copy_graph
+    from solforge.runtime.shapes import copy_graph
 
     gm = _symbolic()
     gm.meta["grad_enabled"] = False

@@ -15,7 +15,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-from solforge.stepgraphs import PAY_CLEAR, PAY_MARGIN, PAY_SAMPLES, StepGraph, step_graphs, written_inputs
+from solforge.runtime.stepgraphs import PAY_CLEAR, PAY_MARGIN, PAY_SAMPLES, StepGraph, step_graphs, written_inputs
 
 
 def _step(ids: torch.Tensor, cache: torch.Tensor, length: torch.Tensor, w: torch.Tensor) -> Any:
@@ -296,7 +296,7 @@ def test_a_replay_whose_copies_cost_the_gpu_more_than_the_graph_is_dropped_whate
     GPU's part from 30 us to 80, past PAY_GPU_GROWTH x 30 + PAY_GPU_SLACK_S. A program whose host
     runs ahead pays those 80 us on every call: the capture goes although its cost (80) is under
     the run's (200)."""
-    from solforge.stepgraphs import PAY_GPU_GROWTH, PAY_GPU_SLACK_S
+    from solforge.runtime.stepgraphs import PAY_GPU_GROWTH, PAY_GPU_SLACK_S
 
     assert 80e-6 > PAY_GPU_GROWTH * 30e-6 + PAY_GPU_SLACK_S and 80e-6 < PAY_MARGIN * 200e-6
     step = _costed(run=(200e-6, 30e-6), replay=(5e-6, 80e-6))
@@ -500,7 +500,7 @@ def test_a_no_grad_graph_that_syncs_is_declined_and_random_ops_still_work() -> N
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_busy_times_the_gpu_work_not_the_hosts_gaps() -> None:
-    from solforge.stepgraphs import cuda_busy
+    from solforge.runtime.stepgraphs import cuda_busy
 
     x = torch.randn(1024, device="cuda")
 
@@ -541,7 +541,7 @@ def test_validation_waits_only_for_the_graphs_its_calls_reach() -> None:
     now on reaches it; one an earlier call compiled and no later call reaches is not waited for."""
     from types import SimpleNamespace
 
-    from solforge.stepgraphs import settled_since_now
+    from solforge.runtime.stepgraphs import settled_since_now
 
     reached = SimpleNamespace(calls=3, training=None, settled=False)
     left = SimpleNamespace(calls=1, training=None, settled=False)  # e.g. another shape's graph

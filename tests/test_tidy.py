@@ -13,8 +13,7 @@ import torch.fx as fx
 from conftest import DEVICE
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from solforge import tidy
-from solforge.integrate import integrate
+from solforge.integrate import integrate, tidy
 
 aten = torch.ops.aten
 transformers = pytest.importorskip("transformers")

@@ -16,9 +16,9 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-from solforge import traingraphs
-from solforge.stepgraphs import StepGraph, step_graphs, wall_time
-from solforge.traingraphs import TrainCapture
+from solforge.runtime import traingraphs
+from solforge.runtime.stepgraphs import StepGraph, step_graphs, wall_time
+from solforge.runtime.traingraphs import TrainCapture
 
 
 def _f(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,

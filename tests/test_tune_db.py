@@ -12,7 +12,7 @@ from conftest import DEVICE
 
 from solforge.db import KernelDB
 from solforge.records import RunResult, Verdict, Workload
-from solforge.stepgraphs import step_graphs
+from solforge.runtime.stepgraphs import step_graphs
 from solforge.tune import candidates, family_module, tune
 from solforge.tune.runners import LocalRunner
 

@@ -35,7 +35,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch.fx.operator_schemas import normalize_function
 
-from solforge.shapes import binding, bound_value, hint
+from solforge.runtime.shapes import binding, bound_value, hint
 
 aten = torch.ops.aten
 

@@ -37,7 +37,7 @@ import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from solforge.shapes import symbolic
+from solforge.runtime.shapes import symbolic
 
 
 class Body:

@@ -42,7 +42,7 @@ from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
-from solforge.shapes import hint
+from solforge.runtime.shapes import hint
 
 FAMILY = "cross_entropy"
 

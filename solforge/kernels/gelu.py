@@ -40,7 +40,7 @@ from solforge.kernels.rounding import as_stored
 from solforge.kernels.swiglu import _act_fwd, _act_fwd_bwd, _block_for, _warps_for
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
-from solforge.shapes import hint
+from solforge.runtime.shapes import hint
 
 FAMILY = "gelu"
 APPROXIMATIONS = ("none", "tanh")  # F.gelu's `approximate`

@@ -43,7 +43,7 @@ from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rmsnorm import _ld, _load_weight, _st
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
-from solforge.shapes import hint
+from solforge.runtime.shapes import hint
 
 FAMILY = "layernorm"
 

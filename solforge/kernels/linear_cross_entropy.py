@@ -68,7 +68,7 @@ from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
-from solforge.shapes import hint
+from solforge.runtime.shapes import hint
 
 FAMILY = "linear_cross_entropy"
 

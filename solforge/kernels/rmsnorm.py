@@ -39,7 +39,7 @@ from solforge.kernels.rounding import as_stored
 from solforge.kernels.torch_order import row_sumsq, rstd_of, sum_meta
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
-from solforge.shapes import hint
+from solforge.runtime.shapes import hint
 
 FAMILY = "rmsnorm"
 

@@ -49,7 +49,7 @@ from solforge.kernels.rounding import as_stored
 from solforge.kernels.torch_order import head_sumsq_128, rstd_of
 from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
-from solforge.shapes import hint
+from solforge.runtime.shapes import hint
 
 FAMILY = "rope"
 

@@ -36,7 +36,7 @@ from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rounding import as_stored
 from solforge.numerics import dtype_name, input_generator, parse_dtype
 from solforge.records import Workload
-from solforge.shapes import hint
+from solforge.runtime.shapes import hint
 
 FAMILY = "swiglu"
 ACTS = ("silu", "gelu_tanh", "gelu")

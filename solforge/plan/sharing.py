@@ -51,7 +51,7 @@ import torch
 import torch.fx as fx
 
 from solforge.capture.cse import alias_analysis, mergeable
-from solforge.shapes import hint
+from solforge.runtime.shapes import hint
 
 aten = torch.ops.aten
 

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from solforge.capture import SolforgeBackend, compile_forward
-from solforge.stepgraphs import step_graphs
+from solforge.runtime.stepgraphs import step_graphs
 
 CACHE_LENGTH_STEP = 256  # a cache solforge chooses is a multiple of this long (see the module doc)
 

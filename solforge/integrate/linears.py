@@ -52,13 +52,13 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.autograd.graph import get_gradient_edge
+
+from solforge.runtime.accumulate import accumulates_in_place
 
 aten = torch.ops.aten
 
 _OFF = ("0", "false", "off", "")
 ENABLED = os.environ.get("SOLFORGE_LINEARS", "1") not in _OFF
-IN_PLACE = os.environ.get("SOLFORGE_GRAD_IN_PLACE", "1") not in _OFF
 
 
 @dataclass
@@ -71,24 +71,6 @@ class Counters:
 
 
 COUNTERS = Counters()
-
-
-def accumulates_in_place(w: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether `w.grad += dW` may be done here, with dW of `dtype`, instead of by autograd
-    (module docstring). Called inside the backward."""
-    if not IN_PLACE or not w.is_leaf or w._backward_hooks or torch.is_grad_enabled():
-        return False
-    grad = w.grad
-    if grad is None or type(grad) is not torch.Tensor or grad.layout != torch.strided \
-            or grad.requires_grad or grad.dtype != dtype or grad.dtype != w.dtype \
-            or grad.shape != w.shape or grad.device != w.device or not grad.is_contiguous():
-        return False
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return False
-    try:
-        return bool(torch._C._will_engine_execute_node(get_gradient_edge(w).node))
-    except RuntimeError:  # autograd.grad(): the gradient is returned to the caller, not accumulated
-        return False
 
 
 # ----------------------------------------------------------------------------------------------

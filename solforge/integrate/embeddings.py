@@ -60,7 +60,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.linears import _OFF, _trainable_weight, accumulates_in_place
+from solforge.integrate.linears import _OFF, _trainable_weight
+from solforge.runtime.accumulate import accumulates_in_place
 
 aten = torch.ops.aten
 

@@ -84,7 +84,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from solforge.linears import accumulates_in_place
+from solforge.runtime.accumulate import accumulates_in_place
 
 ENABLED = os.environ.get("SOLFORGE_TRAIN_GRAPHS", "1").lower() not in ("0", "false", "no", "off")
 # the accumulating backward (module doc, 5); SOLFORGE_TRAIN_ACCUMULATE=0 leaves every backward to
@@ -562,7 +562,7 @@ class TrainGraph:
         """After a failed CUDA capture: the random generators' state (stepgraphs.reset_capture_state)."""
         if self._capture is not cuda_capture_train:
             return
-        from solforge.stepgraphs import reset_capture_state  # stepgraphs imports this module
+        from solforge.runtime.stepgraphs import reset_capture_state  # stepgraphs imports this module
 
         problem = reset_capture_state()
         if problem is not None:

@@ -27,7 +27,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from solforge.errors import UserError
-from solforge.stepgraphs import step_graphs
+from solforge.runtime.stepgraphs import step_graphs
 
 
 def _signature(value: Any) -> Any:

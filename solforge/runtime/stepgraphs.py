@@ -71,8 +71,8 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from solforge import traingraphs
-from solforge.shapes import symbolic_inputs
+from solforge.runtime import traingraphs
+from solforge.runtime.shapes import symbolic_inputs
 
 _DATA_PTR = torch.Tensor.data_ptr
 LAUNCH_BOUND = 0.5  # host enqueue time / GPU time at or above which a graph is worth capturing
@@ -366,7 +366,7 @@ class StepGraph:
 
     def _guarded(self, call: Callable[[Sequence[Any]], Any], args: Sequence[Any]) -> Any:
         if self._may_be_captured and torch.cuda.is_current_stream_capturing():
-            # the caller captures its own CUDA graph around this call (solforge.graphed, a serving
+            # the caller captures its own CUDA graph around this call (solforge.runtime.graphed, a serving
             # loop): a timing would wait on the GPU and a capture of ours cannot nest in it
             return self.gm(*args)
         # one thread at a time: a replay copies into buffers another call would overwrite, and a

@@ -53,15 +53,15 @@ import torch
 import torch.fx as fx
 
 from solforge.capture import SolforgeBackend, compile_with
-from solforge.compact import recompose_linear
-from solforge.embeddings import rewrite_embeddings
-from solforge.generation import route_generate
+from solforge.integrate.compact import recompose_linear
+from solforge.integrate.embeddings import rewrite_embeddings
+from solforge.integrate.linears import group_linears
+from solforge.integrate.tidy import drop_unused_views, split_partitions
 from solforge.kernels.direct import direct_calls
-from solforge.linears import group_linears
 from solforge.plan import find_matches, rewrite
 from solforge.records import TuningRecord, Workload
-from solforge.shapes import binding, symbolic
-from solforge.tidy import drop_unused_views, split_partitions
+from solforge.runtime.generation import route_generate
+from solforge.runtime.shapes import binding, symbolic
 from solforge.tune import family_module
 
 
