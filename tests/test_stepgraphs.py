@@ -481,7 +481,7 @@ def test_an_optimized_small_models_no_grad_forward_replays_on_the_gpu() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_a_no_grad_graph_that_syncs_is_declined_and_random_ops_still_work() -> None:
     """As test_traingraphs' training case: a failed capture with dropout in it leaves the random
-    generator usable (stepgraphs.reset_capture_state)."""
+    generator usable (traingraphs.reset_capture_state)."""
 
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         h = torch.nn.functional.dropout(x @ w, 0.1, training=True)

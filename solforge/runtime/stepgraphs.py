@@ -73,6 +73,7 @@ from torch.utils import _pytree as pytree
 
 from solforge.runtime import traingraphs
 from solforge.runtime.shapes import symbolic_inputs
+from solforge.runtime.traingraphs import reset_capture_state
 
 _DATA_PTR = torch.Tensor.data_ptr
 LAUNCH_BOUND = 0.5  # host enqueue time / GPU time at or above which a graph is worth capturing
@@ -187,19 +188,6 @@ def cuda_capture(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Callable[
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         out = fn(*args)
     return graph.replay, out
-
-
-def reset_capture_state() -> str | None:
-    """After a failed CUDA capture: one that ends with an error leaves the CUDA random generators in
-    their capturing state (torch 2.11: every later random op on the GPU then fails, "Offset
-    increment outside graph capture"). An empty capture that succeeds puts them back. Returns why
-    the reset failed, or None."""
-    try:
-        with torch.cuda.graph(torch.cuda.CUDAGraph()):
-            pass
-    except Exception as e:  # noqa: BLE001 - the caller's decline says what failed first
-        return f"{type(e).__name__}: {e}"
-    return None
 
 
 def _timed_call(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float, Any, Any]:

@@ -145,6 +145,19 @@ class TrainCaptureRefused(Exception):
     """A graph whose training calls cannot be replayed; the message says why."""
 
 
+def reset_capture_state() -> str | None:
+    """After a failed CUDA capture: one that ends with an error leaves the CUDA random generators in
+    their capturing state (torch 2.11: every later random op on the GPU then fails, "Offset
+    increment outside graph capture"). An empty capture that succeeds puts them back. Returns why
+    the reset failed, or None."""
+    try:
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            pass
+    except Exception as e:  # noqa: BLE001 - the caller's decline says what failed first
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 @dataclass
 class TrainCapture:
     """What a capture leaves: two replays and the fixed tensors they read and write."""
@@ -559,11 +572,9 @@ class TrainGraph:
                 f"({self.host_s * 1e3:.2f} ms of host time)")
 
     def _reset(self) -> None:
-        """After a failed CUDA capture: the random generators' state (stepgraphs.reset_capture_state)."""
+        """After a failed CUDA capture: the random generators' state (reset_capture_state)."""
         if self._capture is not cuda_capture_train:
             return
-        from solforge.runtime.stepgraphs import reset_capture_state  # stepgraphs imports this module
-
         problem = reset_capture_state()
         if problem is not None:
             self.declined = f"{self.declined}; resetting the capture state failed too: {problem}"
