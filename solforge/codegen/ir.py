@@ -128,6 +128,12 @@ def _is_getitem(node: fx.Node) -> bool:
 def from_nodes(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], device: str | None = None) -> RegionIR:
     """The IR of `nodes` (graph order; getitems of a member op allowed) returning `outputs`.
     Every node must have static metas (regions.py admits only such nodes)."""
+    return build(nodes, outputs, device)[0]
+
+
+def build(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node],
+          device: str | None = None) -> tuple[RegionIR, list[fx.Node]]:
+    """`from_nodes`, and the input nodes in the IR's order (in0, in1, ...)."""
     members = set(nodes)
     index: dict[fx.Node, int] = {}
     inputs: list[fx.Node] = []
@@ -173,7 +179,7 @@ def from_nodes(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node], device: str
     if device is None:
         vals = [n.meta.get("val") for n in nodes if isinstance(n.meta.get("val"), torch.Tensor)]
         device = vals[0].device.type if vals else "cpu"
-    return RegionIR(tuple(in_metas), tuple(ops), outs, device)
+    return RegionIR(tuple(in_metas), tuple(ops), outs, device), inputs
 
 
 def resolve(target: str) -> Any:

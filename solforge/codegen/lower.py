@@ -603,7 +603,7 @@ def analyze(kg: KernelGraph) -> Analysis:
     def fail(msg: str) -> Analysis:
         return Analysis(None, error=msg)
 
-    for i, n in enumerate(nodes):
+    for n in nodes:
         dep = [j for j in n.inputs if kinds[j] != "pre"]
         st = max((stages[j] for j in n.inputs), default=0)
         if n.kind == "reduce":

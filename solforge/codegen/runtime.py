@@ -21,7 +21,7 @@ import triton
 
 from solforge.codegen.lower import Lowered
 from solforge.codegen.schedule import Schedule, heuristic, is_valid
-from solforge.codegen.triton_gen import KERNEL, _I32_MAX, generate, needs_index64
+from solforge.codegen.triton_gen import I32_MAX, KERNEL, generate, needs_index64
 from solforge.kernels.launch import launch as _launch
 
 _KERNELS: dict[tuple[str, Schedule], Any] = {}
@@ -108,7 +108,7 @@ def run(region: Lowered, schedule: Schedule | None, inputs: Sequence[torch.Tenso
         return outs
     if not needs_index64(region):  # the kernel was built with int32 index math: these must fit
         for t in (*inputs, *outs):
-            if sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True)) > _I32_MAX:
+            if sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True)) > I32_MAX:
                 raise _bad("a tensor's strides pass int32 for a kernel built for int32 indices")
     args: list[Any] = [*inputs, *outs]
     for t in (*inputs, *outs):

@@ -26,7 +26,7 @@ from solforge.codegen.lower import KNode, Lowered
 from solforge.codegen.schedule import Schedule
 
 KERNEL = "generated_kernel"
-_I32_MAX = 2**31 - 1
+I32_MAX = 2**31 - 1
 
 
 def _lit(v: object, kt: str) -> str:
@@ -312,7 +312,7 @@ def needs_index64(region: Lowered) -> bool:
     for other strides at run time) passes int32. The launcher refuses inputs past what was chosen."""
     ir = region.ir
     ext = [sum((n - 1) * abs(s) for n, s in zip(m.shape, m.stride, strict=True)) for m in ir.inputs]
-    return max([region.space.numel * 2, *(e * 2 for e in ext)]) > _I32_MAX
+    return max([region.space.numel * 2, *(e * 2 for e in ext)]) > I32_MAX
 
 
 def generate(region: Lowered, sched: Schedule) -> str:
