@@ -1,0 +1,689 @@
+"""Lower a region's ATen ops (ir.RegionIR) to the kernel graph the generator emits, and find its loop.
+
+The kernel graph has five kinds of node, each with its shape and kernel type ('f': computed in fp32,
+'b': bool, 'i': integer):
+  load    input i, read through its strides at whatever index its reader asks for
+  const   a Python scalar
+  pw      one pointwise function (the `PW` templates in triton_gen.py) of its operands, broadcast
+  view    index arithmetic: reshape, permute, expand, slice, select (no data moves)
+  reduce  sum/max/min over some dims of one operand
+Composite ATen ops are written out here: mean = sum / n, var = sum((x - mean)^2) / (n - correction),
+softmax = exp(x - max) / sum(exp(x - max)), log_softmax, logsumexp, vector norms.
+
+`analyze` finds the region's one loop space (shape S, reduced dims D) and checks that every value
+that depends on a reduction is evaluated at the row of the loop point that reads it:
+  pre   depends on no reduction: a pure function of the inputs, correct at any index
+  row   depends on reductions and holds one value per row (numel = rows; a linear-order view of the
+        keepdim shape), read by the pass that follows the reduction
+  loop  depends on reductions and is aligned with the loop: its element at linear index j is the
+        loop point at linear index j of S (shape S, or a reshape of such a value)
+Each reduction's stage is one more than the deepest reduction its input needs (LayerNorm's var,
+which reads the mean, is stage 2): a looped schedule makes one pass per stage, then one to store.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from solforge.codegen.ir import Ref, RegionIR
+
+
+@dataclass(frozen=True)
+class KNode:
+    kind: str  # load | const | pw | view | reduce
+    fn: str  # pw: template; view: reshape/permute/expand/slice/select; reduce: sum/max/min
+    inputs: tuple[int, ...]
+    params: tuple[Any, ...]
+    shape: tuple[int, ...]
+    ktype: str  # 'f' | 'b' | 'i'
+
+
+@dataclass(frozen=True)
+class KernelGraph:
+    nodes: tuple[KNode, ...]
+    outputs: tuple[int, ...]  # one node per region output
+
+
+@dataclass(frozen=True)
+class LoopSpace:
+    shape: tuple[int, ...]  # S: the shape every reduction reads (pointwise: the outputs' shape)
+    reduced: tuple[int, ...]  # D: the dims reduced (sorted); () for a pointwise region
+    stages: int  # reduction stages (0: pointwise)
+
+    @property
+    def row_dims(self) -> tuple[int, ...]:
+        return tuple(d for d in range(len(self.shape)) if d not in self.reduced)
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.shape[d] for d in self.row_dims)
+
+    @property
+    def cols(self) -> int:
+        return math.prod(self.shape[d] for d in self.reduced)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """The loop of a kernel graph, or why it has none. `bad_outputs`: outputs the loop cannot store
+    (regions.py moves them out of the region)."""
+
+    space: LoopSpace | None
+    kinds: tuple[str, ...] = ()  # per node: pre | row | loop
+    stages: tuple[int, ...] = ()  # per node: reduction stages it needs (a reduce: its own)
+    error: str | None = None
+    bad_outputs: tuple[int, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.space is not None and not self.bad_outputs
+
+
+class LowerError(ValueError):
+    pass
+
+
+def ktype_of(dtype: torch.dtype) -> str:
+    return "f" if dtype.is_floating_point else "b" if dtype == torch.bool else "i"
+
+
+def broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
+    return tuple(torch.broadcast_shapes(*[torch.Size(s) for s in shapes]))
+
+
+@dataclass(frozen=True)
+class V:
+    """A kernel-graph value among an op's arguments (a plain int is a scalar)."""
+
+    id: int
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.nodes: list[KNode] = []
+        self.seen: dict[KNode, int] = {}  # identical nodes are one (var_mean next to mean: one sum)
+        self.current = ""  # the ATen op being lowered (entries shared by several ops branch on it)
+
+    def add(self, kind: str, fn: str, inputs: Sequence[int], params: Sequence[Any], shape: Sequence[int],
+            ktype: str) -> V:
+        node = KNode(kind, fn, tuple(inputs), tuple(params), tuple(shape), ktype)
+        if node not in self.seen:
+            self.seen[node] = len(self.nodes)
+            self.nodes.append(node)
+        return V(self.seen[node])
+
+    def shape(self, v: V) -> tuple[int, ...]:
+        return self.nodes[v.id].shape
+
+    def ktype(self, v: Any) -> str:
+        if isinstance(v, V):
+            return self.nodes[v.id].ktype
+        return "b" if isinstance(v, bool) else "i" if isinstance(v, int) else "f"
+
+    def t(self, v: Any) -> V:
+        if isinstance(v, V):
+            return v
+        if not isinstance(v, (int, float, bool)):
+            raise LowerError(f"operand {v!r} is not a tensor or a scalar")
+        return self.add("const", "", (), (v,), (), self.ktype(v))
+
+    def pw(self, fn: str, *ops: Any, params: Sequence[Any] = (), ktype: str | None = None) -> V:
+        vs = [self.t(o) for o in ops]
+        kt = ktype or ("f" if any(self.ktype(v) == "f" for v in vs) else
+                       "i" if any(self.ktype(v) == "i" for v in vs) else "b")
+        return self.add("pw", fn, [v.id for v in vs], params, broadcast(*[self.shape(v) for v in vs]), kt)
+
+    def view(self, fn: str, x: V, params: Sequence[Any], shape: Sequence[int]) -> V:
+        if fn == "reshape" and tuple(shape) == self.shape(x):
+            return x
+        return self.add("view", fn, (x.id,), params, shape, self.nodes[x.id].ktype)
+
+    def reshape(self, x: V, shape: Sequence[int]) -> V:
+        if math.prod(shape) != math.prod(self.shape(x)):
+            raise LowerError(f"reshape {self.shape(x)} -> {tuple(shape)}")
+        return self.view("reshape", x, (tuple(shape),), shape)
+
+    def reduce(self, fn: str, x: V, dims: Sequence[int] | None, keepdim: bool) -> V:
+        s = self.shape(x)
+        ds = _dims(dims, len(s))
+        out = tuple(1 if d in ds else n for d, n in enumerate(s)) if keepdim else \
+            tuple(n for d, n in enumerate(s) if d not in ds)
+        if self.nodes[x.id].ktype != "f":  # accumulate in fp32 (an integer sum is exact below 2^24)
+            x = self.pw("to_f", x, ktype="f")
+        return self.add("reduce", fn, (x.id,), (ds, keepdim), out, "f")
+
+
+def _dims(dims: Any, rank: int) -> tuple[int, ...]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return tuple(range(rank))
+    if isinstance(dims, int):
+        dims = (dims,)
+    out = sorted({d % rank if rank else 0 for d in dims})
+    return tuple(out)
+
+
+def _count(shape: Sequence[int], dims: Sequence[int]) -> int:
+    return math.prod(shape[d] for d in dims)
+
+
+# ------------------------------------------------------------------------------------------------
+# ATen op -> kernel graph. Each entry: (builder, args, kwargs dict, out meta shapes) -> V or tuple of V.
+
+Lowering = Callable[[_Builder, list[Any], dict[str, Any], list[tuple[int, ...]]], Any]
+LOWERINGS: dict[str, Lowering] = {}
+
+
+def _reg(*names: str) -> Callable[[Lowering], Lowering]:
+    def deco(fn: Lowering) -> Lowering:
+        for n in names:
+            LOWERINGS[n] = fn
+        return fn
+    return deco
+
+
+def _binary(fn: str, alpha: bool = False) -> Lowering:
+    def low(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+        y = a[1]
+        al = kw.get("alpha", a[2] if len(a) > 2 else 1)
+        if alpha and al != 1:
+            y = b.pw("mul", y, al)
+        return b.pw(fn, a[0], y)
+    return low
+
+
+for _name, _fn in (("add", "add"), ("sub", "sub")):
+    _reg(f"aten.{_name}.Tensor", f"aten.{_name}.Scalar")(_binary(_fn, alpha=True))
+_reg("aten.mul.Tensor", "aten.mul.Scalar")(_binary("mul"))
+_reg("aten.maximum.default")(_binary("max2"))
+_reg("aten.minimum.default")(_binary("min2"))
+for _cmp in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _reg(f"aten.{_cmp}.Tensor", f"aten.{_cmp}.Scalar")(
+        lambda b, a, kw, out, _c=_cmp: b.pw(_c, a[0], a[1], ktype="b"))
+_reg("aten.logical_and.default")(lambda b, a, kw, out: b.pw("and", b.pw("to_b", a[0], ktype="b"),
+                                                             b.pw("to_b", a[1], ktype="b"), ktype="b"))
+_reg("aten.logical_or.default")(lambda b, a, kw, out: b.pw("or", b.pw("to_b", a[0], ktype="b"),
+                                                            b.pw("to_b", a[1], ktype="b"), ktype="b"))
+_reg("aten.logical_not.default")(lambda b, a, kw, out: b.pw("not", a[0], ktype="b"))
+_reg("aten.isnan.default")(lambda b, a, kw, out: b.pw("isnan", a[0], ktype="b"))
+
+
+@_reg("aten.rsub.Scalar", "aten.rsub.Tensor")
+def _rsub(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    al = kw.get("alpha", a[2] if len(a) > 2 else 1)
+    x = a[0] if al == 1 else b.pw("mul", a[0], al)
+    return b.pw("sub", a[1], x)
+
+
+@_reg("aten.div.Tensor", "aten.div.Scalar")
+def _div(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    return b.pw("div", a[0], a[1], ktype="f")
+
+
+# unary float functions: ATen name -> template
+_UNARY = {"neg": "neg", "abs": "abs", "exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt",
+          "rsqrt": "rsqrt", "reciprocal": "recip", "sin": "sin", "cos": "cos", "tanh": "tanh",
+          "sigmoid": "sigmoid", "erf": "erf", "floor": "floor", "ceil": "ceil", "trunc": "trunc", "sign": "sign",
+          "log1p": "log1p", "expm1": "expm1", "relu": "relu", "silu": "silu", "hardsigmoid": "hardsigmoid",
+          "hardswish": "hardswish", "mish": "mish"}
+for _aten, _t in _UNARY.items():
+    _float = _t not in ("neg", "abs", "relu", "sign")
+    _reg(f"aten.{_aten}.default")(lambda b, a, kw, out, _t=_t, _f=_float: b.pw(_t, a[0], ktype="f" if _f else None))
+
+
+@_reg("aten.gelu.default")
+def _gelu(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    approx = kw.get("approximate", a[1] if len(a) > 1 else "none")
+    return b.pw("gelu_tanh" if approx == "tanh" else "gelu", a[0], ktype="f")
+
+
+@_reg("aten.leaky_relu.default")
+def _leaky(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    return b.pw("leaky", a[0], params=(float(a[1] if len(a) > 1 else 0.01),), ktype="f")
+
+
+@_reg("aten.hardtanh.default")
+def _hardtanh(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    lo, hi = (list(a[1:]) + [-1.0, 1.0][len(a) - 1:])[:2]
+    return b.pw("min2", b.pw("max2", a[0], float(lo)), float(hi))
+
+
+@_reg("aten.elu.default")
+def _elu(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    alpha, scale, iscale = (list(a[1:]) + [1.0, 1.0, 1.0][len(a) - 1:])[:3]
+    return b.pw("elu", a[0], params=(float(alpha), float(scale), float(iscale)), ktype="f")
+
+
+@_reg("aten.softplus.default")
+def _softplus(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    beta, th = (list(a[1:]) + [1.0, 20.0][len(a) - 1:])[:2]
+    return b.pw("softplus", a[0], params=(float(beta), float(th)), ktype="f")
+
+
+@_reg("aten.pow.Tensor_Scalar")
+def _pow(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x, e = a[0], a[1]
+    if isinstance(e, bool) or not isinstance(e, (int, float)):
+        raise LowerError("pow with a non-number exponent")
+    if float(e).is_integer() and abs(e) <= 8:
+        y = b.pw("pow_int", x, params=(abs(int(e)),), ktype="f" if e < 0 or b.ktype(x) == "f" else None)
+        return b.pw("recip", y, ktype="f") if e < 0 else y
+    if e == 0.5:
+        return b.pw("sqrt", x, ktype="f")
+    if e == -0.5:
+        return b.pw("rsqrt", x, ktype="f")
+    return b.pw("powf", x, params=(float(e),), ktype="f")
+
+
+@_reg("aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default", "aten.clamp.Tensor")
+def _clamp(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = a[0]
+    lo = kw.get("min", a[1] if len(a) > 1 else None)
+    hi = kw.get("max", a[2] if len(a) > 2 else None)
+    if len(a) == 2 and not kw and out:  # clamp_min / clamp_max: one bound, which one is in the name
+        pass
+    return x if lo is None and hi is None else _bounds(b, x, lo, hi)
+
+
+def _bounds(b: _Builder, x: Any, lo: Any, hi: Any) -> V:
+    if lo is not None:
+        x = b.pw("max2", x, lo)
+    if hi is not None:
+        x = b.pw("min2", x, hi)
+    return x
+
+
+_reg("aten.clamp_min.default")(lambda b, a, kw, out: b.pw("max2", a[0], a[1]))
+_reg("aten.clamp_max.default")(lambda b, a, kw, out: b.pw("min2", a[0], a[1]))
+
+
+@_reg("aten.where.self", "aten.where.ScalarSelf", "aten.where.ScalarOther", "aten.where.Scalar")
+def _where(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    c = b.t(a[0])
+    if b.ktype(c) != "b":
+        c = b.pw("to_b", c, ktype="b")
+    kt = "f" if "f" in (b.ktype(a[1]), b.ktype(a[2])) else None
+    return b.pw("where", c, a[1], a[2], ktype=kt)
+
+
+@_reg("aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+def _masked_fill(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    return b.pw("where", a[1], a[2], a[0], ktype=b.ktype(a[0]))
+
+
+def _cast(b: _Builder, x: Any, dtype: torch.dtype) -> V:
+    """A cast: to bool (x != 0), to an integer, or to a float type (rounded to it when it is narrower
+    than fp32, as the graph stores it; computed in fp32 after)."""
+    x = b.t(x)
+    kt = ktype_of(dtype)
+    if kt == "b":
+        return b.pw("to_b", x, ktype="b") if b.ktype(x) != "b" else x
+    if kt == "i":
+        return b.pw("to_i", x, params=(str(dtype).removeprefix("torch."),), ktype="i")
+    if dtype == torch.float64:
+        raise LowerError("fp64 values are computed in fp32 by the generator: not fused")
+    if dtype in (torch.bfloat16, torch.float16):
+        return b.pw("round", x, params=(str(dtype).removeprefix("torch."),), ktype="f")
+    return b.pw("to_f", x, ktype="f") if b.ktype(x) != "f" else x
+
+
+@_reg("aten._to_copy.default")
+def _to_copy(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    if kw.get("layout") not in (None, torch.strided) or kw.get("memory_format") not in (None, torch.preserve_format,
+                                                                                          torch.contiguous_format):
+        raise LowerError("a _to_copy that changes layout")
+    dtype = kw.get("dtype")
+    return b.t(a[0]) if dtype is None else _cast(b, a[0], dtype)
+
+
+_reg("prims.convert_element_type.default")(lambda b, a, kw, out: _cast(b, a[0], a[1]))
+_reg("aten.clone.default", "aten.alias.default", "aten.detach.default", "aten.lift_fresh_copy.default",
+     "aten.contiguous.default")(lambda b, a, kw, out: b.t(a[0]))
+
+
+@_reg("aten.full.default", "aten.scalar_tensor.default")
+def _full(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    value = a[1] if len(a) > 1 else a[0]
+    c = b.t(value)
+    return b.view("expand", c, (tuple(out[0]),), out[0]) if out[0] else c
+
+
+@_reg("aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default")
+def _full_like(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    value = a[1] if len(a) > 1 else 0 if "zeros" in b.current else 1
+    c = b.t(value)
+    return b.view("expand", c, (tuple(out[0]),), out[0]) if out[0] else c
+
+
+# --- views: index arithmetic
+
+_reg("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.unsqueeze.default",
+     "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.flatten.using_ints",
+     "aten.unflatten.int")(lambda b, a, kw, out: b.reshape(b.t(a[0]), out[0]))
+
+
+@_reg("aten.expand.default")
+def _expand(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    return x if b.shape(x) == tuple(out[0]) else b.view("expand", x, (tuple(out[0]),), out[0])
+
+
+def _permute(b: _Builder, x: V, perm: Sequence[int]) -> V:
+    perm = tuple(p % len(perm) for p in perm)
+    if perm == tuple(range(len(perm))):
+        return x
+    s = b.shape(x)
+    return b.view("permute", x, (perm,), tuple(s[p] for p in perm))
+
+
+_reg("aten.permute.default")(lambda b, a, kw, out: _permute(b, b.t(a[0]), a[1]))
+
+
+@_reg("aten.transpose.int")
+def _transpose(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    n = len(b.shape(x))
+    if n == 0:
+        return x
+    perm = list(range(n))
+    d0, d1 = a[1] % n, a[2] % n
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return _permute(b, x, perm)
+
+
+@_reg("aten.t.default")
+def _t(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    return _permute(b, x, (1, 0)) if len(b.shape(x)) == 2 else x
+
+
+@_reg("aten.slice.Tensor")
+def _slice(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    s = b.shape(x)
+    dim = (a[1] if len(a) > 1 else 0) % len(s)
+    start = a[2] if len(a) > 2 and a[2] is not None else 0
+    step = a[4] if len(a) > 4 else 1
+    if start < 0:
+        start += s[dim]
+    start = min(max(start, 0), s[dim])
+    if tuple(out[0]) == s and start == 0 and step == 1:
+        return x
+    return b.view("slice", x, (dim, start, step), out[0])
+
+
+@_reg("aten.select.int")
+def _select(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    s = b.shape(x)
+    dim = a[1] % len(s)
+    return b.view("select", x, (dim, a[2] % s[dim]), out[0])
+
+
+# --- reductions
+
+
+def _keep(b: _Builder, x: V, dims: Sequence[int]) -> tuple[int, ...]:
+    return tuple(1 if d in dims else n for d, n in enumerate(b.shape(x)))
+
+
+def _mean(b: _Builder, x: V, dims: tuple[int, ...], keepdim: bool) -> V:
+    return b.pw("div", b.reduce("sum", x, dims, keepdim), float(_count(b.shape(x), dims)), ktype="f")
+
+
+@_reg("aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default")
+def _sum(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    dims = _dims(a[1] if len(a) > 1 else None, len(b.shape(x)))
+    keepdim = bool(kw.get("keepdim", a[2] if len(a) > 2 else False))
+    if b.current.startswith("aten.mean"):
+        return _mean(b, x, dims, keepdim)
+    return b.reduce("sum", x, dims, keepdim)
+
+
+@_reg("aten.amax.default", "aten.amin.default")
+def _amax(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    dims = _dims(a[1] if len(a) > 1 else None, len(b.shape(x)))
+    keepdim = bool(kw.get("keepdim", a[2] if len(a) > 2 else False))
+    return b.reduce("max" if "amax" in b.current else "min", x, dims, keepdim)
+
+
+def _var_parts(b: _Builder, a: list[Any], kw: dict[str, Any]) -> tuple[V, V, tuple[int, ...], bool]:
+    """(var keepdim, mean keepdim, dims, keepdim) of var/std/var_mean's arguments."""
+    x = b.t(a[0])
+    if b.ktype(x) != "f":
+        x = b.pw("to_f", x, ktype="f")
+    dims = _dims(kw.get("dim", a[1] if len(a) > 1 else None), len(b.shape(x)))
+    corr = kw.get("correction", a[2] if len(a) > 2 and not isinstance(a[2], bool) else None)
+    if b.current.endswith(".dim"):  # var.dim(x, dims, unbiased, keepdim)
+        corr = 1 if (a[2] if len(a) > 2 else kw.get("unbiased", True)) else 0
+    corr = 1 if corr is None else corr
+    keepdim = bool(kw.get("keepdim", a[3] if len(a) > 3 else False))
+    n = _count(b.shape(x), dims)
+    mean = _mean(b, x, dims, True)
+    d = b.pw("sub", x, mean)
+    var = b.pw("div", b.reduce("sum", b.pw("mul", d, d), dims, True), float(max(n - corr, 0)), ktype="f")
+    return var, mean, dims, keepdim
+
+
+def _unkeep(b: _Builder, v: V, x_shape: Sequence[int], dims: Sequence[int], keepdim: bool) -> V:
+    return v if keepdim else b.reshape(v, tuple(n for d, n in enumerate(x_shape) if d not in dims))
+
+
+@_reg("aten.var.correction", "aten.var.dim", "aten.std.correction", "aten.std.dim", "aten.var_mean.correction")
+def _var(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> Any:
+    var, mean, dims, keepdim = _var_parts(b, a, kw)
+    shape = b.shape(b.t(a[0]))
+    if b.current.startswith("aten.std"):
+        var = b.pw("sqrt", var, ktype="f")
+    if b.current.startswith("aten.var_mean"):
+        return _unkeep(b, var, shape, dims, keepdim), _unkeep(b, mean, shape, dims, keepdim)
+    return _unkeep(b, var, shape, dims, keepdim)
+
+
+def _max_shift(b: _Builder, x: V, dims: tuple[int, ...]) -> tuple[V, V]:
+    """(x - m, m) with m the max over dims, kept; a row of -inf shifts by 0 (torch gives such a
+    softmax NaN and its logsumexp -inf: both follow from the shifted sums)."""
+    m = b.reduce("max", x, dims, True)
+    m = b.pw("where", b.pw("eq", m, float("-inf"), ktype="b"), 0.0, m, ktype="f")
+    return b.pw("sub", x, m), m
+
+
+@_reg("aten._softmax.default", "aten._log_softmax.default")
+def _softmax(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    if b.ktype(x) != "f":
+        x = b.pw("to_f", x, ktype="f")
+    dims = _dims(a[1], len(b.shape(x)))
+    z, _ = _max_shift(b, x, dims)
+    e = b.pw("exp", z, ktype="f")
+    s = b.reduce("sum", e, dims, True)
+    if "log_softmax" in b.current:
+        return b.pw("sub", z, b.pw("log", s, ktype="f"))
+    return b.pw("div", e, s, ktype="f")
+
+
+@_reg("aten.logsumexp.default")
+def _logsumexp(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    if b.ktype(x) != "f":
+        x = b.pw("to_f", x, ktype="f")
+    dims = _dims(a[1], len(b.shape(x)))
+    keepdim = bool(kw.get("keepdim", a[2] if len(a) > 2 else False))
+    z, m = _max_shift(b, x, dims)
+    r = b.pw("add", b.pw("log", b.reduce("sum", b.pw("exp", z, ktype="f"), dims, True), ktype="f"), m)
+    return _unkeep(b, r, b.shape(x), dims, keepdim)
+
+
+@_reg("aten.linalg_vector_norm.default")
+def _vector_norm(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    if b.ktype(x) != "f":
+        x = b.pw("to_f", x, ktype="f")
+    order = kw.get("ord", a[1] if len(a) > 1 else 2)
+    dims = _dims(kw.get("dim", a[2] if len(a) > 2 else None), len(b.shape(x)))
+    keepdim = bool(kw.get("keepdim", a[3] if len(a) > 3 else False))
+    if order == 2:
+        r = b.pw("sqrt", b.reduce("sum", b.pw("mul", x, x), dims, keepdim), ktype="f")
+    elif order == 1:
+        r = b.reduce("sum", b.pw("abs", x), dims, keepdim)
+    elif order == float("inf"):
+        r = b.reduce("max", b.pw("abs", x), dims, keepdim)
+    else:
+        raise LowerError(f"vector norm of order {order}")
+    return r
+
+
+def lower(ir: RegionIR) -> KernelGraph:
+    """The kernel graph of a region (raises LowerError for an op or argument it cannot write)."""
+    b = _Builder()
+    loads: dict[int, V] = {}
+    results: list[tuple[V, ...]] = []
+
+    def val(r: Ref) -> V:
+        if r.src == "in":
+            if r.i not in loads:
+                m = ir.inputs[r.i]
+                loads[r.i] = b.add("load", "", (), (r.i,), m.shape, ktype_of(m.dtype))
+            return loads[r.i]
+        return results[r.i][r.item or 0]
+
+    def conv(a: Any) -> Any:
+        if isinstance(a, Ref):
+            return val(a)
+        if isinstance(a, tuple) and any(isinstance(x, Ref) for x in a):
+            raise LowerError("a list of tensors as an argument")
+        return a
+
+    for op in ir.ops:
+        low = LOWERINGS.get(op.target)
+        if low is None:
+            raise LowerError(f"no lowering for {op.target}")
+        b.current = op.target
+        got = low(b, [conv(a) for a in op.args], {k: conv(v) for k, v in op.kwargs}, [m.shape for m in op.out])
+        got = got if isinstance(got, tuple) else (got,)
+        got = tuple(b.t(g) for g in got)
+        for g, m in zip(got, op.out, strict=True):
+            if b.shape(g) != m.shape:
+                raise LowerError(f"{op.target}: lowered shape {b.shape(g)} != {m.shape}")
+        results.append(got)
+    return KernelGraph(tuple(b.nodes), tuple(val(r).id for r in ir.outputs))
+
+
+# ------------------------------------------------------------------------------------------------
+# The loop space
+
+
+def _strip(shape: Sequence[int]) -> tuple[int, ...]:
+    """A shape without its leading 1s (broadcasting lines shapes up from the right)."""
+    s = list(shape)
+    while s and s[0] == 1:
+        s.pop(0)
+    return tuple(s)
+
+
+def analyze(kg: KernelGraph) -> Analysis:
+    """The loop space of a kernel graph and each node's kind (see the module docstring)."""
+    nodes = kg.nodes
+    kinds: list[str] = []
+    stages: list[int] = []
+    S: tuple[int, ...] | None = None
+    D: tuple[int, ...] = ()
+    numel_s = rows = 0
+
+    def fail(msg: str) -> Analysis:
+        return Analysis(None, error=msg)
+
+    for n in nodes:
+        dep = [j for j in n.inputs if kinds[j] != "pre"]
+        st = max((stages[j] for j in n.inputs), default=0)
+        if n.kind == "reduce":
+            dims, _keep = n.params
+            src = nodes[n.inputs[0]]
+            if S is None:
+                S, D = src.shape, dims
+                numel_s = math.prod(S)
+                rows = math.prod(S[d] for d in range(len(S)) if d not in D)
+            elif src.shape != S or dims != D:
+                return fail(f"reductions over {S} dims {D} and {src.shape} dims {dims}: two loop spaces")
+            if dep and kinds[dep[0]] != "loop":
+                return fail("a reduction of a per-row value")
+            kinds.append("row")
+            stages.append(st + 1)
+            continue
+        if not dep:
+            kinds.append("pre")
+            stages.append(0)
+            continue
+        assert S is not None
+        stages.append(st)
+        numel = math.prod(n.shape)
+        if n.kind == "view":
+            if n.fn != "reshape":
+                return fail(f"a {n.fn} of a value that depends on a reduction")
+            kinds.append(kinds[dep[0]])
+            continue
+        # pw
+        dk = {kinds[j] for j in dep}
+        keep = tuple(1 if d in D else s for d, s in enumerate(S))
+        if dk == {"row"} and numel == rows and all(_strip(nodes[j].shape) == _strip(n.shape) or
+                                                   math.prod(nodes[j].shape) == 1 for j in dep):
+            kinds.append("row")
+        elif numel == numel_s and all(
+                _strip(nodes[j].shape) == _strip(n.shape) if kinds[j] == "loop" else
+                (math.prod(nodes[j].shape) == 1 or (_strip(n.shape) == _strip(S) and
+                                                    _strip(nodes[j].shape) == _strip(keep)))
+                for j in dep):
+            kinds.append("loop")
+        else:
+            return fail(f"a pointwise op of shape {n.shape} over values of rows and loop points that do not line up")
+    if S is None:  # pointwise: the loop is the largest output's shape
+        if not kg.outputs:
+            return fail("no outputs")
+        S = max((nodes[o].shape for o in kg.outputs), key=math.prod)
+        numel_s, rows = math.prod(S), math.prod(S)
+    bad = []
+    for k, o in enumerate(kg.outputs):
+        numel = math.prod(nodes[o].shape)
+        ok = numel == rows if kinds[o] == "row" else numel == numel_s if kinds[o] == "loop" else \
+            numel in (numel_s, rows)
+        if not ok:
+            bad.append(k)
+    space = LoopSpace(S, D, max(stages, default=0))
+    return Analysis(space, tuple(kinds), tuple(stages), None, tuple(bad))
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A region ready for schedules: its IR, kernel graph and loop analysis."""
+
+    ir: RegionIR
+    graph: KernelGraph
+    analysis: Analysis
+
+    @property
+    def space(self) -> LoopSpace:
+        assert self.analysis.space is not None
+        return self.analysis.space
+
+    @property
+    def reduces(self) -> bool:
+        return any(n.kind == "reduce" for n in self.graph.nodes)
+
+
+def prepare(ir: RegionIR) -> Lowered:
+    """Lower and analyze a region; raises LowerError when the generator cannot take it."""
+    kg = lower(ir)
+    an = analyze(kg)
+    if not an.ok:
+        raise LowerError(an.error or f"outputs {an.bad_outputs} cannot be stored by the region's loop")
+    return Lowered(ir, kg, an)

@@ -1,0 +1,70 @@
+"""The generic reference of a generated region: its own ATen ops, run in fp64 on upcast inputs.
+
+No hand-written reference: the region's ops (ir.RegionIR) run as they are, with every floating
+input and every floating dtype argument widened to fp64, so the result is what the graph computes
+without its intermediate roundings. An explicit cast to a narrower float type still rounds there
+(x.to(bf16) then back to fp64), as the generated kernel does, since the graph asked for it. Each
+output is cast to its dtype at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from solforge.codegen.ir import Ref, RegionIR, resolve
+
+_ACC = torch.float64
+
+
+def _wide(dtype: Any) -> Any:
+    return _ACC if isinstance(dtype, torch.dtype) and dtype.is_floating_point else dtype
+
+
+def _round(t: torch.Tensor, dtype: Any) -> torch.Tensor:
+    """A cast the graph asks for: to a float type, rounded to it and widened again; else as asked."""
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return t.to(dtype).to(_ACC)
+    return t.to(dtype)
+
+
+def reference(ir: RegionIR, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    if len(inputs) != len(ir.inputs):
+        raise ValueError(f"solforge codegen reference: {len(inputs)} inputs for a region of {len(ir.inputs)}")
+    ins = [x.to(_ACC) if x.is_floating_point() else x for x in inputs]
+    vals: list[Any] = []
+
+    def get(a: Any) -> Any:
+        if isinstance(a, Ref):
+            if a.src == "in":
+                return ins[a.i]
+            v = vals[a.i]
+            return v[a.item] if a.item is not None else v
+        if isinstance(a, tuple):
+            return [get(x) for x in a]
+        return a
+
+    for op in ir.ops:
+        fn = resolve(op.target)
+        args = [get(a) for a in op.args]
+        kwargs = {k: get(v) for k, v in op.kwargs}
+        if op.target == "prims.convert_element_type.default":
+            vals.append(_round(args[0], args[1]))
+            continue
+        if op.target == "aten._to_copy.default" and "dtype" in kwargs:
+            dtype = kwargs.pop("dtype")
+            kwargs.pop("memory_format", None)
+            vals.append(_round(fn(args[0], **kwargs), dtype))
+            continue
+        if op.target in ("aten._softmax.default", "aten._log_softmax.default"):
+            args[2] = False  # half_to_float: the input is fp64 here
+        if "dtype" in kwargs:
+            kwargs["dtype"] = _wide(kwargs["dtype"])
+        vals.append(fn(*args, **kwargs))
+    out = []
+    for r in ir.outputs:
+        v = get(r)
+        out.append(v.to(ir.out_meta(r).dtype))
+    return tuple(out)

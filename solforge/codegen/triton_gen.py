@@ -1,0 +1,423 @@
+"""Triton source of one generated region under one schedule: a single @triton.jit kernel.
+
+Every value of the kernel graph is computed at an index: a tuple of index expressions, one per dim
+of the value's shape. Loads read `ptr + sum(idx[d] * stride[d])` with the strides as kernel
+arguments (so permuted, expanded and sliced inputs need no copy); views rewrite the index (a
+permute permutes it, an expand zeroes broadcast dims, a slice scales and shifts it, a reshape goes
+through the linear index); pointwise ops evaluate their operands at the broadcast index; a reduction
+is an accumulator of the current rows. Values are memoized per (node, index), so a value read at
+one index is computed once per tile.
+
+The loop: the flat loop index (pointwise) or the pair (row, reduced index) (reductions), each
+decomposed by div/mod over the loop shape S: the row index over the kept dims, the reduced index
+over the reduced dims, in order, so any set of reduced dims works. Shapes are literals of the source
+(a generated kernel is for one region, whose key holds its shapes); strides are arguments.
+Arithmetic is fp32 (loads upcast, stores cast to the output's dtype); explicit casts to bf16/fp16
+round as the graph does. Every tail is masked; masks known to be all-true are left out.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+
+from solforge.codegen.lower import KNode, Lowered
+from solforge.codegen.schedule import Schedule
+
+KERNEL = "generated_kernel"
+I32_MAX = 2**31 - 1
+
+
+def _lit(v: object, kt: str) -> str:
+    if isinstance(v, bool):
+        return "1.0" if (v and kt == "f") else "0.0" if kt == "f" else str(v)
+    if kt == "f" or isinstance(v, float):
+        f = float(v)  # type: ignore[arg-type]
+        if math.isnan(f):
+            return 'float("nan")'
+        if math.isinf(f):
+            return 'float("inf")' if f > 0 else 'float("-inf")'
+        return repr(f)
+    return str(v)
+
+
+def _p(e: str) -> str:
+    return e if re.fullmatch(r"[\w.]+", e) else f"({e})"
+
+
+# pointwise templates: operand expressions (already in the op's kernel type) and params -> expression
+PW: dict[str, Callable[[Sequence[str], Sequence[object]], str]] = {
+    "add": lambda a, p: f"{a[0]} + {a[1]}",
+    "sub": lambda a, p: f"{a[0]} - {_p(a[1])}",
+    "mul": lambda a, p: f"{_p(a[0])} * {_p(a[1])}",
+    "div": lambda a, p: f"{_p(a[0])} / {_p(a[1])}",
+    "neg": lambda a, p: f"-{_p(a[0])}",
+    "abs": lambda a, p: f"tl.abs({a[0]})",
+    "exp": lambda a, p: f"tl.exp({a[0]})",
+    "exp2": lambda a, p: f"tl.exp2({a[0]})",
+    "log": lambda a, p: f"tl.log({a[0]})",
+    "log2": lambda a, p: f"tl.log2({a[0]})",
+    "sqrt": lambda a, p: f"tl.sqrt({a[0]})",
+    "rsqrt": lambda a, p: f"tl.rsqrt({a[0]})",
+    "recip": lambda a, p: f"1.0 / {_p(a[0])}",
+    "sin": lambda a, p: f"tl.sin({a[0]})",
+    "cos": lambda a, p: f"tl.cos({a[0]})",
+    # tanh through the sigmoid: no libdevice (absent from the interpreter), exact in both tails
+    "tanh": lambda a, p: f"2.0 * tl.sigmoid(2.0 * {_p(a[0])}) - 1.0",
+    "sigmoid": lambda a, p: f"tl.sigmoid({a[0]})",
+    "erf": lambda a, p: f"tl.erf({a[0]})",
+    "floor": lambda a, p: f"tl.floor({a[0]})",
+    "ceil": lambda a, p: f"tl.ceil({a[0]})",
+    "trunc": lambda a, p: f"tl.where({_p(a[0])} < 0, tl.ceil({a[0]}), tl.floor({a[0]}))",
+    "sign": lambda a, p: f"tl.where({_p(a[0])} > 0, 1.0, tl.where({_p(a[0])} < 0, -1.0, 0.0))",
+    "log1p": lambda a, p: f"tl.log(1.0 + {_p(a[0])})",
+    "expm1": lambda a, p: f"tl.exp({a[0]}) - 1.0",
+    "relu": lambda a, p: f"tl.where({_p(a[0])} > 0, {a[0]}, 0)",
+    "silu": lambda a, p: f"{_p(a[0])} * tl.sigmoid({a[0]})",
+    "gelu": lambda a, p: f"0.5 * {_p(a[0])} * (1.0 + tl.erf({_p(a[0])} * 0.7071067811865476))",
+    # 0.5 * (1 + tanh(z)) == sigmoid(2z)
+    "gelu_tanh": lambda a, p: f"{_p(a[0])} * tl.sigmoid(1.5957691216057308 * ({a[0]} + 0.044715 * {_p(a[0])} * "
+                              f"{_p(a[0])} * {_p(a[0])}))",
+    "hardsigmoid": lambda a, p: f"tl.minimum(tl.maximum({_p(a[0])} / 6.0 + 0.5, 0.0), 1.0)",
+    "hardswish": lambda a, p: f"{_p(a[0])} * tl.minimum(tl.maximum({_p(a[0])} + 3.0, 0.0), 6.0) / 6.0",
+    "mish": lambda a, p: f"{_p(a[0])} * (2.0 * tl.sigmoid(2.0 * tl.where({_p(a[0])} > 20.0, {a[0]}, "
+                         f"tl.log(1.0 + tl.exp({a[0]})))) - 1.0)",
+    "leaky": lambda a, p: f"tl.where({_p(a[0])} > 0, {a[0]}, {_p(a[0])} * {_lit(p[0], 'f')})",
+    "elu": lambda a, p: f"tl.where({_p(a[0])} > 0, {_p(a[0])} * {_lit(p[1], 'f')}, "
+                        f"(tl.exp({_p(a[0])} * {_lit(p[2], 'f')}) - 1.0) * {_lit(p[0] * p[1], 'f')})",  # type: ignore[operator]
+    "softplus": lambda a, p: f"tl.where({_p(a[0])} * {_lit(p[0], 'f')} > {_lit(p[1], 'f')}, {a[0]}, "
+                             f"tl.log(1.0 + tl.exp({_p(a[0])} * {_lit(p[0], 'f')})) / {_lit(p[0], 'f')})",
+    "pow_int": lambda a, p: " * ".join([_p(a[0])] * int(p[0])) if p[0] else f"{_p(a[0])} * 0 + 1",  # type: ignore[call-overload]
+    "powf": lambda a, p: f"tl.exp2({_lit(p[0], 'f')} * tl.log2({a[0]}))",
+    "max2": lambda a, p: f"tl.maximum({a[0]}, {a[1]})",
+    "min2": lambda a, p: f"tl.minimum({a[0]}, {a[1]})",
+    "where": lambda a, p: f"tl.where({a[0]}, {a[1]}, {a[2]})",
+    "eq": lambda a, p: f"{_p(a[0])} == {_p(a[1])}",
+    "ne": lambda a, p: f"{_p(a[0])} != {_p(a[1])}",
+    "lt": lambda a, p: f"{_p(a[0])} < {_p(a[1])}",
+    "le": lambda a, p: f"{_p(a[0])} <= {_p(a[1])}",
+    "gt": lambda a, p: f"{_p(a[0])} > {_p(a[1])}",
+    "ge": lambda a, p: f"{_p(a[0])} >= {_p(a[1])}",
+    "and": lambda a, p: f"{_p(a[0])} & {_p(a[1])}",
+    "or": lambda a, p: f"{_p(a[0])} | {_p(a[1])}",
+    "not": lambda a, p: f"{_p(a[0])} == 0",
+    "isnan": lambda a, p: f"{_p(a[0])} != {_p(a[0])}",
+    "to_b": lambda a, p: f"{_p(a[0])} != 0",
+    "to_f": lambda a, p: f"{_p(a[0])}.to(tl.float32)",
+    "to_i": lambda a, p: f"{_p(a[0])}.to(tl.{p[0]})",
+    "round": lambda a, p: f"{_p(a[0])}.to(tl.{p[0]}).to(tl.float32)",
+}
+# ops whose operands keep their own kernel types (the template converts, or compares as they are)
+_OWN_TYPES = {"to_b", "to_f", "to_i", "round", "not", "isnan", "where", "and", "or"}
+_IDENT = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
+_COMBINE = {"sum": "{a} + {v}", "max": "tl.maximum({a}, {v})", "min": "tl.minimum({a}, {v})"}
+_REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+
+
+def _cstrides(shape: Sequence[int]) -> list[int]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return out[::-1]
+
+
+class _Gen:
+    def __init__(self, region: Lowered, sched: Schedule, index64: bool) -> None:
+        self.r, self.s, self.g = region, sched, region.graph
+        self.lines: list[str] = []
+        self.depth = 1
+        self.scopes: list[dict[tuple[int, tuple[str, ...]], tuple[str, str]]] = [{}]
+        self.iscopes: list[dict[str, str]] = [{}]
+        self.n = 0
+        self.acc: dict[int, str] = {}  # reduce node -> its [ROWS, 1] result
+        self.index64 = index64
+        self.rmask: str | None = None
+        self.kmask: str | None = None
+
+    # --- text
+
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+    def fresh(self, prefix: str) -> str:
+        self.n += 1
+        return f"{prefix}{self.n}"
+
+    def push(self) -> None:
+        self.scopes.append({})
+        self.iscopes.append({})
+
+    def pop(self) -> None:
+        self.scopes.pop()
+        self.iscopes.pop()
+
+    # --- index expressions: strings over rr (rows), kk (reduced or flat index) and named temporaries
+
+    def ivar(self, expr: str) -> str:
+        if re.fullmatch(r"\w+", expr):
+            return expr
+        for sc in self.iscopes:
+            if expr in sc:
+                return sc[expr]
+        name = self.fresh("ik" if self.cols_dep(expr) else "ir")
+        self.line(f"{name} = {expr}")
+        self.iscopes[-1][expr] = name
+        return name
+
+    @staticmethod
+    def cols_dep(expr: str) -> bool:
+        return re.search(r"\b(kk|ik\d+)\b", expr) is not None
+
+    def delin(self, lin: str, shape: Sequence[int]) -> tuple[str, ...]:
+        out = []
+        cs = _cstrides(shape)
+        for d, (n, c) in enumerate(zip(shape, cs, strict=True)):
+            if n == 1:
+                out.append("0")
+                continue
+            e = lin if c == 1 else f"{_p(lin)} // {c}"
+            if d > 0:
+                e = f"{_p(e)} % {n}"
+            out.append(self.ivar(e))
+        return tuple(out)
+
+    @staticmethod
+    def lin(idx: Sequence[str], shape: Sequence[int]) -> str:
+        terms = [i if c == 1 else f"{_p(i)} * {c}" for i, c, n in zip(idx, _cstrides(shape), shape, strict=True)
+                 if n != 1 and i != "0"]
+        return " + ".join(terms) if terms else "0"
+
+    def reshape_idx(self, idx: Sequence[str], frm: Sequence[int], to: Sequence[int]) -> tuple[str, ...]:
+        """The index in `to` of the element at `idx` in `frm` (same numel, same linear order)."""
+        a = [(i, n) for i, n in zip(idx, frm, strict=True) if n != 1]
+        if [n for _, n in a] == [n for n in to if n != 1]:  # only size-1 dims differ
+            it = iter(i for i, _ in a)
+            return tuple("0" if n == 1 else next(it) for n in to)
+        return self.delin(self.ivar(self.lin(idx, frm)), to)
+
+    # --- values
+
+    def value(self, i: int, idx: tuple[str, ...]) -> tuple[str, str]:
+        """(expression, kernel type) of node i at idx."""
+        node = self.g.nodes[i]
+        if node.kind == "reduce":
+            return self.acc[i], "f"
+        if node.kind == "const":
+            return _lit(node.params[0], node.ktype), node.ktype
+        if node.kind == "view":
+            return self.value(node.inputs[0], self.view_idx(node, idx))
+        key = (i, idx)
+        for sc in self.scopes:
+            if key in sc:
+                return sc[key]
+        if node.kind == "load":
+            expr = self.load(node, idx)
+        else:
+            expr = self.pointwise(node, idx)
+        name = self.fresh("v")
+        self.line(f"{name} = {expr}")
+        self.scopes[-1][key] = (name, node.ktype)
+        return name, node.ktype
+
+    def view_idx(self, node: KNode, idx: tuple[str, ...]) -> tuple[str, ...]:
+        src = self.g.nodes[node.inputs[0]].shape
+        if node.fn == "reshape":
+            return self.reshape_idx(idx, node.shape, src)
+        if node.fn == "permute":
+            out = ["0"] * len(src)
+            for j, p in enumerate(node.params[0]):
+                out[p] = idx[j]
+            return tuple(out)
+        if node.fn == "expand":
+            return self.bcast(idx, node.shape, src)
+        if node.fn == "slice":
+            dim, start, step = node.params
+            out = list(idx)
+            e = idx[dim] if step == 1 else f"{_p(idx[dim])} * {step}"
+            out[dim] = self.ivar(e if start == 0 else f"{e} + {start}")
+            return tuple(out)
+        if node.fn == "select":
+            dim, at = node.params
+            return (*idx[:dim], str(at), *idx[dim:])
+        raise AssertionError(node.fn)
+
+    @staticmethod
+    def bcast(idx: Sequence[str], shape: Sequence[int], src: Sequence[int]) -> tuple[str, ...]:
+        off = len(shape) - len(src)
+        return tuple("0" if n == 1 else idx[k + off] for k, n in enumerate(src))
+
+    def load(self, node: KNode, idx: tuple[str, ...]) -> str:
+        i = node.params[0]
+        terms = [f"{_p(x)} * s_in{i}_{d}" for d, (x, n) in enumerate(zip(idx, node.shape, strict=True))
+                 if n != 1 and x != "0"]
+        if not terms:
+            e = f"tl.load(in{i})"
+        else:
+            off = " + ".join(terms)
+            mask = self.mask_for(off)
+            e = f"tl.load(in{i} + {off}" + (f", mask={mask}, other=0)" if mask else ")")
+        return f"{e}.to(tl.float32)" if node.ktype == "f" else e
+
+    def mask_for(self, expr: str) -> str | None:
+        if self.cols_dep(expr):
+            return "m" if (self.rmask or self.kmask) else None
+        return self.rmask
+
+    def pointwise(self, node: KNode, idx: tuple[str, ...]) -> str:
+        ops = []
+        for j in node.inputs:
+            src = self.g.nodes[j]
+            v, kt = self.value(j, self.bcast(idx, node.shape, src.shape))
+            if node.fn not in _OWN_TYPES or (node.fn == "where" and j != node.inputs[0]):
+                want = node.ktype if node.fn not in ("eq", "ne", "lt", "le", "gt", "ge") else \
+                    ("f" if any(self.g.nodes[x].ktype == "f" for x in node.inputs) else kt)
+                if want != kt:
+                    v = _lit(src.params[0], want) if src.kind == "const" else \
+                        f"{_p(v)}.to(tl.float32)" if want == "f" else f"{_p(v)}.to(tl.int64)" if want == "i" else \
+                        f"{_p(v)} != 0"
+            ops.append(v)
+        if all(self.g.nodes[j].kind == "const" for j in node.inputs) and ops:
+            dt = {"f": "tl.float32", "i": "tl.int64", "b": "tl.int1"}[self.g.nodes[node.inputs[0]].ktype]
+            ops[0] = f"tl.full([], {ops[0]}, {dt})"
+        return PW[node.fn](ops, node.params)
+
+    # --- stores
+
+    def store(self, k: int, o: int, idx: tuple[str, ...], base: str) -> None:
+        node = self.g.nodes[o]
+        v, _ = self.value(o, idx)
+        terms = [f"{_p(x)} * s_out{k}_{d}" for d, (x, n) in enumerate(zip(idx, node.shape, strict=True))
+                 if n != 1 and x != "0"]
+        off = " + ".join(terms) if terms else f"0 * {_p(base)}"
+        mask = self.mask_for(off) if terms else (self.rmask if base == "rr" else "m" if (self.rmask or self.kmask)
+                                                  else None)
+        m = f", mask={mask}" if mask else ""
+        self.line(f"tl.store(out{k} + {off}, {_p(v)}.to(out{k}.dtype.element_ty){m})")
+
+
+def _arg_names(region: Lowered) -> list[str]:
+    ir = region.ir
+    names = [f"in{i}" for i in range(len(ir.inputs))] + [f"out{k}" for k in range(len(ir.outputs))]
+    for i, m in enumerate(ir.inputs):
+        names += [f"s_in{i}_{d}" for d, n in enumerate(m.shape) if n != 1]
+    for k, r in enumerate(ir.outputs):
+        names += [f"s_out{k}_{d}" for d, n in enumerate(ir.out_meta(r).shape) if n != 1]
+    return names
+
+
+def needs_index64(region: Lowered) -> bool:
+    """Index math in int64: when the loop or any input's extent (at its recorded strides, with room
+    for other strides at run time) passes int32. The launcher refuses inputs past what was chosen."""
+    ir = region.ir
+    ext = [sum((n - 1) * abs(s) for n, s in zip(m.shape, m.stride, strict=True)) for m in ir.inputs]
+    return max([region.space.numel * 2, *(e * 2 for e in ext)]) > I32_MAX
+
+
+def generate(region: Lowered, sched: Schedule) -> str:
+    """The module source: imports, then one kernel `generated_kernel(*_arg_names)`."""
+    g = _Gen(region, sched, needs_index64(region))
+    sp = region.space
+    pid = "tl.program_id(0).to(tl.int64)" if g.index64 else "tl.program_id(0)"
+    g.line(f"pid = {pid}")
+    outs = list(zip(range(len(region.graph.outputs)), region.graph.outputs, strict=True))
+    kinds = region.analysis.kinds
+    if not region.reduces:
+        g.line(f"kk = pid * {sched.block} + tl.arange(0, {sched.block})")
+        if sp.numel % sched.block:
+            g.kmask = "m"
+            g.line(f"m = kk < {sp.numel}")
+        idx = g.delin("kk", sp.shape)
+        for k, o in outs:
+            g.store(k, o, g.reshape_idx(idx, sp.shape, g.g.nodes[o].shape), "kk")
+    else:
+        _reduction_body(g, region, sched, outs, kinds)
+    head = f"def {KERNEL}({', '.join(_arg_names(region))}):"
+    doc = f'    """Generated by solforge.codegen for region {region.ir.key[:16]}, schedule {sched.encode()}."""'
+    return "\n".join(["import triton", "import triton.language as tl", "", "", "@triton.jit", head, doc,
+                      *g.lines, ""])
+
+
+def _reduction_body(g: _Gen, region: Lowered, sched: Schedule, outs: list[tuple[int, int]],
+                    kinds: Sequence[str]) -> None:
+    sp = region.space
+    R, K, B = sp.rows, sp.cols, sched.block
+    row_dims, red = sp.row_dims, sp.reduced
+    g.line(f"rr = pid * {sched.rows} + tl.arange(0, {sched.rows})[:, None]")
+    if R % sched.rows:
+        g.rmask = "rmask"
+        g.line(f"rmask = rr < {R}")
+    ridx = g.delin("rr", [sp.shape[d] for d in row_dims])
+    looped = sched.variant == "looped"
+    even = K % B == 0
+
+    def open_cols(start: str) -> tuple[str, ...]:
+        g.line(f"kk = {start}tl.arange(0, {B})[None, :]")
+        g.kmask = None if even else "kmask"
+        if not even:
+            g.line(f"kmask = kk < {K}")
+        if g.rmask or g.kmask:
+            g.line(f"m = {' & '.join(x for x in (g.rmask, g.kmask) if x)}")
+        kidx = g.delin("kk", [sp.shape[d] for d in red])
+        loop = ["0"] * len(sp.shape)
+        for d, e in zip(row_dims, ridx, strict=True):
+            loop[d] = e
+        for d, e in zip(red, kidx, strict=True):
+            loop[d] = e
+        return tuple(loop)
+
+    reduces = [i for i, n in enumerate(g.g.nodes) if n.kind == "reduce"]
+    stages = region.analysis.stages
+    loop_outs = [(k, o) for k, o in outs if not (kinds[o] == "row" or (kinds[o] == "pre" and
+                                                                       _numel(g, o) == R and R != sp.numel))]
+    row_outs = [(k, o) for k, o in outs if (k, o) not in loop_outs]
+    if not looped:
+        loop = open_cols("")
+    for st in range(1, sp.stages + 1):
+        mine = [i for i in reduces if stages[i] == st]
+        if looped:
+            accs = {i: g.fresh("a") for i in mine}
+            for i, a in accs.items():
+                g.line(f"{a} = tl.full([{sched.rows}, {B}], {_IDENT[g.g.nodes[i].fn]}, tl.float32)")
+            g.line(f"for k0 in tl.range(0, {K}, {B}):")
+            g.depth += 1
+            g.push()
+            loop = open_cols("k0 + ")
+        for i in mine:
+            node = g.g.nodes[i]
+            v, _ = g.value(node.inputs[0], loop)
+            full = f"tl.broadcast_to({v}, [{sched.rows}, {B}])"
+            if g.rmask or g.kmask:
+                full = f"tl.where(m, {full}, {_IDENT[node.fn]})"
+            if looped:
+                a = accs[i]
+                g.line(f"{a} = " + _COMBINE[node.fn].format(a=a, v=full))
+            else:
+                a = g.fresh("c")
+                g.line(f"{a} = {full}")
+            g.acc[i] = a
+        if looped:
+            g.pop()
+            g.depth -= 1
+        for i in mine:
+            res = g.fresh("red")
+            g.line(f"{res} = {_REDUCE[g.g.nodes[i].fn]}({g.acc[i]}, axis=1)[:, None]")
+            g.acc[i] = res
+    if loop_outs:
+        if looped:
+            g.line(f"for k0 in tl.range(0, {K}, {B}):")
+            g.depth += 1
+            g.push()
+            loop = open_cols("k0 + ")
+        for k, o in loop_outs:
+            g.store(k, o, g.reshape_idx(loop, sp.shape, g.g.nodes[o].shape), "rr + kk")
+        if looped:
+            g.pop()
+            g.depth -= 1
+    for k, o in row_outs:
+        g.store(k, o, g.delin("rr", g.g.nodes[o].shape), "rr")
+
+
+def _numel(g: _Gen, o: int) -> int:
+    return math.prod(g.g.nodes[o].shape)
