@@ -104,21 +104,14 @@ def _lse_step(x_row, off, V, mv, sv, BLOCK: tl.constexpr, EVEN: tl.constexpr):
 @triton.jit
 def _ce_fwd_kernel(x_ptr, t_ptr, loss_ptr, lse_ptr, V, stride_x, ignore_index, BLOCK: tl.constexpr,
                    EVEN: tl.constexpr, INTERP: tl.constexpr):
-    """One row per program: online logsumexp over BLOCK-wide chunks, then loss = lse - x[target]."""
+    """One row per program: online logsumexp over BLOCK-wide chunks, then loss = lse - x[target].
+    INTERP is unused here: the forward takes the backward's launch options (`_launch_plan`)."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     mv = tl.full([BLOCK], -float("inf"), tl.float32)
     sv = tl.zeros([BLOCK], dtype=tl.float32)
-    if INTERP:
-        # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
-        # (triton-lang/triton#9171, see kernels/rmsnorm.py); a while loop works there.
-        off = 0
-        while off < V:
-            mv, sv = _lse_step(x_row, off, V, mv, sv, BLOCK, EVEN)
-            off += BLOCK
-    else:
-        for off in tl.range(0, V, BLOCK):
-            mv, sv = _lse_step(x_row, off, V, mv, sv, BLOCK, EVEN)
+    for off in tl.range(0, V, BLOCK):
+        mv, sv = _lse_step(x_row, off, V, mv, sv, BLOCK, EVEN)
     mx = tl.max(mv, axis=0)
     safe = tl.where(mx == -float("inf"), 0.0, mx)
     lse = safe + tl.log(tl.sum(tl.where(mv == -float("inf"), 0.0, sv * tl.exp(mv - safe)), axis=0))
@@ -157,14 +150,8 @@ def _ce_bwd_kernel(x_ptr, t_ptr, lse_ptr, scale_ptr, dx_ptr, V, stride_x, stride
     lse = tl.load(lse_ptr + row)
     # where, not a multiply: the mean's dloss / n_valid is inf when every target is ignored
     scale = tl.where(t == ignore_index, 0.0, tl.load(scale_ptr + row * stride_scale))
-    if INTERP:  # while loops: see _ce_fwd_kernel
-        off = 0
-        while off < V:
-            _grad_chunk(x_row, dx_row, off, V, lse, t, scale, BLOCK, EVEN, INTERP)
-            off += BLOCK
-    else:
-        for off in tl.range(0, V, BLOCK):
-            _grad_chunk(x_row, dx_row, off, V, lse, t, scale, BLOCK, EVEN, INTERP)
+    for off in tl.range(0, V, BLOCK):
+        _grad_chunk(x_row, dx_row, off, V, lse, t, scale, BLOCK, EVEN, INTERP)
 
 
 # The interpreter replaces @triton.jit functions when TRITON_INTERPRET=1 is set before import;

@@ -111,7 +111,7 @@ def _fwd_tile(x_ptr, y_ptr, b, rt, cols, cm, n_rows, sx, sy, ACT: tl.constexpr, 
 @triton.jit
 def _gelu_fwd_kernel(x_ptr, b_ptr, y_ptr, n_rows, N, sx, sy, n_col_tiles, n_iter, n_rprogs, ACT: tl.constexpr,
                      HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-                     EVICT: tl.constexpr, LOOP: tl.constexpr, INTERP: tl.constexpr):
+                     EVICT: tl.constexpr, LOOP: tl.constexpr):
     """Program pid owns column block pid % n_col_tiles and row tiles pid // n_col_tiles (+ i *
     n_rprogs for i < n_iter when LOOP)."""
     pid = tl.program_id(0)
@@ -124,14 +124,6 @@ def _gelu_fwd_kernel(x_ptr, b_ptr, y_ptr, n_rows, N, sx, sy, n_col_tiles, n_iter
         b = tl.load(b_ptr + cols, mask=cm, other=0.0).to(tl.float32)
     if not LOOP:
         _fwd_tile(x_ptr, y_ptr, b, pr, cols, cm, n_rows, sx, sy, ACT, ROWS, EVEN_N, EVICT, HAS_BIAS)
-    elif INTERP:
-        # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
-        # (triton-lang/triton#9171: int() of a 1-element array); a while loop works there.
-        i = 0
-        while i < n_iter:
-            _fwd_tile(x_ptr, y_ptr, b, pr + i * n_rprogs, cols, cm, n_rows, sx, sy, ACT, ROWS, EVEN_N, EVICT,
-                      HAS_BIAS)
-            i += 1
     else:
         for i in range(0, n_iter):
             _fwd_tile(x_ptr, y_ptr, b, pr + i * n_rprogs, cols, cm, n_rows, sx, sy, ACT, ROWS, EVEN_N, EVICT,
@@ -193,8 +185,7 @@ def _launch_args(n_rows: int, N: int, c: Config, device: torch.device) -> _Plan:
         n_rprogs = max(1, min(row_tiles, triton.cdiv(sm_count(device) * c.progs, n_col_tiles)))
         n_iter = triton.cdiv(row_tiles, n_rprogs)
     kw = dict(ROWS=c.rows, BLOCK_N=c.block_n, EVEN_N=N % c.block_n == 0,
-              EVICT="evict_first" if c.evict else "", LOOP=c.variant == "persist", INTERP=_INTERPRETED,
-              num_warps=c.num_warps)
+              EVICT="evict_first" if c.evict else "", LOOP=c.variant == "persist", num_warps=c.num_warps)
     return n_col_tiles * n_rprogs, (n_col_tiles, n_iter, n_rprogs), kw
 
 
@@ -279,8 +270,7 @@ def _bwd_tile(dy_ptr, x_ptr, dx_ptr, b, rt, cols, cm, n_rows, sdy, sx, N, ACT: t
 @triton.jit
 def _gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, db_ptr, n_rows, N, sdy, sx, n_col_tiles, n_iter, n_rprogs,
                      ACT: tl.constexpr, HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, ROWS: tl.constexpr,
-                     BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, EVICT: tl.constexpr, LOOP: tl.constexpr,
-                     INTERP: tl.constexpr):
+                     BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr, EVICT: tl.constexpr, LOOP: tl.constexpr):
     """Grid as in `_gelu_fwd_kernel`; with BIAS_GRAD program (pc, pr) writes row pr of the
     (n_rprogs, N) fp32 partials of db, columns of block pc."""
     pid = tl.program_id(0)
@@ -296,16 +286,9 @@ def _gelu_bwd_kernel(dy_ptr, x_ptr, b_ptr, dx_ptr, db_ptr, n_rows, N, sdy, sx, n
                        EVICT, BIAS_GRAD)
     else:
         db = tl.zeros([1, BLOCK_N], dtype=tl.float32)
-        if INTERP:  # while loop: see _gelu_fwd_kernel (#9171)
-            i = 0
-            while i < n_iter:
-                db += _bwd_tile(dy_ptr, x_ptr, dx_ptr, b, pr + i * n_rprogs, cols, cm, n_rows, sdy, sx, N, ACT,
-                                ROWS, BLOCK_N, EVEN_N, EVICT, BIAS_GRAD)
-                i += 1
-        else:
-            for i in range(0, n_iter):
-                db += _bwd_tile(dy_ptr, x_ptr, dx_ptr, b, pr + i * n_rprogs, cols, cm, n_rows, sdy, sx, N, ACT,
-                                ROWS, BLOCK_N, EVEN_N, EVICT, BIAS_GRAD)
+        for i in range(0, n_iter):
+            db += _bwd_tile(dy_ptr, x_ptr, dx_ptr, b, pr + i * n_rprogs, cols, cm, n_rows, sdy, sx, N, ACT,
+                            ROWS, BLOCK_N, EVEN_N, EVICT, BIAS_GRAD)
     if BIAS_GRAD:
         tl.store(db_ptr + pr.to(tl.int64) * N + cols, db, mask=cm)
 

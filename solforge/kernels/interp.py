@@ -38,3 +38,38 @@ def cast_rne(v, dtype: tl.constexpr):
         if dtype == tl.bfloat16 and v.dtype == tl.float32:
             v = round_bf16(v)
     return v.to(dtype)
+
+
+def _scalar_index(self: tl.tensor) -> int:
+    data = self.handle.data
+    # A 1-element array (how the interpreter holds every scalar) -> its element; anything larger
+    # keeps the interpreter's own error.
+    return int(data.reshape(()) if data.size == 1 else data)
+
+
+def _fix_scalar_index() -> None:
+    """Let the interpreter run `for i in range(n)` / `tl.range(0, n, B)` with a runtime bound n.
+
+    Triton 3.6's interpreter holds a scalar as a 1-element numpy array and, while a kernel runs,
+    sets `tl.tensor.__index__` to `int(array)`, which range() calls on its bounds. numpy 2.4 made
+    int() of an array with ndim > 0 a TypeError (triton-lang/triton#9171; fixed upstream after 3.6
+    by squeezing the array). Without this the CPU tests could only run while-loop copies of the
+    kernels' loops, not the loops the GPU compiles. Installed only under the interpreter; it wraps
+    the hook the interpreter calls per launch, so nothing changes where that hook does not exist.
+    """
+    from triton.runtime import interpreter
+
+    hook = getattr(interpreter, "_patch_lang_tensor", None)
+    if hook is None or getattr(hook, "solforge_index", False):
+        return
+
+    def patch_lang_tensor(tensor, scope) -> None:
+        hook(tensor, scope)
+        scope.set_attr(tensor, "__index__", _scalar_index)
+
+    patch_lang_tensor.solforge_index = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+if INTERPRETED:
+    _fix_scalar_index()

@@ -181,7 +181,7 @@ def _layernorm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, part_ptr, n_rows
                           n_iter, db_off, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
                           TW: tl.constexpr, EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, WANT_DW: tl.constexpr,
                           WANT_DB: tl.constexpr, HAS_DS: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr,
-                          PDL: tl.constexpr, INTERP: tl.constexpr):
+                          PDL: tl.constexpr):
     """A grid-stride loop over row tiles; dw and db accumulate in registers, one partial row each per
     program, stored at part_ptr + pid * H (dw) and part_ptr + db_off + pid * H (db).
     TW: the tail accumulators' width (BLOCK_T, or 1 as a placeholder without a tail). PDL: the
@@ -195,20 +195,10 @@ def _layernorm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, part_ptr, n_rows
     cur = (0.0, 0.0, 0.0, 0.0)
     if STAGES > 1:
         cur = _bwd_load(dy_ptr, x_ptr, pid, n_rows, H, s_dy, s_x, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
-    if INTERP:
-        # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
-        # (triton-lang/triton#9171, see kernels/rmsnorm.py); a while loop works there.
-        i = 0
-        while i < n_iter:
-            cur, acc = _bwd_step(i, pid, n_progs, cur, acc, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n_rows, H, s_dy,
-                                 s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, WANT_DW, WANT_DB,
-                                 HAS_DS, STAGES, EVICT)
-            i += 1
-    else:
-        for i in range(0, n_iter):
-            cur, acc = _bwd_step(i, pid, n_progs, cur, acc, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n_rows, H, s_dy,
-                                 s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, WANT_DW, WANT_DB,
-                                 HAS_DS, STAGES, EVICT)
+    for i in range(0, n_iter):
+        cur, acc = _bwd_step(i, pid, n_progs, cur, acc, dy_ptr, x_ptr, ds_ptr, dx_ptr, w, wt, n_rows, H, s_dy,
+                             s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, WANT_DW, WANT_DB,
+                             HAS_DS, STAGES, EVICT)
     if PDL:
         gdc_launch_dependents()
     dw, db, dwt, dbt = acc
@@ -408,7 +398,7 @@ def _plan(n_rows: int, H: int, device: torch.device, has_ds: bool, want_dw: bool
     return grid, triton.cdiv(n_tiles, grid), Meta(
         ROWS=c.rows, BLOCK_H=bh, BLOCK_T=bt, TW=max(bt, 1), EVEN_H=H == bh + bt, HAS_WEIGHT=want_dw,
         WANT_DW=want_dw, WANT_DB=bias_grad, HAS_DS=has_ds, STAGES=c.stages, EVICT="evict_first" if c.evict else "",
-        PDL=pdl(device), INTERP=_INTERPRETED, num_warps=c.num_warps)
+        PDL=pdl(device), num_warps=c.num_warps)
 
 
 def layernorm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,

@@ -141,14 +141,8 @@ def _lce_rows_kernel(x_ptr, t_ptr, loss_ptr, scale_ptr, V, stride_x, ignore_inde
     x_row = x_ptr + row * stride_x
     mv = tl.full([BLOCK], -float("inf"), tl.float32)
     sv = tl.zeros([BLOCK], dtype=tl.float32)
-    if INTERP:  # Triton 3.6's interpreter and numpy >= 2.4 (triton#9171): while loops, see cross_entropy.py
-        off = 0
-        while off < V:
-            mv, sv = _lse_fold(x_row, off, V, mv, sv, BLOCK, EVEN, EVICT)
-            off += BLOCK
-    else:
-        for off in tl.range(0, V, BLOCK):
-            mv, sv = _lse_fold(x_row, off, V, mv, sv, BLOCK, EVEN, EVICT)
+    for off in tl.range(0, V, BLOCK):
+        mv, sv = _lse_fold(x_row, off, V, mv, sv, BLOCK, EVEN, EVICT)
     mx = tl.max(mv, axis=0)
     safe = tl.where(mx == -float("inf"), 0.0, mx)
     lse = safe + tl.log(tl.sum(tl.where(mv == -float("inf"), 0.0, sv * tl.exp(mv - safe)), axis=0))
@@ -160,14 +154,8 @@ def _lce_rows_kernel(x_ptr, t_ptr, loss_ptr, scale_ptr, V, stride_x, ignore_inde
     if GRAD:
         # where, not a multiply: the mean's 1 / #valid is inf when every target is ignored
         scale = tl.where(t == ignore_index, 0.0, tl.load(scale_ptr))
-        if INTERP:
-            off = 0
-            while off < V:
-                _grad_chunk(x_row, x_row, off, V, lse, t, scale, BLOCK, EVEN, INTERP)
-                off += BLOCK
-        else:
-            for off in tl.range(0, V, BLOCK):
-                _grad_chunk(x_row, x_row, off, V, lse, t, scale, BLOCK, EVEN, INTERP)
+        for off in tl.range(0, V, BLOCK):
+            _grad_chunk(x_row, x_row, off, V, lse, t, scale, BLOCK, EVEN, INTERP)
 
 
 _INTERPRETED = type(_lce_rows_kernel).__name__ == "InterpretedFunction"

@@ -75,18 +75,10 @@ def _sum_rows_kernel(part_ptr, out0_ptr, out1_ptr, M, r0, r1, r2, BLOCK_R: tl.co
     cm = cols < M
     acc = tl.zeros([BLOCK_R, BLOCK_M], tl.float32)
     n_iter = tl.cdiv(hi - lo, BLOCK_R)
-    if INTERP:  # Triton 3.6's interpreter and runtime-bound for loops: see kernels/rmsnorm.py (#9171)
-        i = 0
-        while i < n_iter:
-            rows = lo + i * BLOCK_R + tl.arange(0, BLOCK_R)
-            m = (rows < hi)[:, None] & cm[None, :]
-            acc += tl.load(part_ptr + rows.to(tl.int64)[:, None] * M + cols[None, :], mask=m, other=0.0)
-            i += 1
-    else:
-        for i in range(0, n_iter):
-            rows = lo + i * BLOCK_R + tl.arange(0, BLOCK_R)
-            m = (rows < hi)[:, None] & cm[None, :]
-            acc += tl.load(part_ptr + rows.to(tl.int64)[:, None] * M + cols[None, :], mask=m, other=0.0)
+    for i in range(0, n_iter):
+        rows = lo + i * BLOCK_R + tl.arange(0, BLOCK_R)
+        m = (rows < hi)[:, None] & cm[None, :]
+        acc += tl.load(part_ptr + rows.to(tl.int64)[:, None] * M + cols[None, :], mask=m, other=0.0)
     total = tl.sum(acc, axis=0)
     if seg == 0:
         _store_sum(out0_ptr + cols, total, cm, INTERP)

@@ -197,7 +197,7 @@ def _persist_step(x, xt, w, wt, i, pid, n_progs, x_ptr, y_ptr, n_rows, H, stride
 def _rmsnorm_persistent_kernel(x_ptr, w_ptr, y_ptr, n_rows, H, stride_x, stride_y, eps, n_iter, n_progs,
                                ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
                                EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr,
-                               STAGES: tl.constexpr, EVICT: tl.constexpr, INTERP: tl.constexpr,
+                               STAGES: tl.constexpr, EVICT: tl.constexpr,
                                W: tl.constexpr = 0, K: tl.constexpr = 0):
     """Variant `persist`: a grid-stride loop over row tiles; the weight is loaded once per program.
 
@@ -210,20 +210,10 @@ def _rmsnorm_persistent_kernel(x_ptr, w_ptr, y_ptr, n_rows, H, stride_x, stride_
     xt = 0.0
     if STAGES > 1:
         x, xt = _tile_load(x_ptr, pid * ROWS, n_rows, H, stride_x, ROWS, BLOCK_H, BLOCK_T, EVEN_H, EVICT)
-    if INTERP:
-        # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
-        # (triton-lang/triton#9171: int() of a 1-element array); a while loop works there.
-        i = 0
-        while i < n_iter:
-            x, xt = _persist_step(x, xt, w, wt, i, pid, n_progs, x_ptr, y_ptr, n_rows, H, stride_x,
-                                  stride_y, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, ROUND, STAGES,
-                                  EVICT, W, K)
-            i += 1
-    else:
-        for i in range(0, n_iter):
-            x, xt = _persist_step(x, xt, w, wt, i, pid, n_progs, x_ptr, y_ptr, n_rows, H, stride_x,
-                                  stride_y, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, ROUND, STAGES,
-                                  EVICT, W, K)
+    for i in range(0, n_iter):
+        x, xt = _persist_step(x, xt, w, wt, i, pid, n_progs, x_ptr, y_ptr, n_rows, H, stride_x,
+                              stride_y, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, ROUND, STAGES,
+                              EVICT, W, K)
 
 
 @triton.jit
@@ -250,28 +240,17 @@ def _sq_chunk(x_row, off, H, BLOCK_H: tl.constexpr, EVEN_H: tl.constexpr):
 @triton.jit
 def _rmsnorm_loop_kernel(x_ptr, w_ptr, y_ptr, n_rows, H, stride_x, stride_y, eps,
                          BLOCK_H: tl.constexpr, EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                         ROUND: tl.constexpr, INTERP: tl.constexpr):
+                         ROUND: tl.constexpr):
     """Variant `loop`: one long row per program in BLOCK_H chunks, two passes over x."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    if INTERP:  # while loops: see _rmsnorm_persistent_kernel
-        off = 0
-        while off < H:
-            acc += _sq_chunk(x_row, off, H, BLOCK_H, EVEN_H)
-            off += BLOCK_H
-        rstd = rstd_of(tl.sum(acc, axis=0), H, eps)
-        off = 0
-        while off < H:
-            _norm_chunk(x_row, w_ptr, y_row, off, H, rstd, BLOCK_H, EVEN_H, HAS_WEIGHT, ROUND)
-            off += BLOCK_H
-    else:
-        for off in tl.range(0, H, BLOCK_H):
-            acc += _sq_chunk(x_row, off, H, BLOCK_H, EVEN_H)
-        rstd = rstd_of(tl.sum(acc, axis=0), H, eps)
-        for off in tl.range(0, H, BLOCK_H):
-            _norm_chunk(x_row, w_ptr, y_row, off, H, rstd, BLOCK_H, EVEN_H, HAS_WEIGHT, ROUND)
+    for off in tl.range(0, H, BLOCK_H):
+        acc += _sq_chunk(x_row, off, H, BLOCK_H, EVEN_H)
+    rstd = rstd_of(tl.sum(acc, axis=0), H, eps)
+    for off in tl.range(0, H, BLOCK_H):
+        _norm_chunk(x_row, w_ptr, y_row, off, H, rstd, BLOCK_H, EVEN_H, HAS_WEIGHT, ROUND)
 
 
 # The interpreter replaces @triton.jit functions when TRITON_INTERPRET=1 is set before import;
@@ -297,12 +276,12 @@ def _make_plan(n_rows: int, H: int, config: Config, device: torch.device, has_we
     kw: dict[str, Any] = dict(BLOCK_H=c.block_h, EVEN_H=even, HAS_WEIGHT=has_weight, ROUND=rnd,
                               num_warps=c.num_warps)
     if c.variant == "loop":
-        return _rmsnorm_loop_kernel, n_rows, (), Meta(kw, INTERP=_INTERPRETED)
+        return _rmsnorm_loop_kernel, n_rows, (), Meta(kw)
     kw.update(ROWS=c.rows, BLOCK_T=c.block_t, EVICT="evict_first" if c.evict else "", **sum_meta(n_rows, H))
     n_tiles = triton.cdiv(n_rows, c.rows)
     if c.variant == "persist":
         grid = min(n_tiles, sm_count(device) * c.progs)
-        kw.update(STAGES=c.stages, INTERP=_INTERPRETED)
+        kw.update(STAGES=c.stages)
         return _rmsnorm_persistent_kernel, grid, (triton.cdiv(n_tiles, grid), grid), Meta(kw)
     return _rmsnorm_tile_kernel, n_tiles, (), Meta(kw)
 
@@ -413,7 +392,7 @@ def _rmsnorm_cols(x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_
             raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
         programs, n_blocks = _cols.grid(n_rows, inner, cfg.rows)
         meta = Meta(ROWS=cfg.rows, BLOCK_H=cfg.block_h, LOOP=cfg.variant == "colsloop", HAS_WEIGHT=weight is not None,
-                    ROUND=rnd, INTERP=_INTERPRETED, num_warps=cfg.num_warps)
+                    ROUND=rnd, num_warps=cfg.num_warps)
         if len(_PLANS) > 4096:
             _PLANS.clear()
         plan = _PLANS[pkey] = (_cols._rmsnorm_cols_kernel, programs, (n_blocks,), meta)

@@ -160,8 +160,7 @@ def _bwd_step(i, pid, n_progs, cur, dw, dwt, w, wt, dy_ptr, x_ptr, ds_ptr, dx_pt
 def _rmsnorm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, dw_ptr, n_rows, H, s_dy, s_x, s_ds, s_dx, eps,
                         n_iter, ROWS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
                         TW: tl.constexpr, EVEN_H: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr,
-                        HAS_DS: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
-                        INTERP: tl.constexpr):
+                        HAS_DS: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr):
     """A grid-stride loop over row tiles; dw accumulates in registers, one partial row per program.
     TW: the tail accumulator's width (BLOCK_T, or 1 as a placeholder without a tail). PDL: the
     partial rows' sum (reduce.sum_rows, launched with programmatic dependent launch) may start
@@ -175,18 +174,10 @@ def _rmsnorm_bwd_kernel(dy_ptr, x_ptr, w_ptr, ds_ptr, dx_ptr, dw_ptr, n_rows, H,
     if STAGES > 1:
         cur = _bwd_load(dy_ptr, x_ptr, ds_ptr, pid * ROWS, n_rows, H, s_dy, s_x, s_ds, ROWS, BLOCK_H, BLOCK_T,
                         EVEN_H, HAS_DS, EVICT)
-    if INTERP:  # Triton 3.6's interpreter and runtime-bound for loops: see kernels/rmsnorm.py (#9171)
-        i = 0
-        while i < n_iter:
-            cur, dw, dwt = _bwd_step(i, pid, n_progs, cur, dw, dwt, w, wt, dy_ptr, x_ptr, ds_ptr, dx_ptr, n_rows, H,
-                                     s_dy, s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, ROUND,
-                                     HAS_DS, STAGES, EVICT)
-            i += 1
-    else:
-        for i in range(0, n_iter):
-            cur, dw, dwt = _bwd_step(i, pid, n_progs, cur, dw, dwt, w, wt, dy_ptr, x_ptr, ds_ptr, dx_ptr, n_rows, H,
-                                     s_dy, s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, ROUND,
-                                     HAS_DS, STAGES, EVICT)
+    for i in range(0, n_iter):
+        cur, dw, dwt = _bwd_step(i, pid, n_progs, cur, dw, dwt, w, wt, dy_ptr, x_ptr, ds_ptr, dx_ptr, n_rows, H,
+                                 s_dy, s_x, s_ds, s_dx, eps, ROWS, BLOCK_H, BLOCK_T, EVEN_H, HAS_WEIGHT, ROUND,
+                                 HAS_DS, STAGES, EVICT)
     if PDL:
         gdc_launch_dependents()
     if HAS_WEIGHT:
@@ -304,7 +295,7 @@ def _plan(n_rows: int, H: int, device: torch.device, has_weight: bool, rbw: bool
     bh, bt = c.blocks(H, vec)
     meta = Meta(ROWS=c.rows, BLOCK_H=bh, BLOCK_T=bt, TW=max(bt, 1), EVEN_H=(bh + bt == H), HAS_WEIGHT=has_weight,
                 ROUND=rbw, HAS_DS=has_ds, STAGES=c.stages, EVICT="evict_first" if c.evict else "",
-                PDL=has_weight and pdl(device), INTERP=_INTERPRETED, num_warps=c.num_warps)
+                PDL=has_weight and pdl(device), num_warps=c.num_warps)
     return grid, triton.cdiv(n_tiles, grid), meta
 
 

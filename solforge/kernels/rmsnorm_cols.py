@@ -59,7 +59,7 @@ def _normalize(xf, rstd, w_ptr, h, H, x_ptr, y_ptr, offs, m, HAS_WEIGHT: tl.cons
 @triton.jit
 def _rmsnorm_cols_kernel(x_ptr, w_ptr, y_ptr, H, inner, n_blocks, eps, ROWS: tl.constexpr,
                          BLOCK_H: tl.constexpr, LOOP: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                         ROUND: tl.constexpr, INTERP: tl.constexpr):
+                         ROUND: tl.constexpr):
     """One [H, ROWS] tile per program: program p takes rows [j * ROWS, (j + 1) * ROWS) of outer
     index o, where (o, j) = divmod(p, n_blocks)."""
     pid = tl.program_id(0)
@@ -72,26 +72,13 @@ def _rmsnorm_cols_kernel(x_ptr, w_ptr, y_ptr, H, inner, n_blocks, eps, ROWS: tl.
         _normalize(xf, rstd, w_ptr, h, H, x_ptr, y_ptr, offs, m, HAS_WEIGHT, ROUND)
     else:
         acc = tl.zeros([ROWS], dtype=tl.float32)
-        if INTERP:  # Triton 3.6's interpreter needs while loops here (see rmsnorm.py's persistent kernel)
-            h0 = 0
-            while h0 < H:
-                xf, offs, m, h = _tile(x_ptr, base, h0, i, inner, H, BLOCK_H, "evict_last")
-                acc += tl.sum(xf * xf, axis=0)
-                h0 += BLOCK_H
-            rstd = rstd_of(acc, H, eps)[None, :]
-            h0 = 0
-            while h0 < H:
-                xf, offs, m, h = _tile(x_ptr, base, h0, i, inner, H, BLOCK_H, "evict_first")
-                _normalize(xf, rstd, w_ptr, h, H, x_ptr, y_ptr, offs, m, HAS_WEIGHT, ROUND)
-                h0 += BLOCK_H
-        else:
-            for h0 in tl.range(0, H, BLOCK_H):
-                xf, offs, m, h = _tile(x_ptr, base, h0, i, inner, H, BLOCK_H, "evict_last")
-                acc += tl.sum(xf * xf, axis=0)
-            rstd = rstd_of(acc, H, eps)[None, :]
-            for h0 in tl.range(0, H, BLOCK_H):
-                xf, offs, m, h = _tile(x_ptr, base, h0, i, inner, H, BLOCK_H, "evict_first")
-                _normalize(xf, rstd, w_ptr, h, H, x_ptr, y_ptr, offs, m, HAS_WEIGHT, ROUND)
+        for h0 in tl.range(0, H, BLOCK_H):
+            xf, offs, m, h = _tile(x_ptr, base, h0, i, inner, H, BLOCK_H, "evict_last")
+            acc += tl.sum(xf * xf, axis=0)
+        rstd = rstd_of(acc, H, eps)[None, :]
+        for h0 in tl.range(0, H, BLOCK_H):
+            xf, offs, m, h = _tile(x_ptr, base, h0, i, inner, H, BLOCK_H, "evict_first")
+            _normalize(xf, rstd, w_ptr, h, H, x_ptr, y_ptr, offs, m, HAS_WEIGHT, ROUND)
 
 
 def grid(n_rows: int, inner: int, rows: int) -> tuple[int, int]:

@@ -239,7 +239,7 @@ def _fwd_load(tb, x_ptr, cos_ptr, sin_ptr, n_tok, S, H, head0, sxb, sxs, sxh, sc
 def _fwd_loop(pid, n_progs, n_iter, x_ptr, cos_ptr, sin_ptr, w_ptr, o_ptr, n_tok, S, H, head0, sxb, sxs, sxh, scb,
               scs, ssb, sss, sob, sos, soh, eps, D2: tl.constexpr, BLOCK: tl.constexpr, TOKENS: tl.constexpr,
               HEADS: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr,
-              STAGES: tl.constexpr, INTERP: tl.constexpr):
+              STAGES: tl.constexpr):
     """One program's grid-stride loop over token blocks for one head block; STAGES == 2 loads the
     next block before computing this one."""
     cur = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
@@ -274,8 +274,7 @@ def _rope_fwd_persistent_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, 
                                 n_qb, n_iter, n_progs, sqb, sqs, sqh, skb, sks, skh, scb, scs, ssb, sss, sqob, sqos,
                                 sqoh, skob, skos, skoh, eps, D2: tl.constexpr, BLOCK: tl.constexpr,
                                 TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr,
-                                HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, STAGES: tl.constexpr,
-                                INTERP: tl.constexpr):
+                                HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, STAGES: tl.constexpr):
     """Forward with `progs` > 0: grid (n_progs, head blocks of q then k), each program walking
     token blocks (the backward's layout, without the weight gradient)."""
     pid = tl.program_id(0)
@@ -283,11 +282,11 @@ def _rope_fwd_persistent_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, 
     if hb < n_qb:
         _fwd_loop(pid, n_progs, n_iter, q_ptr, cos_ptr, sin_ptr, qw_ptr, qo_ptr, n_tok, S, Hq, hb * HEADS, sqb, sqs,
                   sqh, scb, scs, ssb, sss, sqob, sqos, sqoh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND,
-                  STAGES, INTERP)
+                  STAGES)
     else:
         _fwd_loop(pid, n_progs, n_iter, k_ptr, cos_ptr, sin_ptr, kw_ptr, ko_ptr, n_tok, S, Hk, (hb - n_qb) * HEADS,
                   skb, sks, skh, scb, scs, ssb, sss, skob, skos, skoh, eps, D2, BLOCK, TOKENS, HEADS, NORM,
-                  HAS_WEIGHT, ROUND, STAGES, INTERP)
+                  HAS_WEIGHT, ROUND, STAGES)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -390,7 +389,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         _launch(_rope_fwd_persistent_kernel, (progs, n_qb + n_kb),
                 (q4, k4, c, sn, qw, kw, qo, ko, n_tok, S, Hq, Hk, n_qb, triton.cdiv(n_tb, progs), progs,
                  *q4.stride()[:3], *k4.stride()[:3], scb, scs, ssb, sss, *qo.stride()[:3], *ko.stride()[:3], eps),
-                Meta(meta, STAGES=cfg.stages, INTERP=_INTERPRETED))
+                Meta(meta, STAGES=cfg.stages))
         return out
     _launch(_rope_fwd_kernel, (n_tb, n_qb + n_kb),
             (q4, k4, c, sn, qw, kw, qo, ko, n_tok, S, Hq, Hk, n_qb, *q4.stride()[:3], *k4.stride()[:3], scb, scs,
@@ -419,7 +418,7 @@ def _checked_config(sig: tuple[Any, ...], eps: float, norm: bool, round_before_w
         raise _bad(f"config {cfg.encode()} is not valid for {wl.key}")
     meta = Meta(NORM=norm, HAS_WEIGHT=len(sig) == 6, ROUND=norm and round_before_weight,
                 **_common(cfg, sig[0][0][3]))
-    return cfg, (Meta(meta, INTERP=_INTERPRETED, STAGES=cfg.stages) if backward else meta)
+    return cfg, (Meta(meta, STAGES=cfg.stages) if backward else meta)
 
 
 def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,

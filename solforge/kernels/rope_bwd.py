@@ -255,7 +255,7 @@ def _bwd_step(i, pid, n_progs, cur, acc1, acc2, g_ptr, x_ptr, cos_ptr, sin_ptr, 
 def _bwd_loop(pid, n_progs, n_iter, g_ptr, x_ptr, cos_ptr, sin_ptr, w_ptr, dx_ptr, n_tok, S, H, head0, sgb, sgs,
               sgh, sxb, sxs, sxh, scb, scs, ssb, sss, sdb, sds, sdh, eps, D2: tl.constexpr, BLOCK: tl.constexpr,
               TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-              ROUND: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr):
+              ROUND: tl.constexpr, STAGES: tl.constexpr):
     """One program's grid-stride loop over token blocks, for one head block of q or of k (the
     caller picks the tensors once, so the loop loads from one set of pointers); returns the
     elementwise dweight sums."""
@@ -265,20 +265,10 @@ def _bwd_loop(pid, n_progs, n_iter, g_ptr, x_ptr, cos_ptr, sin_ptr, w_ptr, dx_pt
     if STAGES > 1:
         cur = _bwd_load(pid, g_ptr, x_ptr, cos_ptr, sin_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs, sxh, scb,
                         scs, ssb, sss, D2, BLOCK, TOKENS, HEADS, NORM)
-    if INTERP:
-        # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
-        # (triton-lang/triton#9171, as in kernels/rmsnorm.py); a while loop works there.
-        i = 0
-        while i < n_iter:
-            cur, acc1, acc2 = _bwd_step(i, pid, n_progs, cur, acc1, acc2, g_ptr, x_ptr, cos_ptr, sin_ptr, w_ptr,
-                                        dx_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs, sxh, scb, scs, ssb, sss,
-                                        sdb, sds, sdh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND, STAGES)
-            i += 1
-    else:
-        for i in range(0, n_iter):
-            cur, acc1, acc2 = _bwd_step(i, pid, n_progs, cur, acc1, acc2, g_ptr, x_ptr, cos_ptr, sin_ptr, w_ptr,
-                                        dx_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs, sxh, scb, scs, ssb, sss,
-                                        sdb, sds, sdh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND, STAGES)
+    for i in range(0, n_iter):
+        cur, acc1, acc2 = _bwd_step(i, pid, n_progs, cur, acc1, acc2, g_ptr, x_ptr, cos_ptr, sin_ptr, w_ptr,
+                                    dx_ptr, n_tok, S, H, head0, sgb, sgs, sgh, sxb, sxs, sxh, scb, scs, ssb, sss,
+                                    sdb, sds, sdh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND, STAGES)
     return acc1, acc2
 
 
@@ -287,7 +277,7 @@ def _rope_bwd_kernel(gq_ptr, gk_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr, qw_ptr, kw_
                      n_tok, S, Hq, Hk, n_qb, n_iter, n_progs, sgqb, sgqs, sgqh, sgkb, sgks, sgkh, sqb, sqs, sqh,
                      skb, sks, skh, scb, scs, ssb, sss, sdqb, sdqs, sdqh, sdkb, sdks, sdkh, eps, D2: tl.constexpr,
                      BLOCK: tl.constexpr, TOKENS: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr,
-                     HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, STAGES: tl.constexpr, INTERP: tl.constexpr):
+                     HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, STAGES: tl.constexpr):
     """Grid (n_progs, head blocks of q then k): a grid-stride loop over token blocks, so each
     program sums its share of dweight in registers and writes one partial row (the launcher adds
     the n_progs rows: a few hundred KB, not one row per token)."""
@@ -296,11 +286,11 @@ def _rope_bwd_kernel(gq_ptr, gk_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr, qw_ptr, kw_
     if hb < n_qb:
         acc1, acc2 = _bwd_loop(pid, n_progs, n_iter, gq_ptr, q_ptr, cos_ptr, sin_ptr, qw_ptr, dq_ptr, n_tok, S, Hq,
                                hb * HEADS, sgqb, sgqs, sgqh, sqb, sqs, sqh, scb, scs, ssb, sss, sdqb, sdqs, sdqh, eps,
-                               D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND, STAGES, INTERP)
+                               D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND, STAGES)
     else:
         acc1, acc2 = _bwd_loop(pid, n_progs, n_iter, gk_ptr, k_ptr, cos_ptr, sin_ptr, kw_ptr, dk_ptr, n_tok, S, Hk,
                                (hb - n_qb) * HEADS, sgkb, sgks, sgkh, skb, sks, skh, scb, scs, ssb, sss, sdkb, sdks,
-                               sdkh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND, STAGES, INTERP)
+                               sdkh, eps, D2, BLOCK, TOKENS, HEADS, NORM, HAS_WEIGHT, ROUND, STAGES)
     if NORM and HAS_WEIGHT:
         d = tl.arange(0, BLOCK)
         row = dw_ptr + (hb * n_progs + pid) * (2 * D2)

@@ -120,35 +120,20 @@ def _online_store(x_row, y_row, off, N, mx, inv, BLOCK: tl.constexpr, EVEN: tl.c
 
 
 @triton.jit
-def _softmax_online_kernel(x_ptr, y_ptr, N, stride_x, stride_y, BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                           INTERP: tl.constexpr):
+def _softmax_online_kernel(x_ptr, y_ptr, N, stride_x, stride_y, BLOCK: tl.constexpr, EVEN: tl.constexpr):
     """Variant `online`: one row per program, two passes over BLOCK-wide chunks."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
     mv = tl.full([BLOCK], -float("inf"), tl.float32)
     sv = tl.zeros([BLOCK], dtype=tl.float32)
-    if INTERP:
-        # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
-        # (triton-lang/triton#9171, see kernels/rmsnorm.py); a while loop works there.
-        off = 0
-        while off < N:
-            mv, sv = _online_step(x_row, off, N, mv, sv, BLOCK, EVEN)
-            off += BLOCK
-    else:
-        for off in tl.range(0, N, BLOCK):
-            mv, sv = _online_step(x_row, off, N, mv, sv, BLOCK, EVEN)
+    for off in tl.range(0, N, BLOCK):
+        mv, sv = _online_step(x_row, off, N, mv, sv, BLOCK, EVEN)
     mx = tl.max(mv, axis=0)
     safe = tl.where(mx == -float("inf"), 0.0, mx)
     inv = 1.0 / tl.sum(tl.where(mv == -float("inf"), 0.0, sv * tl.exp(mv - safe)), axis=0)
-    if INTERP:
-        off = 0
-        while off < N:
-            _online_store(x_row, y_row, off, N, mx, inv, BLOCK, EVEN)
-            off += BLOCK
-    else:
-        for off in tl.range(0, N, BLOCK):
-            _online_store(x_row, y_row, off, N, mx, inv, BLOCK, EVEN)
+    for off in tl.range(0, N, BLOCK):
+        _online_store(x_row, y_row, off, N, mx, inv, BLOCK, EVEN)
 
 
 @triton.jit
@@ -181,27 +166,15 @@ def _dx_chunk(dy_row, y_row, dx_row, off, N, dot, BLOCK: tl.constexpr, EVEN: tl.
 
 
 @triton.jit
-def _softmax_bwd_online_kernel(dy_ptr, y_ptr, dx_ptr, N, s_dy, s_y, s_dx, BLOCK: tl.constexpr, EVEN: tl.constexpr,
-                               INTERP: tl.constexpr):
+def _softmax_bwd_online_kernel(dy_ptr, y_ptr, dx_ptr, N, s_dy, s_y, s_dx, BLOCK: tl.constexpr, EVEN: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     dy_row, y_row, dx_row = dy_ptr + row * s_dy, y_ptr + row * s_y, dx_ptr + row * s_dx
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    if INTERP:  # while loops: see _softmax_online_kernel
-        off = 0
-        while off < N:
-            acc += _dot_chunk(dy_row, y_row, off, N, BLOCK, EVEN)
-            off += BLOCK
-        dot = tl.sum(acc, axis=0)
-        off = 0
-        while off < N:
-            _dx_chunk(dy_row, y_row, dx_row, off, N, dot, BLOCK, EVEN)
-            off += BLOCK
-    else:
-        for off in tl.range(0, N, BLOCK):
-            acc += _dot_chunk(dy_row, y_row, off, N, BLOCK, EVEN)
-        dot = tl.sum(acc, axis=0)
-        for off in tl.range(0, N, BLOCK):
-            _dx_chunk(dy_row, y_row, dx_row, off, N, dot, BLOCK, EVEN)
+    for off in tl.range(0, N, BLOCK):
+        acc += _dot_chunk(dy_row, y_row, off, N, BLOCK, EVEN)
+    dot = tl.sum(acc, axis=0)
+    for off in tl.range(0, N, BLOCK):
+        _dx_chunk(dy_row, y_row, dx_row, off, N, dot, BLOCK, EVEN)
 
 
 # The interpreter replaces @triton.jit functions when TRITON_INTERPRET=1 is set before import;
@@ -244,8 +217,7 @@ def _launch_plan(n_rows: int, N: int, dtype: torch.dtype, out_dtype: torch.dtype
     if not is_valid(c, wl):  # a bad config could silently skip columns: refuse it
         raise _bad(f"config {c.encode()} is not valid for {wl.key}")
     if c.variant == "online":
-        return "online", n_rows, Meta(BLOCK=c.block, EVEN=N % c.block == 0, INTERP=_INTERPRETED,
-                                      num_warps=c.num_warps)
+        return "online", n_rows, Meta(BLOCK=c.block, EVEN=N % c.block == 0, num_warps=c.num_warps)
     return "tile", triton.cdiv(n_rows, c.rows), Meta(ROWS=c.rows, BLOCK=c.block, EVEN=N == c.block,
                                                      num_warps=c.num_warps)
 

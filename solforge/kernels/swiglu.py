@@ -152,20 +152,12 @@ def _fwd_tile(g_ptr, u_ptr, y_ptr, tile, n_rows, N, sg, su, sy, n_col_tiles, ACT
 @triton.jit
 def _swiglu_fwd_kernel(g_ptr, u_ptr, y_ptr, n_rows, N, sg, su, sy, n_col_tiles, n_iter, n_progs,
                        ACT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_N: tl.constexpr,
-                       EVICT: tl.constexpr, PERSIST: tl.constexpr, INTERP: tl.constexpr):
+                       EVICT: tl.constexpr, PERSIST: tl.constexpr):
     """`tile`: program i computes tile i. `persist`: program i computes tiles i, i + n_progs, ...
     (every program runs n_iter trips; tiles past the end are fully masked)."""
     pid = tl.program_id(0)
     if not PERSIST:
         _fwd_tile(g_ptr, u_ptr, y_ptr, pid, n_rows, N, sg, su, sy, n_col_tiles, ACT, ROWS, BLOCK_N, EVEN_N, EVICT)
-    elif INTERP:
-        # Triton 3.6's interpreter cannot run a for loop with a runtime bound under numpy >= 2.4
-        # (triton-lang/triton#9171: int() of a 1-element array); a while loop works there.
-        i = 0
-        while i < n_iter:
-            _fwd_tile(g_ptr, u_ptr, y_ptr, pid + i * n_progs, n_rows, N, sg, su, sy, n_col_tiles, ACT, ROWS,
-                      BLOCK_N, EVEN_N, EVICT)
-            i += 1
     else:
         for i in range(0, n_iter):
             _fwd_tile(g_ptr, u_ptr, y_ptr, pid + i * n_progs, n_rows, N, sg, su, sy, n_col_tiles, ACT, ROWS,
@@ -238,7 +230,7 @@ def _launch_args(n_rows: int, N: int, config: Config, device: torch.device) -> t
         grid = min(n_tiles, sm_count(device) * c.progs)
         n_iter = triton.cdiv(n_tiles, grid)
     kw = dict(ROWS=c.rows, BLOCK_N=c.block_n, EVEN_N=N % c.block_n == 0,
-              EVICT="evict_first" if c.evict else "", PERSIST=c.variant == "persist", INTERP=_INTERPRETED,
+              EVICT="evict_first" if c.evict else "", PERSIST=c.variant == "persist",
               num_warps=c.num_warps)
     return grid, (n_col_tiles, n_iter, grid), kw
 
@@ -310,18 +302,12 @@ def _bwd_tile(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, tile, n_rows, N, sdy, sg, su
 @triton.jit
 def _swiglu_bwd_kernel(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n_rows, N, sdy, sg, su, sd, n_col_tiles, n_iter,
                        n_progs, ACT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-                       EVEN_N: tl.constexpr, EVICT: tl.constexpr, PERSIST: tl.constexpr, INTERP: tl.constexpr):
+                       EVEN_N: tl.constexpr, EVICT: tl.constexpr, PERSIST: tl.constexpr):
     """Grid as in `_swiglu_fwd_kernel`."""
     pid = tl.program_id(0)
     if not PERSIST:
         _bwd_tile(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, pid, n_rows, N, sdy, sg, su, sd, n_col_tiles, ACT, ROWS,
                   BLOCK_N, EVEN_N, EVICT)
-    elif INTERP:  # while loop: see _swiglu_fwd_kernel
-        i = 0
-        while i < n_iter:
-            _bwd_tile(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, pid + i * n_progs, n_rows, N, sdy, sg, su, sd,
-                      n_col_tiles, ACT, ROWS, BLOCK_N, EVEN_N, EVICT)
-            i += 1
     else:
         for i in range(0, n_iter):
             _bwd_tile(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, pid + i * n_progs, n_rows, N, sdy, sg, su, sd,
