@@ -1,7 +1,7 @@
 """The norms' statistic in torch's order (solforge/kernels/torch_order.py).
 
 On the CPU, through Triton's interpreter: the kernels' sums against `sumsq_ref`, the emulation of
-ATen's CUDA reduce order that bench/reduce_order_probe.py matched bit for bit against torch 2.11
+ATen's CUDA reduce order that tools/reduce_order_probe.py matched bit for bit against torch 2.11
 on an H100, and the norms' outputs against eager's formula with that order. On a GPU: the norms'
 outputs against eager PyTorch itself, bit for bit.
 """
@@ -32,7 +32,7 @@ needs_triton = pytest.mark.skipif(DEVICE == "cpu" and not INTERP, reason="Triton
     (100, 64, 0), (100, 130, 0),  # not vectorized by 4
 ])
 def test_the_width_is_torchs_block_width(rows: int, n: int, width: int) -> None:
-    """The first ten are the widths bench/reduce_order_probe.py's configuration gave for shapes
+    """The first ten are the widths tools/reduce_order_probe.py's configuration gave for shapes
     whose emulated sums matched torch's on an H100 (session 23), or follow from the same rule."""
     assert torch_sum_width(rows, n) == width
 

@@ -17,7 +17,7 @@ n >= 128) and with no split of a row across warps or blocks:
   memory above a warp, shuffles with decreasing offsets within one: the same halving). The
   warp's offsets decrease in torch 2.11 and 2.13; older releases had them increasing;
 - the mean is that sum times fl(rows) / fl(rows * n).
-`bench/reduce_order_probe.py` checked this against torch 2.11 on an H100 (session 23): every row
+`tools/reduce_order_probe.py` checked this against torch 2.11 on an H100 (session 23): every row
 of 13 shapes, 1 to 524,288 rows of 128 to 5120, equal bit for bit. Where torch splits a row
 across warps (n / W >= min(16 x block height, 256), e.g. 1024 x 8192) the kernels keep their own
 order.
@@ -168,7 +168,7 @@ def head_sumsq_128(x1, x2):
 def sumsq_ref(sq: torch.Tensor, width: int) -> torch.Tensor:
     """The row sums of `sq` ([rows, n] fp32 squares) in torch's order for `width` lanes a row
     (module doc), in plain torch: elementwise fp32 adds in that order. The tests' reference, and
-    bench/reduce_order_probe.py's emulation."""
+    tools/reduce_order_probe.py's emulation."""
     rows, n = sq.shape
     chunk = 4 * width
     rounds = -(-n // chunk)

@@ -1,4 +1,6 @@
-"""Where the wall time of one `solforge optimize` command goes, end to end.
+"""probe: where one `solforge optimize` command's wall time goes (imports, model, each stage, exit).
+
+Where the wall time of one `solforge optimize` command goes, end to end.
 
 Runs the CLI in this process (the same code path as the `solforge` console script) and prints one
 JSON line: seconds from process start to the end of the imports, loading the model, inside
@@ -6,7 +8,7 @@ JSON line: seconds from process start to the end of the imports, loading the mod
 the console script does (`solforge.cli.entry`: flush, then os._exit), so the caller's wall time
 of this script (e.g. /usr/bin/time) is the command's.
 
-    python bench/warm_breakdown.py optimize qwen3-4b --batch 2 --seq 8192 --db k.db --quiet
+    python tools/warm_breakdown.py optimize qwen3-4b --batch 2 --seq 8192 --db k.db --quiet
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
-"""Where a training step's host (CPU) time goes: eager against solforge, on one of bench/archs.py's models.
+"""Decided kernels/direct.py's direct op calls: a training step's host time, and one rmsnorm call's through torch.ops
+against its implementation alone (bench/results/2026-11-25-h100-session16.md).
 
-    python bench/host_step.py [--arch gpt2-medium] [--variants eager,solforge] [--steps 10]
+Where a training step's host (CPU) time goes: eager against solforge, on one of bench/archs.py's models.
+
+    python tools/host_step.py [--arch gpt2-medium] [--variants eager,solforge] [--steps 10]
                               [--profile-steps 3] [--top 40] [--out bench/results/NAME.json]
 
 A small model's training step can be bound by the host: the GPU finishes each kernel before the
@@ -37,7 +40,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from archs import ARCHS, build  # noqa: E402
 from e2e import provenance, run_one, write_json  # noqa: E402
 
@@ -183,7 +186,7 @@ def main() -> int:
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: VARIANT in this process
     a = p.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
-        print("bench/host_step.py needs a CUDA GPU (or --device cpu --tiny)", file=sys.stderr)
+        print("tools/host_step.py needs a CUDA GPU (or --device cpu --tiny)", file=sys.stderr)
         return 2
     if a.one:
         row = one(a.arch, a.one, a.seq, a.budget, a.steps, a.profile_steps, a.top, a.tiny, a.device)

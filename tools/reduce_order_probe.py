@@ -1,6 +1,9 @@
-"""GPU: the order in which torch's CUDA reduce kernel sums a row, checked bit for bit.
+"""Decided kernels/torch_order.py: the order in which ATen's CUDA reduce adds a row, emulated and matched bit for bit
+(bench/results/2026-11-26-h100-session23.md).
 
-    python bench/reduce_order_probe.py [--out FILE]
+GPU: the order in which torch's CUDA reduce kernel sums a row, checked bit for bit.
+
+    python tools/reduce_order_probe.py [--out FILE]
 
 An RMSNorm's statistic in eager PyTorch is `x.float().pow(2).mean(-1)`. Its fp32 sum is taken in
 the order of ATen's reduce kernel (Reduce.cuh, setReduceConfig), which this script emulates with
@@ -30,7 +33,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from e2e import provenance, write_json  # noqa: E402
 
 

@@ -1,6 +1,9 @@
-"""GPU: where a backward launcher's time goes, kernel by kernel (torch.profiler), at the Qwen3-4B shapes.
+"""Decided reduce.sum_rows for the weight-gradient partial rows: a backward launcher's device time, kernel by kernel
+(kernels/reduce.py).
 
-    python bench/kernel_split.py [--out FILE]
+GPU: where a backward launcher's time goes, kernel by kernel (torch.profiler), at the Qwen3-4B shapes.
+
+    python tools/kernel_split.py [--out FILE]
 
 For rmsnorm_bwd (with and without the residual gradient), layernorm_bwd (with and without it) and
 rope_bwd at their heuristic configs: the median of do_bench for the whole launcher call (as the
@@ -23,7 +26,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from e2e import bench_us, provenance, write_json  # noqa: E402
 
 

@@ -1,7 +1,9 @@
-"""Host (CPU) seconds of what a warm `solforge optimize` does around its kernels: capture (dynamo +
+"""probe: the host seconds of a warm optimize's capture, plan and integrate stages (no GPU needed).
+
+Host (CPU) seconds of what a warm `solforge optimize` does around its kernels: capture (dynamo +
 ATen lowering), plan (the matchers), and the integrate rewrite; no GPU needed.
 
-    python bench/capture_host.py [--model qwen3-4b] [--seq 16] [--profile capture] [--top 40]
+    python tools/capture_host.py [--model qwen3-4b] [--seq 16] [--profile capture] [--top 40]
 
 The model is built with uninitialized CPU weights (values do not matter to the graphs; a tiny
 input keeps the real forward cheap; its eager time is printed so it can be subtracted). Prints one

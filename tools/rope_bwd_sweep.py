@@ -1,7 +1,9 @@
-"""GPU: the rope backward (kernels/rope.py `rope_bwd`, q/k RMSNorm fused, norm weights) over
+"""Decided rope's `bwd_heuristic` (kernels/rope.py): one head and ~2K values a tile, 4 programs per SM.
+
+GPU: the rope backward (kernels/rope.py `rope_bwd`, q/k RMSNorm fused, norm weights) over
 `bwd_space` at Qwen3-4B's shapes, to set `bwd_heuristic` from measurements.
 
-    python bench/rope_bwd_sweep.py [--out FILE]
+    python tools/rope_bwd_sweep.py [--out FILE]
 
 The gradients have the strides of the forward's outputs ((B, H, S, D) views of token-major
 memory), as SDPA's backward hands them over. Every config's dq, dk and weight gradients are
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from e2e import provenance, write_json  # noqa: E402
 
 SHAPES = [(1, 4096, "Qwen3-4B training step B1 S4096"), (2, 8192, "Qwen3-4B B2 S8192")]

@@ -1,6 +1,8 @@
-"""Where the host (CPU) time of one solforge op call goes: cProfile over many calls on the GPU.
+"""probe: where the host time of one solforge op call goes (cProfile over many calls).
 
-    python bench/host_profile.py [--family layernorm] [--rows 16384] [--hidden 2560] [--calls 200]
+Where the host (CPU) time of one solforge op call goes: cProfile over many calls on the GPU.
+
+    python tools/host_profile.py [--family layernorm] [--rows 16384] [--hidden 2560] [--calls 200]
 
 Prints host microseconds per call (wall clock, no synchronization inside the loop) of the op's
 forward under no_grad, of forward + autograd.grad, and of eager torch for the same computation,

@@ -1,6 +1,9 @@
-"""Where the optimized model's calls at new lengths spend their time (torch.profiler, CPU and CUDA).
+"""Found cuDNN's setup of the traced masked attention to be most of a new length's first call, which led to eager's
+is_causal attention in dynamic-shape graphs (bench/results/2026-11-25-h100-session14.md).
 
-    python bench/first_call_profile.py [--model qwen3-0.6b] [--seq 128] [--budget 30]
+Where the optimized model's calls at new lengths spend their time (torch.profiler, CPU and CUDA).
+
+    python tools/first_call_profile.py [--model qwen3-0.6b] [--seq 128] [--budget 30]
                                        [--lengths 128,200,333,400,200,128,128,512] [--profile 2,3,5,7] [--out DIR]
 
 solforge optimizes the model at `--seq`, then calls it at each of `--lengths` in turn. Every call
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from compiles import CompileCounter  # noqa: E402
 from e2e import provenance  # noqa: E402
 
@@ -35,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench/first_call_profile.py needs a CUDA GPU", file=sys.stderr)
+        print("tools/first_call_profile.py needs a CUDA GPU", file=sys.stderr)
         return 2
     from torch.profiler import ProfilerActivity, profile
 

@@ -1,4 +1,6 @@
-"""Where the optimized Qwen3-4B forward's GPU time goes, kernel by kernel (torch.profiler).
+"""probe: the optimized Qwen3-4B forward's (or training step's) kernels against eager's, by kind.
+
+Where the optimized Qwen3-4B forward's GPU time goes, kernel by kernel (torch.profiler).
 
 Optimizes the model body (B2 S8192 bf16, as bench/e2e.py's qwen3 variant; point $SOLFORGE_DB at a
 filled kernel database to skip tuning), then profiles one forward of eager and of the optimized
@@ -22,7 +24,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from e2e import kernel_kind, provenance  # noqa: E402
 
 

@@ -1,7 +1,10 @@
-"""Host (CPU) time per call of every solforge custom op, with the direct launch path
+"""Decided the shared direct launch (kernels/launch.py, SOLFORGE_DIRECT_LAUNCH): host time per op call with it on and
+off (bench/results/2026-11-22-h100-session4.md). tests/test_launch.py reuses its cases.
+
+Host (CPU) time per call of every solforge custom op, with the direct launch path
 (solforge/kernels/launch.py) on and off, against eager PyTorch.
 
-    python bench/host_overhead.py [--families rmsnorm,rope] [--shapes small,train] [--calls 30]
+    python tools/host_overhead.py [--families rmsnorm,rope] [--shapes small,train] [--calls 30]
                                   [--out bench/results/NAME.json]
 
 For each family op, at 64 rows ("small") and at a Qwen3-4B training shape ("train": B1 S4096,
@@ -273,7 +276,7 @@ def measure(family: str, shape: str, rows: int, calls: int, device: str) -> dict
 
 
 def main() -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
     from e2e import provenance, write_json  # bench/ is a folder of scripts, not a package
 
     from solforge.kernels import launch as L

@@ -1,4 +1,7 @@
-"""Where a decode-sized call through the optimized model spends its host time (issue 2's 1 x 2560
+"""Decided rmsnorm's per-node launch plan (`rmsnorm._Site`): a decode-sized call's host time, layer by layer
+(bench/results/2026-11-26-h100-h200-session21.md).
+
+Where a decode-sized call through the optimized model spends its host time (issue 2's 1 x 2560
 RMSNorm): wall clock per call of each layer of the call path in a loop of back-to-back calls, and a
 cProfile of the whole path. Writes JSON to --out."""
 
@@ -16,7 +19,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from e2e import EPS, OneNorm, bench_us, loop_us, versions  # noqa: E402
 
 

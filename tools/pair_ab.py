@@ -1,7 +1,10 @@
-"""GPU A/B in one process: the norm backwards and rope against their kernels at an earlier commit.
+"""Decided kernels/reduce.py's row sums in one reduction and layernorm_bwd's 8 warps with the residual gradient:
+kernels A/B against an earlier commit's, in one process.
 
-    python bench/pair_ab.py --export REV DIR     # on a git checkout: REV's kernels, renamed to load beside ours
-    python bench/pair_ab.py --old DIR [--out FILE] [--only rmsnorm_bwd,layernorm_bwd,rope_bwd,rope]
+GPU A/B in one process: the norm backwards and rope against their kernels at an earlier commit.
+
+    python tools/pair_ab.py --export REV DIR     # on a git checkout: REV's kernels, renamed to load beside ours
+    python tools/pair_ab.py --old DIR [--out FILE] [--only rmsnorm_bwd,layernorm_bwd,rope_bwd,rope]
 
 Written to measure one change (the row sums of rmsnorm_bwd, layernorm_bwd and rope's norm taken in
 one `tl.reduce` each, kernels/reduce.py) against the kernels before it, config for config, each
@@ -25,7 +28,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from e2e import bench_us, provenance, write_json  # noqa: E402
 
 FILES = ("rmsnorm_bwd", "layernorm_bwd", "rope", "rope_bwd")

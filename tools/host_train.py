@@ -1,6 +1,9 @@
-"""GPU: is the Qwen3-4B training step waiting on the host? Host time against device time, per phase.
+"""Decided compact.py (linears put back as one aten.linear): the Qwen3-4B training step's host time against its device
+time, per phase (bench/results/2026-11-22-h100-session7.md).
 
-    python bench/host_train.py [--variants eager,solforge] [--budget 60] [--steps 10] [--out FILE]
+GPU: is the Qwen3-4B training step waiting on the host? Host time against device time, per phase.
+
+    python tools/host_train.py [--variants eager,solforge] [--budget 60] [--steps 10] [--out FILE]
 
 BASELINES.md's step (B1 S4096 bf16, loss = mean of the squared last hidden state, forward +
 backward; solforge optimized with mode="train"). Each measured step starts on an idle device
@@ -28,7 +31,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from e2e import provenance, write_json  # noqa: E402
 
 

@@ -1,7 +1,9 @@
-"""Weights that predict something, for issue 4's argmax check: train a zoo model from its seeded
+"""probe: trains a zoo model on local bytes, for the argmax check on weights that predict something.
+
+Weights that predict something, for issue 4's argmax check: train a zoo model from its seeded
 random init on the bytes of local text, then save its weights and a held-out batch.
 
-    python bench/train_bytes.py [--model qwen3-4b] [--seconds 120] [--seq 8192] [--lr 4e-4]
+    python tools/train_bytes.py [--model qwen3-4b] [--seconds 120] [--seq 8192] [--lr 4e-4]
                                 [--weights /tmp/trained.pt] [--ids /tmp/eval_ids.pt]
                                 [--eval-batch 2] [--eval-seq 8192] [--out bench/results/NAME.json]
 
@@ -32,7 +34,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from e2e import provenance, write_json  # noqa: E402
 
 HELD_OUT = 0.02

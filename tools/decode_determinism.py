@@ -1,8 +1,11 @@
-"""Run-to-run determinism of 200-token greedy decode on a GPU: transformers' eager generate twice
+"""Showed that greedy decode differs from run to run only through cuDNN's SDPA decode kernel
+(bench/results/2026-11-25-h100-session11.md).
+
+Run-to-run determinism of 200-token greedy decode on a GPU: transformers' eager generate twice
 and solforge's optimized generate three times with its graphs run from Python (no CUDA graphs),
 the logits of every step compared, with cuDNN's SDPA backend on or off.
 
-    python bench/decode_determinism.py cudnn|nocudnn
+    python tools/decode_determinism.py cudnn|nocudnn
 
 Run as scratch/det.py (this file before line wrapping) on 2026-11-25: results in
 bench/results/2026-11-25-h100-session11.md."""

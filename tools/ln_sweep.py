@@ -1,8 +1,11 @@
-"""GPU: sweep of the layernorm / add_layernorm kernels (forward space, backward space) and of the
+"""Decided layernorm_bwd's heuristic without the residual gradient (kernels/layernorm_bwd.py); sweeps the layernorm /
+add_layernorm spaces and the softmax backward's.
+
+GPU: sweep of the layernorm / add_layernorm kernels (forward space, backward space) and of the
 softmax backward, with eager / torch.compile / Liger references, in one run of < 4 minutes.
 
-    python bench/ln_sweep.py --out $OUT/ln.json [--budget-s 180] [--no-warm]
-    python bench/ln_sweep.py --smoke     # no GPU: tiny shapes through Triton's interpreter (logic check)
+    python tools/ln_sweep.py --out $OUT/ln.json [--budget-s 180] [--no-warm]
+    python tools/ln_sweep.py --smoke     # no GPU: tiny shapes through Triton's interpreter (logic check)
 
 bf16, weight + bias, eps 1e-5. Kernel times are triton.testing.do_bench medians (L2 flushed before
 each run), every config checked against the fp32 reference once. Phases, in order, each skipped
@@ -38,7 +41,7 @@ if "--smoke" in sys.argv:  # Triton's interpreter must be chosen before triton i
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from e2e import provenance, write_json  # noqa: E402
 

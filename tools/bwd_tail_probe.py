@@ -1,8 +1,11 @@
-"""GPU probe: norm backward configs whose row tail is widened to the main block's layout.
+"""Decided the norm backwards' heuristic without the residual gradient: two rows a tile, the tail widened to 4 warps'
+layout, 2 programs per SM (kernels/rmsnorm_bwd.py, kernels/layernorm_bwd.py).
 
-    python bench/bwd_tail_probe.py [--out FILE] [--rms CFG ...] [--ln CFG ...]
+GPU probe: norm backward configs whose row tail is widened to the main block's layout.
 
-Nsight Compute (bench/ncu_norm_bwd.py) found rmsnorm_bwd and layernorm_bwd at 16384 x 2560 bf16
+    python tools/bwd_tail_probe.py [--out FILE] [--rms CFG ...] [--ln CFG ...]
+
+Nsight Compute (tools/ncu_norm_bwd.py) found rmsnorm_bwd and layernorm_bwd at 16384 x 2560 bf16
 issue-bound, not memory-bound: DRAM at 72-74% of peak, warps mostly stalled on barriers or on
 other warps' issue, while a plain `torch.mul` with the same traffic ran at 90%. The SASS of the
 block split (2560 = 2048 + 512) shows why the split never paid: a 512-lane tail on 4+ warps gets
@@ -29,7 +32,7 @@ from typing import Any
 import torch
 import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from e2e import bench_us, provenance, write_json  # noqa: E402
 
 from solforge.kernels import layernorm_bwd as LB  # noqa: E402

@@ -1,8 +1,11 @@
-"""GPU: the rope forward (kernels/rope.py `rope`, q/k RMSNorm fused, norm weights, HF layout) at
+"""Decided rope's forward space and `heuristic` (kernels/rope.py): the persistent kernel, 4 programs per SM, the next
+token block loaded ahead.
+
+GPU: the rope forward (kernels/rope.py `rope`, q/k RMSNorm fused, norm weights, HF layout) at
 Qwen3-4B's shapes: every tile of `space` with one program per tile, then the best eight tiles as
 the persistent kernel (programs per SM x stages), to choose the space and `heuristic`.
 
-    python bench/rope_fwd_sweep.py [--out FILE]
+    python tools/rope_fwd_sweep.py [--out FILE]
 
 Every config's outputs are compared with the heuristic's (a config that disagrees is reported,
 not timed). Bytes moved: read q, k, write q_out, k_out (cos/sin, per token, left out). A
@@ -20,7 +23,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # rope_bwd_sweep, beside this file
 from e2e import provenance, write_json  # noqa: E402
 from rope_bwd_sweep import SHAPES, bench_us, qwen3_inputs  # noqa: E402
 

@@ -1,7 +1,9 @@
-"""GPU: every rmsnorm config of the space (and a few beyond it) at the q/k-norm shape, with the
+"""Decided rmsnorm's heuristic at the q/k-norm shape, 524288 x 128 (bench/results/2026-11-22-h100-families.md).
+
+GPU: every rmsnorm config of the space (and a few beyond it) at the q/k-norm shape, with the
 copy ceiling for the same bytes, repeated to see run-to-run spread.
 
-    python bench/qk_sweep.py [--rows 524288] [--repeat 3] [--out FILE]
+    python tools/qk_sweep.py [--rows 524288] [--repeat 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from e2e import EPS, bench_us, hf_rmsnorm, provenance, write_json  # noqa: E402
 
 

@@ -1,7 +1,10 @@
-"""Where `optimized.generate`'s greedy tokens leave eager's, and whether eager's own top-2 margin at
+"""Showed that generate's bf16 tokens part from eager's only at near-ties: eager's top-2 margin below the logits'
+rounding differences.
+
+Where `optimized.generate`'s greedy tokens leave eager's, and whether eager's own top-2 margin at
 that step is below the logits' rounding differences (a near-tie, not a wrong kernel).
 
-    python bench/token_ties.py [--model qwen3-0.6b] [--prompts 128,97,97,150,150] [--new 32] [--device cuda]
+    python tools/token_ties.py [--model qwen3-0.6b] [--prompts 128,97,97,150,150] [--new 32] [--device cuda]
                                [--out bench/results/NAME.json]
 
 The model is integrated without tuning (each region's heuristic config), then for each prompt length:
@@ -20,7 +23,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from e2e import provenance, write_json  # noqa: E402
 
 
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="where to write the rows as JSON, with device and versions")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("bench/token_ties.py needs a CUDA GPU (or --device cpu to check the script)", file=sys.stderr)
+        print("tools/token_ties.py needs a CUDA GPU (or --device cpu to check the script)", file=sys.stderr)
         return 2
     from solforge.integrate import integrate
     from solforge.zoo import load_model

@@ -1,7 +1,10 @@
-"""GPU: the RMSNorm backward kernel (kernels/rmsnorm_bwd.py) over its configs at the Qwen3-4B
+"""Decided rmsnorm_bwd's heuristic for rows of 1024+ (8K-value tiles, 16 warps, one program per SM, evict_first loads)
+and its register budget (kernels/rmsnorm_bwd.py).
+
+GPU: the RMSNorm backward kernel (kernels/rmsnorm_bwd.py) over its configs at the Qwen3-4B
 hidden shapes, to set its heuristic from measurements.
 
-    python bench/bwd_sweep.py [--out FILE] [--quick]
+    python tools/bwd_sweep.py [--out FILE] [--quick]
 
 Each shape is swept with the residual gradient (add_rmsnorm's backward: read x, dy, ds, write dx)
 and, at 16384 x 2560, without it (rmsnorm's: read x, dy, write dx). First rows x programs per SM x
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from e2e import bench_us, provenance, write_json  # noqa: E402
 
 

@@ -1,7 +1,10 @@
-"""Where solforge's forward parts from eager's: the Qwen3-4B body optimized with one set of kernel
+"""Found the norms' fp32 statistic to be what still parted solforge's forward from eager's, which led to
+kernels/torch_order.py (bench/results/2026-11-26-h100-h200-session22.md).
+
+Where solforge's forward parts from eager's: the Qwen3-4B body optimized with one set of kernel
 families at a time, each compared with eager on the same weights and tokens.
 
-    python bench/divergence.py [--weights W --ids I] [--sets "rope;swiglu;add_rmsnorm,rmsnorm;all"]
+    python tools/divergence.py [--weights W --ids I] [--sets "rope;swiglu;add_rmsnorm,rmsnorm;all"]
                                [--batch 1 --seq 4096] [--budget 5] [--out bench/results/NAME.json]
 
 For each set (families joined by ",", sets by ";"; "all" is every family) it reports the share of
@@ -9,7 +12,7 @@ the last hidden state's elements that differ from eager's, its norm-relative err
 agreement of the next-token logits (the tied lm_head run eagerly on each hidden state): at all
 positions and where eager's top-1/top-2 margin exceeds 0.05 / 0.1. Eager runs twice first, so
 the table starts with what eager's own repeat gives. `--weights`/`--ids` take what
-bench/train_bytes.py saved (trained weights: margins that mean something); without them the weights
+tools/train_bytes.py saved (trained weights: margins that mean something); without them the weights
 are seeded random and the tokens random.
 """
 
@@ -23,7 +26,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from e2e import provenance, write_json  # noqa: E402
 
 

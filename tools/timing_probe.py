@@ -1,8 +1,11 @@
-"""GPU: does a kernel's measured time depend on the host and on the GPU's state? The tuner's old
+"""Decided tune/timing.py's gated timer in place of triton's do_bench: a kernel's measured time under a quiet, a loaded
+and a busy host (bench/results/2026-11-25-h100-session10.md).
+
+GPU: does a kernel's measured time depend on the host and on the GPU's state? The tuner's old
 timer (triton's do_bench, 10 ms warm-up) against solforge.tune.timing (gated batches, steady-state
 windows), on kernels of Qwen3-4B's training step, under four conditions.
 
-    python bench/timing_probe.py [--out FILE] [--reps 3]
+    python tools/timing_probe.py [--out FILE] [--reps 3]
 
 Cases (bf16, heuristic configs): rmsnorm_bwd 4096 x 2560 (two launches, the second with PDL),
 rope with the q/k norm at B1 S4096, rmsnorm 4096 x 2560, and a 32 MB device copy.
@@ -31,7 +34,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from e2e import provenance, write_json  # noqa: E402
 

@@ -1,8 +1,11 @@
-"""GPU probe: does rounding an fp32 product to bf16 and back survive compilation? Compares
+"""Decided kernels/rounding.py: bf16 is rounded in integer arithmetic, because the compiler folds a float round trip
+into a bf16 fma.
+
+GPU probe: does rounding an fp32 product to bf16 and back survive compilation? Compares
 a*c - b*s computed by small Triton kernels (several spellings of the rounding) and by the rope kernel
 with eager torch's bf16 ops, and counts the conversions in their PTX.
 
-    python bench/round_probe.py
+    python tools/round_probe.py
 """
 import re
 

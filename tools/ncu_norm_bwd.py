@@ -1,8 +1,11 @@
-"""GPU, under Nsight Compute: the kernels whose hardware counters explain the norm backwards' rate.
+"""Found the norm backwards issue-bound, not memory-bound, under Nsight Compute, which led to tools/bwd_tail_probe.py's
+widened tail (bench/results/2026-11-23-h100-session9.md).
+
+GPU, under Nsight Compute: the kernels whose hardware counters explain the norm backwards' rate.
 
     ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section WarpStateStats --section Occupancy --section LaunchStats \
-        --csv --page details python bench/ncu_norm_bwd.py > ncu.csv
+        --csv --page details python tools/ncu_norm_bwd.py > ncu.csv
 
 At 16384 x 2560 bf16, two calls each (ncu replays each kernel per section, restoring memory):
 - `torch.mul(x, dy, out=dx)`: the same traffic as rmsnorm_bwd without the residual gradient (read
@@ -10,9 +13,9 @@ At 16384 x 2560 bf16, two calls each (ncu replays each kernel per section, resto
   `copy_` is a cudaMemcpy, not a kernel, so ncu does not see it);
 - rmsnorm_bwd and layernorm_bwd at their heuristic configs, without and with the residual gradient
   ds (add_rmsnorm's and add_layernorm's backward);
-- with --tma, the TMA prototype of bench/tma_bwd_probe.py (R=1, 4 stages, 4 warps, 2 programs per
+- with --tma, the TMA prototype of tools/tma_bwd_probe.py (R=1, 4 stages, 4 warps, 2 programs per
   SM, TMA store).
-`python bench/ncu_norm_bwd.py --summarize ncu.csv` prints duration, DRAM throughput and the
+`python tools/ncu_norm_bwd.py --summarize ncu.csv` prints duration, DRAM throughput and the
 leading warp stall reasons of each kernel.
 """
 
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 _KEEP = ("Duration", "DRAM Throughput", "Memory Throughput", "Achieved Occupancy", "Registers Per Thread",
          "Block Size", "Grid Size", "Dynamic Shared Memory Per Block", "Static Shared Memory Per Block",

@@ -1,6 +1,9 @@
-"""GPU probe: do TMA loads, pipelined by Triton's loop pipeliner, lift the norm backwards' streaming rate?
+"""Decided not to ship TMA-pipelined norm backwards: a prototype against the shipped kernels
+(bench/results/2026-11-23-h100-session9.md).
 
-    python bench/tma_bwd_probe.py [--out FILE]
+GPU probe: do TMA loads, pipelined by Triton's loop pipeliner, lift the norm backwards' streaming rate?
+
+    python tools/tma_bwd_probe.py [--out FILE]
 
 rmsnorm_bwd without the residual gradient and layernorm_bwd stream at ~85% of a copy's device rate
 (session 7, kernel_split.py): each program holds one row tile in registers (two with stages 2),
@@ -26,7 +29,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from e2e import bench_us, provenance, write_json  # noqa: E402
 
 

@@ -1,6 +1,9 @@
-"""Host time of one group of linears in a training forward: aten.linear calls vs linears.py's call.
+"""Decided that linears.py's call is an autograd.Function, not a torch.library op: the host time of each way of calling
+a group of linears (linears.py).
 
-    python bench/linears_host.py [--device cuda] [--n 3] [--calls 200] [--out FILE]
+Host time of one group of linears in a training forward: aten.linear calls vs linears.py's call.
+
+    python tools/linears_host.py [--device cuda] [--n 3] [--calls 200] [--out FILE]
 
 The optimized training forward is nearly host-bound (compact.py), so each op the graph calls
 costs step time when the loop syncs every step (a `loss.item()`). On tiny shapes (the device
@@ -25,7 +28,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from solforge import linears  # noqa: E402
 

@@ -1,6 +1,9 @@
-"""An embedding's forward + backward with `.grad` held, eager vs embeddings.py: bits and elapsed time.
+"""Backs embeddings.py: its backward gives eager's bits and saves the dense vocabulary-sized gradient
+(bench/results/2026-11-23-h100-session9.md).
 
-    python bench/embedding_bwd.py [--vocab 151936] [--hidden 2560] [--tokens 2048,4096,8192] [--out FILE]
+An embedding's forward + backward with `.grad` held, eager vs embeddings.py: bits and elapsed time.
+
+    python tools/embedding_bwd.py [--vocab 151936] [--hidden 2560] [--tokens 2048,4096,8192] [--out FILE]
 
 Qwen3-4B's table (151936 x 2560 bf16) by default. Eager: `F.embedding` then `backward`, whose
 `embedding_dense_backward` fills and writes a V x H gradient that AccumulateGrad adds to `.grad`.
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 from solforge import embeddings  # noqa: E402
 
