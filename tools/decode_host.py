@@ -50,7 +50,7 @@ def _inner_layers(gm: Any, args: Any) -> dict[str, float]:
     if hit is not None and len(hit) == 7:  # (kernel, run, head, grid x3, tail)
         _, run, head, g0, g1, g2, tail = hit
         out["compiled_run"] = loop_us(lambda: run(g0, g1, g2, stream, *head, *kargs, *tail))
-    elif hit is not None and len(hit) == 8:  # before session 21: (kernel, run, function, metadata, grid x3, tail)
+    elif hit is not None and len(hit) == 8:  # before 2026-11-26: (kernel, run, function, metadata, grid x3, tail)
         _, run, function, metadata, g0, g1, g2, tail = hit
         out["compiled_run"] = loop_us(lambda: run(g0, g1, g2, stream, function, metadata, None, None, None,
                                                   *kargs, *tail))

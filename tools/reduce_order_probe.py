@@ -18,8 +18,8 @@ N >= 128), one row per group of `width` lanes, no split across warps or blocks:
 - the sum times torch's factor, fl(outputs) / fl(numel).
 For each shape it reports the share of rows whose emulated mean equals torch's bit for bit, per
 warp order, and the block width torch's configuration gives. solforge/kernels/torch_order.py
-carries the same rule (torch_sum_width, sumsq_ref) for the kernels; this script stays as it ran in
-session 23. The lines of the installed
+carries the same rule (torch_sum_width, sumsq_ref) for the kernels; this script stays as it ran on
+2026-11-26. The lines of the installed
 Reduce.cuh that set the warp order are printed too.
 """
 

@@ -6,7 +6,7 @@ GPU probe: do TMA loads, pipelined by Triton's loop pipeliner, lift the norm bac
     python tools/tma_bwd_probe.py [--out FILE]
 
 rmsnorm_bwd without the residual gradient and layernorm_bwd stream at ~85% of a copy's device rate
-(session 7, kernel_split.py): each program holds one row tile in registers (two with stages 2),
+(2026-11-22, kernel_split.py): each program holds one row tile in registers (two with stages 2),
 and a row must be reduced before its dx can be written. Triton's pipeliner does not pipeline plain
 `tl.load`s in a loop without a dot (checked on the TTGIR), but it does pipeline tensor-descriptor
 (TMA) loads: with `tl.range(..., num_stages=S)`, S - 1 tiles are in flight in shared memory while

@@ -279,7 +279,7 @@ def bwd_heuristic(n_rows: int, H: int, device: torch.device | str, ds: bool = Fa
       against 33.0 (tools/bwd_tail_probe.py);
     - otherwise, rows of 1024+: 8K-value tiles on 16 warps, one program per SM, evict_first loads
       (tools/bwd_sweep.py, -rmsnorm-bwd-sweep-s6.json): with ds 133.7 us at 16384 x 2560 (best of
-      that sweep 133.2), and 129.6 in session 9, where the split configs measured 131.4-148.6 (the
+      that sweep 133.2), and 129.6 on 2026-11-23, where the split configs measured 131.4-148.6 (the
       fourth tensor's registers); 4096 rows 42.9 (best);
     - short rows: 1K-value tiles on 2 warps, 8 programs per SM: 524288 x 128 196.8 us (best)."""
     block = triton.next_power_of_2(H)
@@ -389,7 +389,7 @@ rmsnorm_bwd_call = direct.plain(rmsnorm_bwd_op, _op)  # what the backward formul
 Config = BwdConfig
 _WARPS = (1, 2, 4, 8, 16, 32)
 # The register budget: values of one row tile a thread holds, times the tiles in flight (stages),
-# at most 96; tiles of at most 16K elements. tools/bwd_sweep.py's sweeps set 64; session 9's best
+# at most 96; tiles of at most 16K elements. tools/bwd_sweep.py's sweeps set 64; 2026-11-23's best
 # config at 2560 (two rows of 2048 + 1024 on 4 warps, two stages: 96) compiled to 255 registers
 # with no spills.
 _MAX_PER_THREAD = 96
