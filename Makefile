@@ -39,7 +39,7 @@ test:
 	$(BIN)/python -m pytest -q tests
 
 lint:
-	$(BIN)/ruff check solforge tests bench
+	$(BIN)/ruff check solforge tests bench tools
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache solforge.egg-info

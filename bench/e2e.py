@@ -14,7 +14,7 @@
   differs from it where bf16 rounding decides near-ties (random weights give them everywhere).
   Like qwen3train, it records clocks and power during the timing and a steady-state profile.
   `--weights W --ids I` run the forward on a saved state dict and saved token ids instead
-  (bench/train_bytes.py trains the architecture on local text so that its logits have margins).
+  (tools/train_bytes.py trains the architecture on local text so that its logits have margins).
 - qwen3train: BASELINES.md's training step (B1 S4096, loss = mean of the squared last hidden
   state, forward + backward; solforge optimizes with --mode train), its peak memory, the SM clock
   and board power during the timing (`during_do_bench`), and a profile of two steps run back to
@@ -340,7 +340,7 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
                   weights: str | None = None, ids_path: str | None = None) -> dict[str, Any]:
     """One variant of the Qwen3-4B body, forward (mode fwd) or training step (mode train), in this
     process; with the state dict at `weights` and the token ids at `ids_path` when given
-    (bench/train_bytes.py writes both), else seeded random weights and random ids."""
+    (tools/train_bytes.py writes both), else seeded random weights and random ids."""
     from transformers import Qwen3ForCausalLM
 
     from solforge.zoo import zoo_config
@@ -498,7 +498,7 @@ def main() -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--variant-timeout", type=float, default=1800.0, help="seconds allowed to each qwen3 variant")
     p.add_argument("--weights", default=None,
-                   help="qwen3: a Qwen3-4B state dict to load (bench/train_bytes.py) instead of random weights")
+                   help="qwen3: a Qwen3-4B state dict to load (tools/train_bytes.py) instead of random weights")
     p.add_argument("--ids", default=None, help="qwen3: token ids to run (a saved tensor) instead of random ones")
     p.add_argument("--mode", default="fwd", help=argparse.SUPPRESS)  # internal, with --one
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one qwen3 variant

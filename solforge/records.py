@@ -1,4 +1,4 @@
-"""Plain records passed between the stages (DESIGN.md, Records).
+"""Plain records passed between the stages (docs/design.md, Records).
 
 Every record is a frozen dataclass made of JSON-friendly values (str, int, float, bool, None,
 tuples and nested records), so `to_json(record)` / `from_json(cls, data)` round-trip exactly.

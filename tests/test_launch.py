@@ -269,7 +269,7 @@ def test_env_var_switches_it_off() -> None:
 
 
 def _cases() -> Any:
-    spec = importlib.util.spec_from_file_location("host_overhead", ROOT / "bench" / "host_overhead.py")
+    spec = importlib.util.spec_from_file_location("host_overhead", ROOT / "tools" / "host_overhead.py")
     mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     # registered before it runs: its dataclasses look their module up in sys.modules
     sys.modules.setdefault("host_overhead", mod)

@@ -3,7 +3,7 @@ interface, the search loop's budgets and early stop, the cost model's ranking.
 
 The main landscape is a fake family of 270 configs (3 variants x x x y x flag) whose optimum
 moves with the variant, with 5 configs within 3% of the best: harder than swiglu's synthetic
-landscape (bench/search_replay.py --synthetic: 58 within 3%). The real swiglu space (264 configs at
+landscape (tools/search_replay.py --synthetic: 58 within 3%). The real swiglu space (264 configs at
 16384 x 9728) is searched too, with a synthetic time of its config."""
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def fake_us(c: dict[str, Any]) -> float:
 
 
 def swiglu_us(c: dict[str, Any]) -> float:
-    """A memory-bound landscape over swiglu's real configs (as bench/search_replay.py's synthetic)."""
+    """A memory-bound landscape over swiglu's real configs (as tools/search_replay.py's synthetic)."""
     bn, r, w = c["block_n"], c["rows"], c["num_warps"]
     ept = r * bn / (32 * w)
     t = 319.0 * (1 + 0.25 * (math.ceil(9728 / bn) * bn / 9728 - 1)) * (1 + 0.03 * (math.log2(ept) - 3.5) ** 2)

@@ -244,7 +244,7 @@ def _costed(run: tuple[float, float], replay: tuple[float, float]) -> StepGraph:
 def test_a_replay_that_saves_host_time_but_adds_more_gpu_time_is_dropped() -> None:
     """A replay that takes host time out (5 us to enqueue against a run's 35) but adds GPU time
     (its input and output copies: 40 us against the kernel's 17). A call costs the larger of its
-    two parts, 40 against 35: the capture goes. Timed from an idle GPU, as before session 21, the
+    two parts, 40 against 35: the capture goes. Timed from an idle GPU, as before 2026-11-26, the
     parts add up, 45 against 52, and the capture would have stayed."""
     step = _costed(run=(35e-6, 17e-6), replay=(5e-6, 40e-6))
     gm = step.gm

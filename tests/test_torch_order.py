@@ -1,7 +1,7 @@
 """The norms' statistic in torch's order (solforge/kernels/torch_order.py).
 
 On the CPU, through Triton's interpreter: the kernels' sums against `sumsq_ref`, the emulation of
-ATen's CUDA reduce order that bench/reduce_order_probe.py matched bit for bit against torch 2.11
+ATen's CUDA reduce order that tools/reduce_order_probe.py matched bit for bit against torch 2.11
 on an H100, and the norms' outputs against eager's formula with that order. On a GPU: the norms'
 outputs against eager PyTorch itself, bit for bit.
 """
@@ -32,8 +32,8 @@ needs_triton = pytest.mark.skipif(DEVICE == "cpu" and not INTERP, reason="Triton
     (100, 64, 0), (100, 130, 0),  # not vectorized by 4
 ])
 def test_the_width_is_torchs_block_width(rows: int, n: int, width: int) -> None:
-    """The first ten are the widths bench/reduce_order_probe.py's configuration gave for shapes
-    whose emulated sums matched torch's on an H100 (session 23), or follow from the same rule."""
+    """The first ten are the widths tools/reduce_order_probe.py's configuration gave for shapes
+    whose emulated sums matched torch's on an H100 (2026-11-26), or follow from the same rule."""
     assert torch_sum_width(rows, n) == width
 
 
@@ -96,7 +96,7 @@ _GPU_SHAPES = [(4096, 2560), (2, 8192, 2560), (1, 2560), (7, 2560), (300, 896), 
 @pytest.mark.parametrize("shape", _GPU_SHAPES if DEVICE == "cuda" else _SHAPES, ids=str)
 def test_rmsnorm_and_add_rmsnorm_are_eagers_bit_for_bit(shape: tuple[int, ...]) -> None:
     """Every output element equal to eager's: the statistic in torch's order, then eager's
-    roundings (session 22). On a GPU against eager PyTorch itself."""
+    roundings (2026-11-26). On a GPU against eager PyTorch itself."""
     g = torch.Generator().manual_seed(len(shape) * shape[-1])
     x = torch.randn(*shape, generator=g).to(torch.bfloat16).to(DEVICE)
     r = torch.randn(*shape, generator=g).to(torch.bfloat16).to(DEVICE)

@@ -314,7 +314,7 @@ def test_not_launch_bound_training_calls_are_never_captured() -> None:
 
 
 def test_a_forward_whose_host_waits_on_a_busy_gpu_is_not_captured() -> None:
-    """Qwen3-4B's training forward on an H100 (session 22): the host took 56.93 ms to enqueue a
+    """Qwen3-4B's training forward on an H100 (2026-11-26): the host took 56.93 ms to enqueue a
     forward the GPU spent 60.57 ms on, because a GPU-bound call of more launches than the queue
     holds makes the host wait. Its host time is 0.94 of the span, but the GPU was busy for all but
     a few percent of it: a capture takes out nothing and holds memory."""
@@ -421,7 +421,7 @@ def _clocked_steps(monkeypatch: pytest.MonkeyPatch, step: StepGraph, params: lis
 
 @pytest.mark.parametrize("zero", [True, False], ids=["grad-set-to-none", "grad-accumulated"])
 def test_a_capture_whose_steps_are_no_faster_is_dropped(monkeypatch: pytest.MonkeyPatch, zero: bool) -> None:
-    """Qwen3-4B's case (session 22): the forward passed the screen, but a replayed step takes about
+    """Qwen3-4B's case (2026-11-26): the forward passed the screen, but a replayed step takes about
     what a step run as it is does. Blocks of two replays and two runs alternate, the second of each
     timed; after three of each the capture goes, and every call after runs the graph as it is."""
     step = _wrapped(_graph())
@@ -439,7 +439,7 @@ def test_a_capture_whose_steps_are_no_faster_is_dropped(monkeypatch: pytest.Monk
 
 @pytest.mark.parametrize("zero", [True, False], ids=["grad-set-to-none", "grad-accumulated"])
 def test_a_capture_whose_steps_are_faster_is_kept(monkeypatch: pytest.MonkeyPatch, zero: bool) -> None:
-    """GPT-2 medium's case (session 16: 64.28 ms a step run as it is, 8.48 replayed): after two
+    """GPT-2 medium's case (2026-11-25: 64.28 ms a step run as it is, 8.48 replayed): after two
     timed steps of each kind one is under half the other, and the capture stays."""
     step = _wrapped(_graph())
     kinds = _clocked_steps(monkeypatch, step, _params(), 16, 0.0085, 0.0643, zero=zero)

@@ -3,8 +3,8 @@
 A model that writes `x.float()` twice (or `cos.unsqueeze(1)` in every layer, `gate.float()` in
 two places) traces to two identical ATen nodes, and the matchers, which follow one cast feeding
 both the square and the multiply of an RMSNorm, see two unrelated chains. Merging the copies
-gives every spelling the same canonical graph (DESIGN.md: every way of writing an op becomes the
-same canonical ops), and the graph that runs computes each such value once.
+gives every spelling the same canonical graph (docs/design.md, Capture and integration: every way
+of writing an op becomes the same canonical ops), and the graph that runs computes each such value once.
 
 Two nodes merge when they call the same ATen op with the same arguments (the same nodes, the same
 constants of the same type, lists compared item by item) and the same keyword arguments; the

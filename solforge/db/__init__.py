@@ -1,4 +1,4 @@
-"""Kernel database: every measured candidate and every winner, kept across runs (DESIGN.md, Database).
+"""Kernel database: every measured candidate and every winner, kept across runs (docs/design.md, The kernel database).
 
 One SQLite file (stdlib sqlite3; `~/.cache/solforge/kernels.db` unless $SOLFORGE_DB or --db says
 otherwise). Records are stored as their JSON (solforge.records round-trips them exactly) next to

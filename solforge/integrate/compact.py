@@ -8,7 +8,7 @@ The captured ATen graph spells every `nn.Linear` on a (B, S, in) input as four o
 and the optimized model runs its graph op by op from Python (integrate.py: dynamo calls the
 rewritten GraphModule), each op paying Python, the dispatcher and, in training, autograd's
 bookkeeping. Four ops per linear are 28 of the ~40 a layer keeps after the rewrite. Measured on
-the H100 hosts (bench/host_train.py, Qwen3-4B training step B1 S4096, each step started on an
+the H100 hosts (tools/host_train.py, Qwen3-4B training step B1 S4096, each step started on an
 idle device as after a `loss.item()`):
 - before: the optimized forward took 67.2 ms of host time for 67.3 ms of device time
   (-host-train-s7.json): the device waited on the host, so faster kernels could not shorten it;

@@ -76,7 +76,7 @@ COUNTERS = Counters()
 # ----------------------------------------------------------------------------------------------
 # The call the graph makes. A torch.autograd.Function applied straight from the graph, not a
 # torch.library op: the training forward is nearly host-bound (compact.py), and on the CPU box
-# (2026-11-22, bench/linears_host.py) a forward of three linears took 55 µs as a custom op with
+# (2026-11-22, tools/linears_host.py) a forward of three linears took 55 µs as a custom op with
 # register_autograd (pytree handling of Tensor[] on every call), 21 µs as a custom op with its own
 # Autograd kernel, 15.5 µs as this Function, and 15.4 µs as three aten.linear calls. An opaque op
 # would buy nothing here: what the backward does to `.grad` is outside any traced graph anyway,

@@ -6,7 +6,7 @@ with a fake implementation), and its backward is wired in with `register_autogra
 such an op from the optimized model's graph pays, on top of the kernel launch, the dispatcher
 twice (Autograd, then the implementation) and torch.library's generated autograd wrapper, whose
 `fill_defaults` rebuilds the schema's argument list once per argument. Measured on the H100 host
-(bench/host_step.py, `calibration`, 2026-11-25): 110.7 µs of host time for one rmsnorm call with
+(tools/host_step.py, `calibration`, 2026-11-25): 110.7 µs of host time for one rmsnorm call with
 autograd recording, against 72.0 µs through an autograd.Function calling the same implementation
 and 22.8 µs for the implementation alone. In Llama-3.2-1B's training forward (B1 S4096) the
 wrappers of rope, add_rmsnorm and swiglu took ~13 ms of the forward's 25.7 ms of host time, which

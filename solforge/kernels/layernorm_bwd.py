@@ -343,13 +343,13 @@ def bwd_heuristic(n_rows: int, H: int, device: torch.device | str, ds: bool = Fa
     """Measured on the H100 (bf16, H = 2560, 16384 rows):
     - Without the residual gradient (`ds`), rows of up to 3072 that split: two rows a tile, the
       tail widened to one pass of 4 warps' layout (2560 = 2048 + 1024), 2 programs per SM, the next
-      tile loaded ahead: 100.3 us against 109.1 for the rule below (session 9,
-      bench/bwd_tail_probe.py, bench/results/2026-11-23-h100-session9.md).
+      tile loaded ahead: 100.3 us against 109.1 for the rule below (2026-11-23,
+      tools/bwd_tail_probe.py, bench/results/2026-11-23-h100-session9.md).
     - Otherwise, rows of 1024+: one power-of-two block, one row a tile, 2 programs per SM, 8 warps
       (4 with ds), the next tile loaded ahead, evict_first. Without ds that was the best of
-      bench/ln_sweep.py (-ln-bwd-sweep-s6.json: 113.8 / 39.7 us at 16384 / 4096 rows). With ds, 8
+      tools/ln_sweep.py (-ln-bwd-sweep-s6.json: 113.8 / 39.7 us at 16384 / 4096 rows). With ds, 8
       warps was the best at 16384 rows once the row sums were taken in one reduction, in three runs
-      of bench/pair_ab.py (-pair-ab-s7.json: 146.9 us); session 9's sweep of the whole space
+      of tools/pair_ab.py (-pair-ab-s7.json: 146.9 us); the 2026-11-23 sweep of the whole space
       (-ln-bwd-sweep-s9.json) put 4 warps first at both 16384 and 4096 rows (142.08 / 45.28 us
       against 144.77 / 45.34), and the split configs behind (the fourth tensor's registers).
     Shorter rows keep rmsnorm_bwd's earlier tiling (tiles of ~8K elements, 8 programs per SM), with

@@ -3,7 +3,7 @@
 `tl.sum(a) ... tl.sum(b)` costs one cross-warp round trip (shared memory and barriers) each; a
 `tl.reduce` over a tuple exchanges all of them in one. The norm backwards need two or three sums
 of each row, so they take these (sum2, sum3). Against separate sums on the H100 at 16384 x 2560
-(bench/pair_ab.py, bench/results/2026-11-22-h100-pair-ab-s7-reductions.json): rmsnorm_bwd with the
+(tools/pair_ab.py, bench/results/2026-11-22-h100-pair-ab-s7-reductions.json): rmsnorm_bwd with the
 residual gradient 132.8 -> 131.0 us, add_layernorm_bwd's best 159.2 -> 149.8; the others within 1%.
 
 `sum_rows` adds up the per-program partial rows those kernels leave for the weight gradients.
@@ -102,7 +102,7 @@ def sum_rows(part: torch.Tensor, bounds: Sequence[int], outs: Sequence[torch.Ten
     and k weights, layernorm's dw and db); outs: one (M,) contiguous tensor per segment, any float
     dtype (the weight's: no cast follows). Separate tensors, not views of one: a custom op's outputs
     must not alias. The rows are summed in order, so the result is the same on every run, unlike
-    atomics. On the H100 (bench/kernel_split.py, -kernel-split-s7-torch-sum.json against
+    atomics. On the H100 (tools/kernel_split.py, -kernel-split-s7-torch-sum.json against
     -kernel-split-s7.json): 2.7 us for rmsnorm_bwd's 132 x 2560 where torch's sum took 4.7, 4.0 for
     layernorm_bwd's two segments where torch took 7.1, and 4.2 for rope's q and k weights at B2 S8192
     where two sums and two casts took 14.4."""

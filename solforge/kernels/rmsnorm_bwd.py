@@ -12,7 +12,7 @@ launch writes dx and a per-program partial of dw (fp32); a second (reduce.sum_ro
 partials up in order: 2.7 us at 16384 x 2560 on the H100, where torch's sum took 4.7.
 The grid is a few programs per SM, each walking row tiles in a loop, so few partial rows exist.
 Measured on the H100 (16384 x 2560 bf16, with the residual gradient): one tile per program cost
-200 us against 635 us for 16 unrolled tiles per program (bench/bwd_sweep.py, 2026-11-22). Loading
+200 us against 635 us for 16 unrolled tiles per program (tools/bwd_sweep.py, 2026-11-22). Loading
 the next tile before reducing this one (`stages` 2) took the best config from 156 to 133 us: a
 program waits on HBM once per tile otherwise, and a few programs per SM cannot hide that.
 
@@ -267,10 +267,10 @@ def bwd_heuristic(n_rows: int, H: int, device: torch.device | str, ds: bool = Fa
       tail on 4 warps, BwdConfig.blocks): two rows a tile, 2 programs per SM, 97.3 us with the
       weight-gradient sum launched early (reduce.sum_rows, programmatic dependent launch), against
       105.8 for the rule below; one row on 3 programs per SM measured 98.3, and 4096 rows 32.8 us
-      against 33.0 (bench/bwd_tail_probe.py);
+      against 33.0 (tools/bwd_tail_probe.py);
     - otherwise, rows of 1024+: 8K-value tiles on 16 warps, one program per SM, evict_first loads
-      (bench/bwd_sweep.py, -rmsnorm-bwd-sweep-s6.json): with ds 133.7 us at 16384 x 2560 (best of
-      that sweep 133.2), and 129.6 in session 9, where the split configs measured 131.4-148.6 (the
+      (tools/bwd_sweep.py, -rmsnorm-bwd-sweep-s6.json): with ds 133.7 us at 16384 x 2560 (best of
+      that sweep 133.2), and 129.6 on 2026-11-23, where the split configs measured 131.4-148.6 (the
       fourth tensor's registers); 4096 rows 42.9 (best);
     - short rows: 1K-value tiles on 2 warps, 8 programs per SM: 524288 x 128 196.8 us (best)."""
     block = triton.next_power_of_2(H)
@@ -380,7 +380,7 @@ rmsnorm_bwd_call = direct.plain(rmsnorm_bwd_op, _op)  # what the backward formul
 Config = BwdConfig
 _WARPS = (1, 2, 4, 8, 16, 32)
 # The register budget: values of one row tile a thread holds, times the tiles in flight (stages),
-# at most 96; tiles of at most 16K elements. bench/bwd_sweep.py's sweeps set 64; session 9's best
+# at most 96; tiles of at most 16K elements. tools/bwd_sweep.py's sweeps set 64; 2026-11-23's best
 # config at 2560 (two rows of 2048 + 1024 on 4 warps, two stages: 96) compiled to 255 registers
 # with no spills.
 _MAX_PER_THREAD = 96
@@ -401,7 +401,7 @@ def _vec(workload: Workload) -> int:
 
 
 def is_valid(config: BwdConfig, workload: Workload) -> bool:
-    """Known knob values, and the tile within the register budget (bench/bwd_sweep.py's filter). A
+    """Known knob values, and the tile within the register budget (tools/bwd_sweep.py's filter). A
     block split is only valid where it changes the blocks (H not a power of two, 64+, and a tail
     narrower than the main block)."""
     c = config

@@ -522,7 +522,7 @@ def _tiles(workload: Workload) -> list[Config]:
 def heuristic(workload: Workload) -> Config:
     """Untuned default (always valid): the persistent kernel, 4 programs per SM, the next token
     block loaded ahead; tiles of ~4K values over up to 4 heads, 32 values a thread. From
-    bench/rope_fwd_sweep.py on the H100 (2026-11-22, q/k norm with weights, HF layout): 127.0 us at
+    tools/rope_fwd_sweep.py on the H100 (2026-11-22, q/k norm with weights, HF layout): 127.0 us at
     B2 S8192 (2.64 TB/s; best 126.5) and 36.2 at B1 S4096 (the best), against 139.4 / 38.1 for the
     earlier guess (t=4:h=8:w=8, one program per tile) and 129.1 / 37.2 for the best tile without
     the loop."""
@@ -548,7 +548,7 @@ def bwd_space(workload: Workload) -> list[Config]:
 def bwd_heuristic(workload: Workload) -> Config:
     """With norm weights (Qwen3's q/k norms): one head and ~2K values a tile, 8 values a thread,
     4 programs per SM. The best of `bwd_space` at both Qwen3-4B shapes on the H100
-    (bench/rope_bwd_sweep.py, 2026-11-22): 79.8 us at B1 S4096 and 220.9 us at B2 S8192, where
+    (tools/rope_bwd_sweep.py, 2026-11-22): 79.8 us at B1 S4096 and 220.9 us at B2 S8192, where
     the earlier guess below (t=2:h=8:w=8) took 206 us at B1 S4096 in the training step. Swept again
     with the next block loaded ahead (stages 2; -rope-bwd-sweep-s6.json): 77.3 / 209.9 us, within 3%
     of the best (75.4 / 209.3), so it stays.

@@ -134,7 +134,7 @@ def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
     """Fresh random (args, kwargs) for `rope_bwd` / `rope_bwd_ref`: rope's inputs (make_inputs of
     the forward workload; `rows` replaces S) after random incoming gradients of the outputs' dtype
     and layout: with heads_first, (B, H, S, D) views of (B, S, H, D)-contiguous memory, the
-    forward's output strides, which is what SDPA's backward hands over (as bench/rope_bwd_sweep.py
+    forward's output strides, which is what SDPA's backward hands over (as tools/rope_bwd_sweep.py
     measures it); else (B, S, H, D) contiguous."""
     fwd = dataclasses.replace(workload, family=_rope.FAMILY)
     (q, k, cos, sin, qw, kw, eps), opts = _rope.make_inputs(fwd, seed=seed, rows=rows, device=device)

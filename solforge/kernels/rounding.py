@@ -6,7 +6,7 @@ approximation of it. The spelling matters on the GPU. `(a * c).to(bf16).to(fp32)
 compiles to one bf16 fma of a, c and the rounded b * s: the compiler narrows the round trip into
 the next op and contracts the multiply into it, dropping the product's rounding. On an H200 that
 left 24.2% of `round(a*c) - round(b*s)` outputs unlike eager's (bf16 inputs, 2^20 elements), where
-the rounding done in integer arithmetic matched at every one (`bench/round_probe.py`, session 22).
+the rounding done in integer arithmetic matched at every one (`tools/round_probe.py`, 2026-11-26).
 So bf16 is rounded by integer arithmetic on the fp32 bits, and fp16 by PTX conversions the
 compiler cannot look through (by a plain cast in Triton's interpreter, which compiles nothing).
 """

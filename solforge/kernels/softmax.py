@@ -472,7 +472,7 @@ def bwd_heuristic(workload: Workload) -> Config:
     """Untuned backward default. Rows of 1024+: the forward's row-per-program tile (at 4096 wide its
     fwd+bwd matched Liger's on the H100, 1761.63 against 1770.14 us). Short rows: tiles of 2048
     elements rather than 4096, since y and dy are both held. Past 32K columns: online chunks.
-    Not yet swept on the H100: bench/ln_sweep.py times `bwd_space`."""
+    Not yet swept on the H100: tools/ln_sweep.py times `bwd_space`."""
     rows, N = _dims(workload)
     width = triton.next_power_of_2(N)
     if width >= 1024 or width > _SINGLE_PASS_MAX:

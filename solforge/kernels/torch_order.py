@@ -3,7 +3,7 @@
 An RMSNorm in eager PyTorch takes its statistic as `x.float().pow(2).mean(-1)`. Every fused kernel
 here computes the same fp32 formula, but a sum's last bit depends on the order of its additions,
 and one bit of the statistic sometimes moves the bf16 output by one ulp. Over 36 layers those ulps
-decided 16 to 17 of 16,384 next-token argmaxes on trained Qwen3-4B weights (sessions 22-23: the
+decided 16 to 17 of 16,384 next-token argmaxes on trained Qwen3-4B weights (2026-11-26: the
 norms' statistic was all that still differed from eager). So the norms add in torch's order.
 
 That order comes from ATen's reduce kernel (`Reduce.cuh`, `setReduceConfig`), for a contiguous
@@ -17,7 +17,7 @@ n >= 128) and with no split of a row across warps or blocks:
   memory above a warp, shuffles with decreasing offsets within one: the same halving). The
   warp's offsets decrease in torch 2.11 and 2.13; older releases had them increasing;
 - the mean is that sum times fl(rows) / fl(rows * n).
-`bench/reduce_order_probe.py` checked this against torch 2.11 on an H100 (session 23): every row
+`tools/reduce_order_probe.py` checked this against torch 2.11 on an H100 (2026-11-26): every row
 of 13 shapes, 1 to 524,288 rows of 128 to 5120, equal bit for bit. Where torch splits a row
 across warps (n / W >= min(16 x block height, 256), e.g. 1024 x 8192) the kernels keep their own
 order.
@@ -42,7 +42,7 @@ _ASM_OK = tl.constexpr(not INTERPRETED)
 
 _MAX_THREADS = 512  # ATen's reduce kernel's threads per block for fp32 (mnt_wrapper)
 # SOLFORGE_TORCH_ORDER=0: the row kernels sum with tl.sum over their tile instead (what they did
-# before session 23): a little faster, and off eager's bits by a rounding now and then
+# before 2026-11-26): a little faster, and off eager's bits by a rounding now and then
 ENABLED = os.environ.get("SOLFORGE_TORCH_ORDER", "1").lower() not in ("0", "false", "no", "off")
 
 
@@ -96,7 +96,7 @@ def square(v):
 def rstd_of(ss, n, eps):
     """rsqrt(mean + eps) from a sum of squares over n, as eager computes it: the mean rounded
     (torch's factor, then its own op), the add rounded, then rsqrt (tl.rsqrt matched torch.rsqrt
-    on an H100 for 2^20 values, session 23). Written `ss * factor + eps`, the compiler fuses an
+    on an H100 for 2^20 values, 2026-11-26). Written `ss * factor + eps`, the compiler fuses an
     fma: 21% of a 4096 x 2560 RMSNorm's rows then had another rstd than eager's."""
     return tl.rsqrt(mul_rn(ss, mean_factor(n)) + eps)
 
@@ -168,7 +168,7 @@ def head_sumsq_128(x1, x2):
 def sumsq_ref(sq: torch.Tensor, width: int) -> torch.Tensor:
     """The row sums of `sq` ([rows, n] fp32 squares) in torch's order for `width` lanes a row
     (module doc), in plain torch: elementwise fp32 adds in that order. The tests' reference, and
-    bench/reduce_order_probe.py's emulation."""
+    tools/reduce_order_probe.py's emulation."""
     rows, n = sq.shape
     chunk = 4 * width
     rounds = -(-n // chunk)

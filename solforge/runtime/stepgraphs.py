@@ -2,8 +2,8 @@
 
 solforge's graphs run as Python code calling one op after another. For a decode step of a
 0.6B-parameter model that is hundreds of launches (at least ~580: the 15 most frequent kernels of
-a profiled run), each costing more host time than GPU time: the GPU waits for the host (session
-10: 2.8 s for 64 tokens, 8x transformers' CUDA-graphed path). `StepGraph` wraps each graph the
+a profiled run), each costing more host time than GPU time: the GPU waits for the host (2026-11-25:
+2.8 s for 64 tokens, 8x transformers' CUDA-graphed path). `StepGraph` wraps each graph the
 backend compiles (capture.SolforgeBackend) and, where it is switched on (below), replays the
 graph from a CUDA graph when that pays.
 
@@ -37,7 +37,7 @@ Where it is on: inside `step_graphs()`, and in an optimized model made with `cud
    the kernels (a 4096 x 2048 fp32 LayerNorm: 34 us of copies around a 17 us kernel); such a
    capture only holds memory. So a capture whose replay's GPU time exceeds PAY_GPU_GROWTH times
    a run's (plus PAY_GPU_SLACK_S) is dropped too, whatever the host saves: only a loop
-   bound by a slow host would gain from it. (Until session 21 a call was timed once, from an
+   bound by a slow host would gain from it. (Until 2026-11-26 a call was timed once, from an
    idle GPU until it was done: host and GPU time added up, which kept that LayerNorm's capture.)
 
 The inputs a CUDA graph reads are addresses. Parameters, tensors marked static for dynamo and
@@ -95,7 +95,7 @@ PAY_BACKLOG = 2
 # A replay may add at most this much GPU time to a run's (factor, then seconds): past it the capture
 # is dropped whatever the host saves. Its input and output copies are kernels; where they cost the
 # GPU more than the graph's own work (a lone 4096 x 2048 LayerNorm: 72.6 us replayed against 25.3
-# us, on an H100, session 21), a program whose host runs ahead of the GPU pays them in full, and
+# us, on an H100, 2026-11-26), a program whose host runs ahead of the GPU pays them in full, and
 # only a loop bound by a slow host gains.
 PAY_GPU_GROWTH = 1.5
 PAY_GPU_SLACK_S = 10e-6
@@ -240,7 +240,7 @@ def cuda_busy(fn: Callable[..., Any], args: Sequence[Any], ahead_s: float) -> tu
 
     Nothing waits for the GPU: the GPU time comes as a function that says it once the call's work
     is done (None before). A call timed right after the host waited on the GPU pays for the wait
-    in host time: a 4096 x 2048 LayerNorm's enqueue read 157.6 us so (an H100's host, session 21),
+    in host time: a 4096 x 2048 LayerNorm's enqueue read 157.6 us so (an H100's host, 2026-11-26),
     and its capture, whose copies cost the GPU more than the kernel, was kept."""
     torch.cuda._sleep(int(ahead_s * _sleep_cycles_per_s()))
     out, host, start, end = _timed_call(fn, args)

@@ -1,7 +1,7 @@
 """CUDA-graph replay of launch-bound calls made with autograd recording: a small model's training step.
 
 A training forward of a small model is bound by the host, as a decode step is (stepgraphs.py):
-on GPT-2 medium (B1 S1024, session 16) solforge's step spent ~62 ms of host time on ~8 ms of
+on GPT-2 medium (B1 S1024, 2026-11-25) solforge's step spent ~62 ms of host time on ~8 ms of
 kernels, one Python autograd Function per fused op in the forward and one formula per op in the
 backward. Replaying both from CUDA graphs takes that host time out, as
 `torch.cuda.make_graphed_callables` does for a module: the call's forward and its backward are
@@ -21,8 +21,8 @@ calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off
 2. The judgement. A forward's idle time can still be hidden in a step: the host enqueues a
    backward faster than the GPU runs it, and the queue of GPU work it leaves covers the next
    forward's gaps. Qwen3-4B's forward on an H100 read 6.2 ms idle of a 60.4 ms span (54.2 busy,
-   70.2 of host time: session 23), yet its replayed step was no faster (191.35 ms against
-   189.53-192.09 run as it is, session 17) and held 8 GB more (41.2 GB against 32.9). So the
+   70.2 of host time: 2026-11-26), yet its replayed step was no faster (191.35 ms against
+   189.53-192.09 run as it is, 2026-11-25) and held 8 GB more (41.2 GB against 32.9). So the
    first capture is judged on whole steps, as StepGraph judges its captures on calls: blocks of
    TRAIN_BLOCK replays and TRAIN_BLOCK runs of the graph as it is alternate, and the last call of
    each block is timed from its start to the next call's (the host's clock: in a loop, what a
@@ -32,7 +32,7 @@ calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off
    on. While judged, a run and the capture's pool are both in memory: a capture is judged only
    where the device has TRAIN_JUDGE_ROOM times its pool's size free, and kept unjudged (as the
    screen found it) where not. A dropped capture's pool goes back to the device at once
-   (`give_back_pool`). (Until session 23 the
+   (`give_back_pool`). (Until 2026-11-26 the
    host's enqueue time was compared with the span, and the capture kept without a judgement: a
    GPU-bound forward of more launches than the launch queue holds makes the host wait for the
    GPU, so Qwen3-4B's host time read 0.94 of its span and it was captured.) A capture holds its
@@ -53,7 +53,7 @@ calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off
 5. Where `.grad` is kept from step to step (gradient accumulation, BASELINES.md's step), that add
    is a pass of its own over every weight, which the graph run as it is does inside its GEMMs
    (linears.py) and row by row (embeddings.py): Llama-3.2-1B's step had 4.5 ms more kernel time
-   replayed than run as it is (session 17). So when the last two backwards of a capture found
+   replayed than run as it is (2026-11-25). So when the last two backwards of a capture found
    every input a parameter whose `.grad` may be added to in place, each at the same address, the
    backward is captured once more before the next forward replay, with the captured leaves'
    `.grad` set to those tensors: the fused paths then add into them as they do when run as they
@@ -124,7 +124,7 @@ AHEAD_FACTOR = 1.5
 AHEAD_MIN_S = 50e-6
 # pairs of timed calls (span, then busy; the calls after the first) a graph gets to read
 # launch-bound before it is declined: one early reading can be off (a host-bound forward read
-# 0.85 of host time for its span on its first timing once, qwen3-tiny, session 18)
+# 0.85 of host time for its span on its first timing once, qwen3-tiny, 2026-11-25)
 TRAIN_TIMED = 2
 
 

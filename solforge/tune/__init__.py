@@ -1,6 +1,6 @@
 """Tune: candidates -> build -> verify -> time -> keep the fastest verified one.
 
-The loop is small on purpose (DESIGN.md, Style): the variety lives in the family's `space()`.
+The loop is small on purpose (docs/design.md, Style): the variety lives in the family's `space()`.
 Every candidate ends as a TuningRecord; a failure is a record with its reason, never an exception.
 """
 

@@ -1,5 +1,5 @@
 """Runners: where candidates are built, verified and timed. Same interface, three implementations
-(DESIGN.md, Runners):
+(docs/design.md, Runners):
 
 - `local`: in this process (the default). Fast to start; a candidate that crashes the process or
   poisons the CUDA context takes the tune down with it.

@@ -1,7 +1,7 @@
 """Built-in zoo: Hugging Face transformers architectures from their published configurations.
 
 A new architecture is a config function and a ZOO line: the model is built with AutoModelForCausalLM,
-so no per-model code lives here (DESIGN.md: a new architecture should need no new code).
+so no per-model code lives here (docs/design.md, Capture and integration: a new architecture needs no new code).
 """
 
 from __future__ import annotations
