@@ -34,6 +34,7 @@ def family_kind(name: str) -> str | None:
     None for a name neither knows (tests/test_family_contract.py checks every solforge op is known)."""
     return registry.kind(name) or PSEUDO_KIND.get(name)
 
+
 _GEMM = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv", "dot", "_scaled_mm",
          "_int_mm", "convolution", "_convolution", "conv2d", "conv1d"}
 _NORM = {"native_layer_norm", "layer_norm", "rms_norm", "_fused_rms_norm", "native_group_norm", "group_norm",
