@@ -18,11 +18,12 @@ from solforge import capture as _capture
 from solforge import plan as _plan
 from solforge.errors import UserError
 from solforge.integrate import Integrator, config_text, integrate_captured
+from solforge.kernels import registry
 from solforge.numerics import dtype_name
 from solforge.records import E2EReport, Profile, RegionReport, Report, RunResult, TuneResult, TuningRecord
 from solforge.report import TRACE_BASELINE, TRACE_OPTIMIZED, ensure_writable, write_report
 from solforge.runtime.stepgraphs import settled_since_now
-from solforge.tune import candidates, family_module, tune
+from solforge.tune import candidates, tune
 from solforge.tune.timing import time_kernel
 from solforge.validate import validate
 
@@ -164,8 +165,7 @@ def _baseline(group: _plan.WorkloadGroup, device: str) -> RunResult:
         return _backward_baseline(group, sub, args, gen, device)
     # a family whose kernel also computes its region's gradients (linear_cross_entropy) names the
     # inputs they are for: its region is then timed with their backward, as the kernel is
-    fam = family_module(group.workload.family)
-    wants = tuple(fam.baseline_grads(group.workload)) if hasattr(fam, "baseline_grads") else ()
+    wants = registry.baseline_grads(group.workload.family, group.workload)
     if wants:
         leaves = [args[i].requires_grad_(True) for i in wants]
         return time_kernel(lambda: torch.autograd.grad(sub(*args), leaves), device)
@@ -179,9 +179,7 @@ def _backward_baseline(group: _plan.WorkloadGroup, sub: torch.fx.GraphModule, ar
     kernel differentiates as requires_grad leaves (the bwd family's `baseline_leaves(workload)`,
     default every floating-point input), then `torch.autograd.grad` of its outputs timed alone,
     with random incoming gradients in the outputs' own layout (what the next op hands over)."""
-    fam = family_module(group.workload.family)
-    idx = tuple(fam.baseline_leaves(group.workload)) if hasattr(fam, "baseline_leaves") else \
-        tuple(i for i, a in enumerate(args) if a.dtype.is_floating_point)
+    idx = registry.baseline_leaves(group.workload.family, group.workload, args)
     # a leaf the region reads only through ops left outside it (a transpose): the value it reads
     read = [bool(n.users) for n in sub.graph.nodes if n.op == "placeholder"]
     derived = _plan.derived_inputs(group.example[1])
@@ -289,7 +287,7 @@ def optimize(
     rep.stage("plan", f"{len(captured.graphs)} graph(s)")
     groups = _plan.plan(captured.graphs, fams)
     if not groups:
-        known = ", ".join(_plan._matchers())
+        known = ", ".join(registry.forward_names())
         notes.append(f"nothing to optimize: no region of a known kernel family ({known}) was found")
     if train:  # the fused ops' backward kernels are tuned too, as workloads of family <family>_bwd
         groups += _plan.backward_groups(groups)
@@ -336,7 +334,7 @@ def optimize(
                 res = tune(group.workload, baseline, device=device, budget_s=0, db=kdb)
             else:
                 left = max(0.0, budget - (time.perf_counter() - t0))
-                n = len(candidates(family_module(group.workload.family), group.workload))
+                n = len(candidates(registry.module(group.workload.family), group.workload))
                 rep.tune_start(group.workload.key, min(n, max_candidates or n))
                 res = tune(group.workload, baseline, device=device, budget_s=left / (len(todo) - todo.index(group)),
                            max_candidates=max_candidates, progress=rep.tune_step, runner=run, strategy=strategy,
@@ -507,8 +505,7 @@ def kept_out(groups: Sequence[_plan.WorkloadGroup], results: Sequence[TuneResult
     for g in groups:
         if g.forward is not None:
             continue
-        fam = family_module(g.workload.family)
-        bwl = fam.backward_workload(g.workload) if hasattr(fam, "backward_workload") else None
+        bwl = registry.backward_workload(g.workload.family, g.workload)
         if bwl is not None and bwl in unverified:
             keep.add(g.workload)
     return keep, notes
@@ -563,7 +560,7 @@ def _known(kdb: KernelDB, workload: Any, resume: bool) -> bool:
 def _check_families(families: Sequence[str] | None) -> tuple[str, ...] | None:
     if families is None:
         return None
-    known = tuple(_plan._matchers())
+    known = registry.forward_names()
     unknown = [f for f in families if f not in known]
     if unknown or not families:
         raise UserError(f"unknown kernel families {unknown or '(none given)'}: choose from {', '.join(known)}")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from solforge.db.cli import add_db_parser, run_db
 from solforge.errors import UserError
+from solforge.kernels import registry
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -39,9 +40,10 @@ examples:
 """
 
 
-# the kernel families, in matching order (plan._matchers(); listed here so --help needs no torch)
-_FAMILIES = ("rope", "add_rmsnorm", "rmsnorm", "add_layernorm", "layernorm", "swiglu", "gelu",
-             "linear_cross_entropy", "cross_entropy", "softmax")
+# the kernel families, in matching order, and the backward families (the registry's table: importing
+# it needs no torch, so --help stays quick)
+_FAMILIES = registry.forward_names()
+_BACKWARD = registry.backward_names()
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -53,7 +55,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", default="inference", choices=["inference", "train"],
                    help="inference (default): forward only; train: forward and backward, validated on "
                         "parameter gradients too, timed as whole training steps; the fused ops' backward "
-                        "kernels are tuned too (regions rope_bwd, swiglu_bwd, gelu_bwd, rmsnorm_bwd, layernorm_bwd)")
+                        "kernels are tuned too (families " + ", ".join(_BACKWARD) + ")")
     p.add_argument("--batch", type=int, default=None, help="batch size of a zoo model's inputs (default 1)")
     p.add_argument("--seq", type=int, default=None, help="sequence length of a zoo model's inputs (default 128)")
     p.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")

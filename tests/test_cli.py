@@ -189,7 +189,11 @@ def test_console_script_exit_codes_and_output() -> None:
 
 
 def test_help_lists_every_family_in_matching_order():
-    from solforge.cli import _FAMILIES
+    from solforge.cli import _FAMILIES, _parser
+    from solforge.kernels import registry
     from solforge.plan import _matchers
 
     assert _FAMILIES == tuple(_matchers())
+    text = " ".join(_parser()._subparsers._group_actions[0].choices["optimize"].format_help().split())
+    assert all(f in text for f in registry.names())  # --families lists the forward ones, --mode the backward
+    assert ", ".join(_FAMILIES) in text and ", ".join(registry.backward_names()) in text

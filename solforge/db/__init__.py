@@ -158,9 +158,13 @@ def template_hash(family: ModuleType) -> str:
 
 
 def _current_template(family: str) -> str | None:
-    """The installed template hash of a family by name (a dotted name is a module path, as
-    tune.family_module reads it), or None when no such module exists."""
-    name = family if "." in family else f"{KERNELS}.{family}"
+    """The installed template hash of a family by name (its module in kernels/registry.py's table;
+    a dotted name is a module path), or None when no such family or module exists."""
+    from solforge.kernels import registry
+
+    name = registry.module_path(family)
+    if name is None:
+        return None
     path = _module_file(name)
     return None if path is None else _source_hash(name, path)
 
@@ -208,7 +212,7 @@ class KeyParts:
 def key_parts(workload: Workload) -> KeyParts:
     template = _current_template(workload.family)
     if template is None:
-        raise ValueError(f"no kernel family module {KERNELS}.{workload.family}")
+        raise ValueError(f"no kernel family module for {workload.family!r} (kernels/registry.py)")
     name, cap = device_key(workload.device)
     return KeyParts(workload.key, workload.family, name, cap, installed_version("torch"),
                     installed_version("triton"), template)

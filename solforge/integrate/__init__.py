@@ -5,7 +5,7 @@ to ATen, finds the same regions the planner found, and replaces each by one call
 `torch.library` op with the tuned config. The model's code is not touched; it is called exactly
 like the original and returns the same structure.
 
-Training (`train=True`): a family whose kernel module has `backward_workload` (rope, swiglu, gelu,
+Training (`train=True`): a family with a backward family (kernels/registry.py: rope, swiglu, gelu,
 the norms, softmax, cross_entropy) gets the config string "FWD|BWD": FWD for its forward kernel,
 BWD for the `<family>_bwd` op its autograd backward calls, each an encoded Config ("" = that
 kernel's heuristic). The op decodes
@@ -57,12 +57,12 @@ from solforge.integrate.compact import recompose_linear
 from solforge.integrate.embeddings import rewrite_embeddings
 from solforge.integrate.linears import group_linears
 from solforge.integrate.tidy import drop_unused_views, split_partitions
+from solforge.kernels import registry
 from solforge.kernels.direct import direct_calls
 from solforge.plan import find_matches, rewrite
 from solforge.records import TuningRecord, Workload
 from solforge.runtime.generation import route_generate
 from solforge.runtime.shapes import binding, symbolic
-from solforge.tune import family_module
 
 
 @dataclass
@@ -101,8 +101,8 @@ def _sizeless(workload: Workload) -> tuple[Any, ...]:
 
 def config_text(record: TuningRecord) -> str:
     """A tuning record's config as the custom ops take it (the family's encoded Config)."""
-    fam = family_module(record.candidate.workload.family)
-    return fam.Config(**record.candidate.config_dict).encode()
+    cls = registry.config_class(record.candidate.workload.family)
+    return cls(**record.candidate.config_dict).encode()
 
 
 @dataclass
@@ -160,7 +160,7 @@ class Integrator:
             elif config is None:
                 if self.untuned != "heuristic":
                     continue
-                config = family_module(m.family).heuristic(m.workload).encode()
+                config = registry.heuristic(m.family, m.workload).encode()
                 bucket = self.stats.untuned
             bucket[m.workload.key] = bucket.get(m.workload.key, 0) + 1
             chosen.append(m)
@@ -185,8 +185,7 @@ class Integrator:
 
     def _with_backward(self, workload: Workload, config: str) -> str:
         """"FWD|BWD" for a family that tunes its backward; `config` unchanged for any other."""
-        fam = family_module(workload.family)
-        bwl = fam.backward_workload(workload) if hasattr(fam, "backward_workload") else None
+        bwl = registry.backward_workload(workload.family, workload)
         if bwl is None:
             return config
         bwd = self.winners.get(bwl)

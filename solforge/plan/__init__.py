@@ -1,7 +1,8 @@
 """Plan: find kernel-family regions in ATen graphs and group them into Workloads.
 
-One matcher per family (`MATCHERS`); a matcher returns `Match`es (live graph nodes). A `Region`
-is the plain record of a match; regions with the same Workload are tuned once.
+One matcher per family (the registry's table, kernels/registry.py, in its order); a matcher returns
+`Match`es (live graph nodes). A `Region` is the plain record of a match; regions with the same
+Workload are tuned once.
 """
 
 from __future__ import annotations
@@ -150,33 +151,11 @@ class WorkloadGroup:
 
 
 def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
-    from solforge.plan import (
-        add_layernorm,
-        add_rmsnorm,
-        cross_entropy,
-        gelu,
-        layernorm,
-        linear_cross_entropy,
-        rmsnorm,
-        rope,
-        softmax,
-        swiglu,
-    )
+    """Every forward family's matcher in first-claim-wins order: the registry's table
+    (kernels/registry.py, where the order is explained)."""
+    from solforge.kernels import registry
 
-    # first claim wins: rope takes the q/k RMSNorms it fuses, and a residual add + norm is one
-    # add_rmsnorm (add_layernorm), before the rmsnorm (layernorm) matcher sees them. The LayerNorm
-    # families share no node with the others (their norm is one ATen op), so their place among them
-    # changes nothing; they come after the RMSNorm families, before swiglu. cross_entropy (a
-    # _log_softmax + nll_loss_forward, with the casts and views feeding them) and softmax (a _softmax
-    # and its casts) share no node with the others or each other; softmax is last, so a future
-    # family that fuses a softmax into something larger (attention) claims it first. gelu comes after
-    # swiglu, which claims the aten.gelu of a gated gelu(gate) * up; a bare gelu (GPT-2's MLP) is gelu's.
-    # linear_cross_entropy is a cross_entropy region plus the projection feeding it (where the logits
-    # have no other use): it comes just before cross_entropy, which takes the loss alone otherwise.
-    return {"rope": rope.match, "add_rmsnorm": add_rmsnorm.match, "rmsnorm": rmsnorm.match,
-            "add_layernorm": add_layernorm.match, "layernorm": layernorm.match, "swiglu": swiglu.match,
-            "gelu": gelu.match, "linear_cross_entropy": linear_cross_entropy.match,
-            "cross_entropy": cross_entropy.match, "softmax": softmax.match}
+    return registry.matchers()
 
 
 def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:
@@ -208,18 +187,17 @@ def plan(graphs: Sequence[CapturedGraph], families: Sequence[str] | None = None)
 
 
 def backward_groups(groups: Sequence[WorkloadGroup]) -> list[WorkloadGroup]:
-    """Training: one group per forward group whose family tunes its backward, i.e. whose kernel
-    module has `backward_workload(workload) -> Workload | None` (None: nothing to tune there). The
+    """Training: one group per forward group whose family tunes its backward, i.e. whose
+    `backward_workload(workload)` (kernels/registry.py) is a Workload (None: nothing to tune there). The
     backward workload is an ordinary one of family `<family>_bwd` (kernels/<family>_bwd.py; the
     add_ forms share their norm's: rmsnorm_bwd, layernorm_bwd, with `ds` set); its regions are the
     forward's, so the count is the same. Forward workloads that share a backward
     workload share one group."""
-    from solforge.tune import family_module
+    from solforge.kernels import registry
 
     out: dict[Workload, WorkloadGroup] = {}
     for g in groups:
-        fam = family_module(g.workload.family)
-        bwl = fam.backward_workload(g.workload) if hasattr(fam, "backward_workload") else None
+        bwl = registry.backward_workload(g.workload.family, g.workload)
         if bwl is None:
             continue
         group = out.setdefault(bwl, WorkloadGroup(bwl, example=g.example, forward=g.workload))

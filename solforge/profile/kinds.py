@@ -5,7 +5,7 @@ local patterns name the memory-bound work a kernel engineer looks for, so their 
 checked before a kernel family for them exists: `rope` (x*cos + rotate_half(x)*sin, rotate_half
 being cat(-x2, x1)), `silu_mul` (silu(a) * b) and `residual_add` (a + b of two activations of the
 same shape, no broadcasting). Everything else is grouped by (module path, kind). All the
-classification lives in this file.
+classification lives in this file, but for a kernel family's kind: its row in kernels/registry.py.
 """
 
 from __future__ import annotations
@@ -17,19 +17,23 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from solforge.kernels import registry
+
 aten = torch.ops.aten
 
 KINDS = ("gemm", "attention", "normalization", "pointwise", "reduction", "copy", "other")
 VIEW = "view"  # launches nothing: folded into a neighbour region
 
-# kernel families and pseudo-families -> kind (a family's region is one kind of work)
-FAMILY_KIND = {
-    "rmsnorm": "normalization", "add_rmsnorm": "normalization", "layernorm": "normalization",
-    "add_layernorm": "normalization", "softmax": "reduction", "cross_entropy": "reduction",
-    "linear_cross_entropy": "gemm",  # the LM head's projection (and its gradients' GEMMs) dominate
-    "swiglu": "pointwise", "gelu": "pointwise", "silu_mul": "pointwise", "rope": "pointwise",
-    "residual_add": "pointwise",
-}
+# pseudo-families -> kind (a family's region is one kind of work); a kernel family's kind is its
+# row's in kernels/registry.py
+PSEUDO_KIND = {"silu_mul": "pointwise", "rope": "pointwise", "residual_add": "pointwise"}
+
+
+def family_kind(name: str) -> str | None:
+    """The kind of a kernel family (the registry's, backward families included) or pseudo-family;
+    None for a name neither knows (tests/test_family_contract.py checks every solforge op is known)."""
+    return registry.kind(name) or PSEUDO_KIND.get(name)
+
 
 _GEMM = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv", "dot", "_scaled_mm",
          "_int_mm", "convolution", "_convolution", "conv2d", "conv1d"}
@@ -59,7 +63,7 @@ def node_kind(node: fx.Node) -> str:
     name = _packet(t)
     ns = getattr(t, "namespace", "aten")
     if ns == "solforge":
-        return FAMILY_KIND.get(name.removesuffix("_bwd"), "other")
+        return registry.kind(name) or "other"
     if ns == "profiler" or getattr(t, "__module__", "") == __name__:
         return VIEW
     if name in _GEMM:

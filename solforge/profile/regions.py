@@ -21,7 +21,7 @@ import torch.fx as fx
 from solforge.capture import module_path
 from solforge.numerics import dtype_name
 from solforge.plan import find_matches
-from solforge.profile.kinds import FAMILY_KIND, VIEW, node_kind, pseudo_matches
+from solforge.profile.kinds import PSEUDO_KIND, VIEW, family_kind, node_kind, pseudo_matches
 
 PREFIX = "solforge:"
 STEP = PREFIX + "step"
@@ -167,7 +167,7 @@ def partition(graph: fx.Graph, graph_index: int, first_id: int = 0,
     claimed: set[fx.Node] = set()
     for m in find_matches(graph, families):
         claimed.update(m.nodes)
-        regions.append(Region(0, graph_index, m.family, FAMILY_KIND.get(m.family, "other"),
+        regions.append(Region(0, graph_index, m.family, family_kind(m.family) or "other",
                               module_path(m.output) or "", list(m.nodes), workload=m.workload.key))
     merged: dict[tuple[str, str], Region] = {}
     for pm in pseudo_matches(graph, claimed):
@@ -176,7 +176,7 @@ def partition(graph: fx.Graph, graph_index: int, first_id: int = 0,
         if pm.family == "rope" and (pm.family, mod) in merged:
             merged[(pm.family, mod)].nodes += pm.nodes
             continue
-        r = Region(0, graph_index, pm.family, FAMILY_KIND[pm.family], mod, list(pm.nodes))
+        r = Region(0, graph_index, pm.family, PSEUDO_KIND[pm.family], mod, list(pm.nodes))
         regions.append(r)
         merged.setdefault((pm.family, mod), r)
     groups: dict[tuple[str, str], Region] = {}  # (module, kind)

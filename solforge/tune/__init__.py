@@ -7,7 +7,6 @@ Every candidate ends as a TuningRecord; a failure is a record with its reason, n
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from solforge.kernels import registry
 from solforge.records import BuildResult, Candidate, RunResult, TuneResult, TuningRecord, Workload
 from solforge.tune.timing import confirm, time_kernel
 from solforge.tune.verify import verify
@@ -39,24 +39,25 @@ FINALIST_SPREAD = 0.10
 
 
 def family_module(name: str) -> ModuleType:
-    """`solforge.kernels.<name>`; a dotted name is a module path (fake families in tests)."""
-    return importlib.import_module(name if "." in name else f"solforge.kernels.{name}")
+    """The family's kernel module, from the registry (kernels/registry.py); a dotted name outside
+    its table is a module path (fake families in tests)."""
+    return registry.module(name)
 
 
 def launcher_of(family: ModuleType) -> Callable[..., Any]:
-    """The family's launcher: the function named like the family (the last part of a dotted name)."""
-    return getattr(family, family.FAMILY.rpartition(".")[2])
+    """The family's launcher (registry.launcher: the function named like the family)."""
+    return registry.launcher(family)
 
 
 def candidates(family: ModuleType, workload: Workload) -> list[Candidate]:
     """The heuristic config first (so even a tiny budget yields a verified default), then the space."""
-    configs = [family.heuristic(workload)]
-    configs += [c for c in family.space(workload) if c != configs[0]]
+    configs = [registry.heuristic(family, workload)]
+    configs += [c for c in registry.space(family, workload) if c != configs[0]]
     return [Candidate(workload, BACKEND, c.variant, c.items()) for c in configs]
 
 
 def _config(family: ModuleType, cand: Candidate) -> Any:
-    return family.Config(**cand.config_dict)
+    return registry.config_class(family)(**cand.config_dict)
 
 
 def measure(family: ModuleType, cand: Candidate, *, device: str, seed: int = 0,
@@ -75,7 +76,7 @@ def measure(family: ModuleType, cand: Candidate, *, device: str, seed: int = 0,
     t = time.perf_counter()
     stage("build")
     try:
-        args, kwargs = family.make_inputs(cand.workload, seed=seed, device=device)
+        args, kwargs = registry.make_inputs(family, cand.workload, seed=seed, device=device)
         launch(*args, **kwargs)
         if device == "cuda":
             torch.cuda.synchronize()
@@ -104,7 +105,7 @@ def confirm_times(cands: Sequence[Candidate], *, device: str, seed: int = 0) -> 
         family = family_module(cand.workload.family)
         try:
             if cand.workload not in inputs:
-                inputs[cand.workload] = family.make_inputs(cand.workload, seed=seed, device=device)
+                inputs[cand.workload] = registry.make_inputs(family, cand.workload, seed=seed, device=device)
             args, kwargs = inputs[cand.workload]
             launcher, config = launcher_of(family), _config(family, cand)
             fns.append(lambda launcher=launcher, config=config, args=args, kwargs=kwargs:
@@ -232,5 +233,5 @@ def _winner(family: ModuleType, workload: Workload, pool: Sequence[TuningRecord]
         return None
     if all(r.run is not None and r.run.meaningful for r in ok):
         return min(ok, key=lambda r: r.time_us)
-    h = family.heuristic(workload).items()
+    h = registry.heuristic(family, workload).items()
     return next((r for r in ok if r.candidate.config == h), ok[0])

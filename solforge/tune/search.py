@@ -35,6 +35,7 @@ import numpy as np
 
 from solforge import tune as _tune
 from solforge.errors import UserError
+from solforge.kernels import registry
 from solforge.records import Candidate, TuningRecord, Workload
 from solforge.tune.cost_model import CostModel
 
@@ -223,7 +224,7 @@ def make_strategy(name: str, family: ModuleType, workload: Workload, *, seed: in
         name = "exhaustive" if len(cands) <= EXHAUSTIVE_MAX else "evolutionary"
 
     def valid(c: Candidate) -> bool:
-        return bool(family.is_valid(family.Config(**c.config_dict), workload))
+        return registry.is_valid(family, registry.config_class(family)(**c.config_dict), workload)
 
     strategy: ExhaustiveSearch | EvolutionarySearch
     if name == "exhaustive":

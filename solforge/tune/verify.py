@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from solforge.kernels import registry
 from solforge.numerics import compare
 from solforge.records import Verdict, Workload
 
@@ -37,20 +38,21 @@ def _snapshot(args: tuple[Any, ...]) -> list[torch.Tensor | None]:
 
 def verify(family: ModuleType, workload: Workload, launch: Launch, *, trials: int = 3, seed: int = 1234,
            device: str | None = None) -> Verdict:
-    """`launch(*args, out=out, **kwargs)` runs the candidate; `family.make_inputs` draws inputs and
-    `family.<name>_ref` computes the reference. The odd shape changes the row count that
-    `family.verify_rows(workload)` gives (default: the first input's first dim)."""
-    ref_fn = getattr(family, f"{family.FAMILY.rpartition('.')[2]}_ref")
+    """`launch(*args, out=out, **kwargs)` runs the candidate; the family's `make_inputs` draws inputs
+    and its reference (`<name>_ref`) computes the expected outputs. The odd shape changes the row
+    count that the family's `verify_rows(workload)` gives (default: the first input's first dim);
+    the hooks and their defaults: kernels/registry.py."""
+    ref_fn = registry.reference(family)
     # a family may widen the output dtype's tolerance where its semantics need it (documented there),
     # one for all outputs or a tuple with one per output
-    tol = family.output_tolerance(workload) if hasattr(family, "output_tolerance") else None
-    rows = family.verify_rows(workload) if hasattr(family, "verify_rows") else workload.shapes[0][0]
+    tol = registry.output_tolerance(family, workload)
+    rows = registry.verify_rows(family, workload)
     shapes: list[int | None] = [None] * max(3, trials) + [odd_rows(rows)]
     max_abs = max_rel = 0.0
     for i, r in enumerate(shapes):
         label = f"trial {i + 1}" if r is None else f"odd shape ({r} rows)"
         try:
-            args, kwargs = family.make_inputs(workload, seed=seed + 7919 * i, rows=r, device=device)
+            args, kwargs = registry.make_inputs(family, workload, seed=seed + 7919 * i, rows=r, device=device)
             before = _snapshot(args)
             ref = ref_fn(*args, **kwargs)
             # poison: unwritten elements fail the NaN check

@@ -1,0 +1,303 @@
+"""The kernel families: one table (`FAMILIES`), one record per family, and the family contract.
+
+Everything that lists or inspects families reads this file: the planner (which matchers run, in
+which order), the tuner and verifier (a family's module and hooks), training (a forward family's
+backward family), api/integrate, the CLI's help, the profiler's kinds and the kernel database's
+source hash (a family's module). A new family is its own files (kernels/<name>.py, plan/<name>.py,
+kernels/<name>_bwd.py for a tuned backward, tests) plus one row here; tests/test_family_contract.py
+runs every row through the contract below.
+
+Importing this module is cheap: no torch, no kernel. A family's module and matcher are imported
+when first asked for (`module`, `matcher`).
+
+The record (`Family`)
+---------------------
+name       the family's name: its Workload.family, its custom op `torch.ops.solforge.<name>`, its
+           database key's family
+module     the kernel module implementing the contract (solforge.kernels.<name>)
+kind       what the profiler counts its regions as (profile/kinds.py's KINDS)
+matcher    "module:function" finding its regions in an ATen graph (plan.Match list); None for a
+           backward family, which has no region of its own (it runs inside its forward op's backward)
+backward   the backward family that tunes the kernel the forward op's autograd backward calls
+           (None: none is tuned; the forward may still have a backward, e.g. linear_cross_entropy
+           computes its gradients in the forward)
+is_backward  a backward family (its workloads come from a forward's `backward_workload`)
+
+The table's order of forward families is the planner's first-claim-wins order (see `FAMILIES`).
+A dotted name that is not in the table (tests' fake families: "fakes.broken") is a module path: `get`
+gives an ad-hoc record for it (kind "other", no matcher, no backward).
+
+The contract: what a family module defines
+------------------------------------------
+Required (tune/__init__.py and tune/verify.py call these on every family):
+  FAMILY                  the family's name, the record's `name`
+  Config                  a frozen dataclass of one kernel configuration: `variant`, `items()` (its
+                          fields as (name, value) pairs, the Candidate's config), `encode()` (the
+                          config string the op takes; "" is the heuristic) and `decode(text)`;
+                          `Config(**dict(items))` rebuilds it
+  space(wl)               the configs worth trying on a workload (each passes is_valid)
+  is_valid(config, wl)    whether a config can run that workload
+  heuristic(wl)           the config used untuned (it passes is_valid; the op runs it for "")
+  make_inputs(wl, *, seed, rows=None, device=None) -> (args, kwargs)
+                          fresh random inputs of the workload; `rows` replaces the size that
+                          `verify_rows` names (the verifier's odd shape)
+  <name>(*args, config=, out=None, **kwargs)
+                          the launcher (`launcher`): runs the kernel, writing into `out` when given
+                          (a tuple for a family with several outputs)
+  <name>_ref(*args, **kwargs)
+                          the reference (`reference`), in fp32 or wider where the model's own
+                          rounding allows; a backward family's is autograd through its forward's
+Optional (the accessors below give the default when a module leaves one out):
+  backward_workload(wl) -> Workload | None
+                          a forward family's backward workload (family `backward`); default None:
+                          nothing to tune for its backward (train mode leaves it alone)
+  output_tolerance(wl) -> Tolerance | tuple[Tolerance | None, ...] | None
+                          a wider tolerance than the output dtype's (one, or one per output);
+                          default None: numerics.TOLERANCES for the output's dtype
+  verify_rows(wl) -> int  the size the verifier's odd shape replaces; default the first input's
+                          first dimension (wl.shapes[0][0])
+  baseline_grads(wl) -> tuple[int, ...]
+                          a forward family whose kernel computes gradients too (linear_cross_entropy):
+                          the region inputs its baseline is differentiated for; default (): the
+                          baseline is the region's forward alone
+  baseline_leaves(wl) -> tuple[int, ...]
+                          a backward family: the region inputs eager's backward is timed for;
+                          default every floating-point input
+Conventions, not called through here: `workload_for(...)` (builds the Workload of one call; the
+matcher and tests use it), the `torch.ops.solforge.<name>` op with its fake and autograd formula.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch.fx as fx
+
+    from solforge.plan import Match
+    from solforge.records import Workload
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row of the table (see the module's docstring for each field)."""
+
+    name: str
+    module: str
+    kind: str
+    matcher: str | None = None
+    backward: str | None = None
+    is_backward: bool = False
+
+    @property
+    def short(self) -> str:
+        """The last part of the name: what the launcher and reference are named after."""
+        return self.name.rpartition(".")[2]
+
+
+def _fwd(name: str, kind: str, backward: str | None) -> Family:
+    return Family(name, f"solforge.kernels.{name}", kind, f"solforge.plan.{name}:match", backward)
+
+
+def _bwd(name: str, kind: str) -> Family:
+    return Family(name, f"solforge.kernels.{name}", kind, is_backward=True)
+
+
+# Forward families in matching order: first claim wins. rope takes the q/k RMSNorms it fuses, and
+# a residual add + norm is one add_rmsnorm (add_layernorm), before the rmsnorm (layernorm) matcher
+# sees them. The LayerNorm families share no node with the others (their norm is one ATen op), so
+# their place among them changes nothing; they come after the RMSNorm families, before swiglu.
+# cross_entropy (a _log_softmax + nll_loss_forward, with the casts and views feeding them) and
+# softmax (a _softmax and its casts) share no node with the others or each other; softmax is last,
+# so a future family that fuses a softmax into something larger (attention) claims it first. gelu
+# comes after swiglu, which claims the aten.gelu of a gated gelu(gate) * up; a bare gelu (GPT-2's
+# MLP) is gelu's. linear_cross_entropy is a cross_entropy region plus the projection feeding it
+# (where the logits have no other use): it comes just before cross_entropy, which takes the loss
+# alone otherwise. Backward families follow (they match nothing).
+FAMILIES: tuple[Family, ...] = (
+    _fwd("rope", "pointwise", "rope_bwd"),
+    _fwd("add_rmsnorm", "normalization", "rmsnorm_bwd"),
+    _fwd("rmsnorm", "normalization", "rmsnorm_bwd"),
+    _fwd("add_layernorm", "normalization", "layernorm_bwd"),
+    _fwd("layernorm", "normalization", "layernorm_bwd"),
+    _fwd("swiglu", "pointwise", "swiglu_bwd"),
+    _fwd("gelu", "pointwise", "gelu_bwd"),
+    # the LM head's projection (and its gradients' GEMMs) dominate; gradients come from its forward
+    _fwd("linear_cross_entropy", "gemm", None),
+    _fwd("cross_entropy", "reduction", "cross_entropy_bwd"),
+    _fwd("softmax", "reduction", "softmax_bwd"),
+    _bwd("rope_bwd", "pointwise"),
+    _bwd("rmsnorm_bwd", "normalization"),
+    _bwd("layernorm_bwd", "normalization"),
+    _bwd("swiglu_bwd", "pointwise"),
+    _bwd("gelu_bwd", "pointwise"),
+    _bwd("cross_entropy_bwd", "reduction"),
+    _bwd("softmax_bwd", "reduction"),
+)
+
+_BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
+
+FamilyLike = Family | ModuleType | str
+
+
+# ----------------------------------------------------------------------------------------------
+# The table
+
+
+def names() -> tuple[str, ...]:
+    """Every registered family, forward ones first in matching order."""
+    return tuple(_BY_NAME)
+
+
+def forward_names() -> tuple[str, ...]:
+    """The families the planner matches, in its first-claim-wins order."""
+    return tuple(f.name for f in FAMILIES if f.matcher is not None)
+
+
+def backward_names() -> tuple[str, ...]:
+    """The backward families (tuned in train mode), in the table's order."""
+    return tuple(f.name for f in FAMILIES if f.is_backward)
+
+
+def known(name: str) -> bool:
+    return name in _BY_NAME
+
+
+def get(name: str) -> Family:
+    """The family's record; a dotted name outside the table is a module path (an ad-hoc record)."""
+    fam = _BY_NAME.get(name)
+    if fam is not None:
+        return fam
+    if "." in name:
+        return Family(name, name, "other")
+    raise LookupError(f"unknown kernel family {name!r}: choose from {', '.join(names())}")
+
+
+def kind(name: str) -> str | None:
+    """The profile kind of a registered family (None for a name outside the table)."""
+    fam = _BY_NAME.get(name)
+    return None if fam is None else fam.kind
+
+
+def module_path(name: str) -> str | None:
+    """The module path of a family by name, without importing it (None for an unknown name)."""
+    try:
+        return get(name).module
+    except LookupError:
+        return None
+
+
+def module(fam: FamilyLike) -> ModuleType:
+    """The family's kernel module (imported on first use)."""
+    if isinstance(fam, ModuleType):
+        return fam
+    rec = fam if isinstance(fam, Family) else get(fam)
+    return importlib.import_module(rec.module)
+
+
+def matcher(fam: Family) -> Callable[[fx.Graph], list[Match]]:
+    """The family's matcher function (imported on first use)."""
+    if fam.matcher is None:
+        raise ValueError(f"{fam.name} has no matcher (a backward family)")
+    mod, _, fn = fam.matcher.partition(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
+def matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
+    """Every forward family's matcher, in matching order (first claim wins)."""
+    return {f.name: matcher(f) for f in FAMILIES if f.matcher is not None}
+
+
+# ----------------------------------------------------------------------------------------------
+# The contract's hooks, with their defaults
+
+
+def _name(mod: ModuleType) -> str:
+    return str(mod.FAMILY).rpartition(".")[2]
+
+
+def launcher(fam: FamilyLike) -> Callable[..., Any]:
+    """The launcher: the function named like the family (the last part of a dotted name)."""
+    mod = module(fam)
+    return getattr(mod, _name(mod))
+
+
+def reference(fam: FamilyLike) -> Callable[..., Any]:
+    """The reference: `<name>_ref`."""
+    mod = module(fam)
+    return getattr(mod, f"{_name(mod)}_ref")
+
+
+def config_class(fam: FamilyLike) -> Any:
+    return module(fam).Config
+
+
+def space(fam: FamilyLike, wl: Workload) -> list[Any]:
+    return list(module(fam).space(wl))
+
+
+def is_valid(fam: FamilyLike, config: Any, wl: Workload) -> bool:
+    return bool(module(fam).is_valid(config, wl))
+
+
+def heuristic(fam: FamilyLike, wl: Workload) -> Any:
+    return module(fam).heuristic(wl)
+
+
+def make_inputs(fam: FamilyLike, wl: Workload, *, seed: int, rows: int | None = None,
+                device: Any = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return module(fam).make_inputs(wl, seed=seed, rows=rows, device=device)
+
+
+def _hook(fam: FamilyLike, name: str) -> Callable[..., Any] | None:
+    return getattr(module(fam), name, None)
+
+
+def backward_workload(fam: FamilyLike, wl: Workload) -> Workload | None:
+    """The forward workload's backward workload; None: nothing to tune for its backward."""
+    hook = _hook(fam, "backward_workload")
+    return None if hook is None else hook(wl)
+
+
+def output_tolerance(fam: FamilyLike, wl: Workload) -> Any:
+    """A family's own tolerance (one, or one per output); None: the output dtype's."""
+    hook = _hook(fam, "output_tolerance")
+    return None if hook is None else hook(wl)
+
+
+def verify_rows(fam: FamilyLike, wl: Workload) -> int:
+    """The size the verifier's odd shape replaces (default: the first input's first dimension)."""
+    hook = _hook(fam, "verify_rows")
+    return int(hook(wl)) if hook is not None else int(wl.shapes[0][0])
+
+
+def baseline_grads(fam: FamilyLike, wl: Workload) -> tuple[int, ...]:
+    """The region inputs a forward family's baseline is differentiated for (default none)."""
+    hook = _hook(fam, "baseline_grads")
+    return tuple(hook(wl)) if hook is not None else ()
+
+
+def baseline_leaves(fam: FamilyLike, wl: Workload, args: Sequence[Any]) -> tuple[int, ...]:
+    """The region inputs (of `args`) eager's backward is timed for (default: every floating one)."""
+    hook = _hook(fam, "baseline_leaves")
+    if hook is not None:
+        return tuple(hook(wl))
+    return tuple(i for i, a in enumerate(args) if a.dtype.is_floating_point)
+
+
+REQUIRED = ("FAMILY", "Config", "space", "is_valid", "heuristic", "make_inputs")
+OPTIONAL = ("backward_workload", "output_tolerance", "verify_rows", "baseline_grads", "baseline_leaves")
+
+
+def missing_hooks(fam: FamilyLike) -> list[str]:
+    """The required hooks (launcher and reference included) a family's module lacks: [] when it
+    conforms."""
+    mod = module(fam)
+    if not hasattr(mod, "FAMILY"):
+        return ["FAMILY"]
+    n = _name(mod)
+    return [h for h in (*REQUIRED, n, f"{n}_ref") if not hasattr(mod, h)]
