@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from solforge import settings
 from solforge.db.cli import add_db_parser, run_db
 from solforge.errors import UserError
 
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         _parser().print_help()
         return 2
     try:
+        settings.current()  # a bad SOLFORGE_* value: one line here, before anything imports torch
         if args.command == "optimize":
             return _optimize(args)
         if args.command == "profile":
