@@ -121,12 +121,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        settings.current()  # a bad SOLFORGE_* value: one line, before --help's defaults read them
+    except UserError as e:
+        print(f"solforge: error: {e}", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
     if args.command is None:
         _parser().print_help()
         return 2
     try:
-        settings.current()  # a bad SOLFORGE_* value: one line here, before anything imports torch
         if args.command == "optimize":
             return _optimize(args)
         if args.command == "profile":

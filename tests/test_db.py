@@ -367,29 +367,6 @@ def test_older_file_is_migrated_and_keeps_its_records_as_stale(tmp_path: Path, v
         assert c.execute("PRAGMA user_version").fetchone()[0] == dbmod.SCHEMA_VERSION == 3
 
 
-def test_settings_that_change_kernels_key_their_own_entries(tmp_path: Path) -> None:
-    """A measurement made under SOLFORGE_PDL=0 is never served to a run with it on, and is found
-    again under it (PDL: a kernel-changing switch an override may change after import)."""
-    w, on, off = wl(), rec(wl(), 64, 2.0), rec(wl(), 32, 3.0)
-    with KernelDB(tmp_path / "k.db") as db:
-        with settings.override(pdl=True):
-            key_on = db_key(w)
-            db.add(w, on, run_id="r1")
-            db.set_winner(w, on, run_id="r1")
-        with settings.override(pdl=False):
-            assert db_key(w) != key_on and "pdl=0" in db_key(w) and "pdl=1" in key_on
-            assert db.known(w) == [] and db.winner(w) is None and db.baseline(w, "sig") is None
-            db.add(w, off, run_id="r2")
-            db.set_winner(w, off, run_id="r2")
-            assert db.known(w) == [off] and db.winner(w) == off
-        with settings.override(pdl=True):
-            assert db.known(w) == [on] and db.winner(w) == on
-        entries = db.entries()
-        assert sorted(e.parts.settings for e in entries) == sorted([
-            dataclasses.replace(settings.current(), pdl=p).kernel_key() for p in (False, True)])
-        assert all(e.stale is None for e in entries)  # kept for runs under those settings, not stale
-
-
 def test_import_of_a_format_1_line_keys_it_under_unknown_settings(tmp_path: Path) -> None:
     src, ws = _filled(tmp_path / "a.db")
     out = io.StringIO()
