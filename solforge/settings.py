@@ -74,7 +74,8 @@ class Settings:
                                 kernels=True)
     # Changes kernel code and launch semantics: the PDL constexpr compiles a gdc_wait into
     # reduce/rmsnorm_bwd/layernorm_bwd and they launch with launch_pdl=True, so they may start
-    # under the kernel ahead of them; session 9 measured 1.7 ms of a step from it.
+    # under the kernel ahead of them: rmsnorm_bwd with its sum took 99.01 us without, 97.28 with it
+    # on an H100 (bench/results/2026-11-23-h100-session9.md).
     pdl: bool = _switch("SOLFORGE_PDL", True, "programmatic dependent launch on Hopper and later", kernels=True)
     # Not in the key: a direct launch runs exactly the kernel Triton would pick (launch.py's key is
     # at least as strict as Triton's specialization); only host time changes, and the tuner times
@@ -133,6 +134,9 @@ class Settings:
         "pdl=1 torch_order=1"."""
         return " ".join(f"{f.name}={_text(getattr(self, f.name))}" for f in sorted(
             dataclasses.fields(self), key=lambda f: f.name) if f.metadata["kernels"])
+
+
+from_env = Settings.from_env  # the one parser, also by its module-level name
 
 
 def switches() -> tuple[dataclasses.Field[Any], ...]:
