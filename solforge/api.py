@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import platform
 import sys
 import time
@@ -16,6 +15,7 @@ import torch
 
 from solforge import capture as _capture
 from solforge import plan as _plan
+from solforge import settings
 from solforge.errors import UserError
 from solforge.integrate import Integrator, config_text, integrate_captured
 from solforge.kernels import registry
@@ -401,7 +401,7 @@ def optimize(
     rep.stop()
     report = Report(
         model=name or type(model).__name__, device=_device_name(device), dtype=dtype_name(dtype), mode=mode,
-        versions=versions(device),
+        versions=versions(device), settings=settings.current().as_dict(),
         regions=tuple(_region_report(g, r, keep) for g, r in zip(groups, results, strict=True)),
         e2e=e2e, timings_meaningful=device == "cuda", notes=tuple(notes),
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), command=command or " ".join(sys.argv),
@@ -443,7 +443,8 @@ def profile(
                           ceilings_cache=ceilings_cache)
     report = Report(
         model=name or type(model).__name__, device=_device_name(device), dtype=dtype_name(dtype), mode="inference",
-        versions=versions(device), regions=(), e2e=None, timings_meaningful=prof.meaningful, notes=prof.notes,
+        versions=versions(device), settings=settings.current().as_dict(), regions=(), e2e=None,
+        timings_meaningful=prof.meaningful, notes=prof.notes,
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), command=command or " ".join(sys.argv),
         graphs=prof.graphs, profile=prof,
     )
@@ -542,8 +543,9 @@ def _open_db(db: str | Path | bool) -> KernelDB | None:
 
 def _lowering_cache(db: str | Path | bool) -> _capture.LoweringCache | None:
     """The ATen lowering cache beside the kernel database (`lowered/` in its directory): a run that
-    keeps no database keeps no lowerings either. SOLFORGE_LOWERING_CACHE=0 turns it off alone."""
-    if db is False or os.environ.get("SOLFORGE_LOWERING_CACHE", "1") == "0":
+    keeps no database keeps no lowerings either. SOLFORGE_LOWERING_CACHE=0 (settings.lowering_cache)
+    turns it off alone."""
+    if db is False or not settings.current().lowering_cache:
         return None
     from solforge.db import default_path
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from solforge import settings
 from solforge.db.cli import add_db_parser, run_db
 from solforge.errors import UserError
 from solforge.kernels import registry
@@ -122,6 +123,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        settings.current()  # a bad SOLFORGE_* value: one line, before --help's defaults read them
+    except UserError as e:
+        print(f"solforge: error: {e}", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
     if args.command is None:
         _parser().print_help()

@@ -290,6 +290,9 @@ class Report:
     extra: dict[str, Any] = field(default_factory=dict)
     profile: Profile | None = None  # the baseline's bottlenecks (solforge profile / optimize)
     profile_after: Profile | None = None  # the optimized model, profiled the same way
+    # every SOLFORGE_* switch the run had (solforge.settings.Settings.as_dict); {} in reports written
+    # before it was recorded
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ import os
 import pytest
 import torch
 
+from solforge import settings
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -37,6 +39,9 @@ def _fresh_dynamo():
 
 @pytest.fixture(autouse=True)
 def _private_kernel_db(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):
-    """No test reads or writes the real ~/.cache/solforge/kernels.db: each gets an empty one."""
-    monkeypatch.setenv("SOLFORGE_DB", str(tmp_path_factory.mktemp("kernel-db") / "kernels.db"))
-    yield
+    """No test reads or writes the real ~/.cache/solforge/kernels.db: each gets an empty one (the
+    environment for the processes a test starts; this process read its settings once already)."""
+    path = tmp_path_factory.mktemp("kernel-db") / "kernels.db"
+    monkeypatch.setenv("SOLFORGE_DB", str(path))
+    with settings.override(db=path):
+        yield

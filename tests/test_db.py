@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import json
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import solforge.db as dbmod
+from solforge import settings
 from solforge.cli import main
 from solforge.db import KernelDB, db_key, default_path, key_parts, template_hash
 from solforge.errors import UserError
@@ -89,6 +91,7 @@ def test_key_has_every_part(monkeypatch: pytest.MonkeyPatch) -> None:
     assert parts.template == template_hash(rmsnorm) and len(parts.template) == 16
     key = db_key(w)
     assert key == db_key(wl()) and key != db_key(wl(rows=9)) and w.key in key and parts.template in key
+    assert parts.settings == settings.current().kernel_key() and key.endswith(f" settings {parts.settings}")
     monkeypatch.setattr(dbmod, "device_key", lambda device: ("NVIDIA H100 80GB HBM3", "9.0"))
     assert db_key(w) != key and "NVIDIA H100 80GB HBM3" in db_key(w) and "9.0" in db_key(w)
     monkeypatch.setattr(dbmod, "installed_version", lambda pkg: "9.9.9")
@@ -321,26 +324,66 @@ def test_import_rejects_a_bad_line_by_number_and_writes_nothing(tmp_path: Path, 
     assert dst.entries() == []
 
 
-def test_version_1_file_is_migrated_and_keeps_its_records(tmp_path: Path) -> None:
-    """A file written by schema 1 (no baselines table) opens, gains the table, loses nothing."""
-    path = tmp_path / "v1.db"
+def _written_by_schema(path: Path, version: int) -> tuple[Workload, TuningRecord]:
+    """A file as schema `version` (1 or 2) wrote it: one measurement and winner under the key text
+    of then (no settings), and for version 1 no baselines table."""
     w, r = wl(), rec(wl(), 64)
+    with KernelDB(path) as db:
+        db.add(w, r, run_id="r1")
+        db.set_winner(w, r, run_id="r1")
+    old = dataclasses.replace(key_parts(w), settings="").text
+    with sqlite3.connect(path) as c:
+        for table in ("keys", "measurements", "winners"):
+            c.execute(f"UPDATE {table} SET key = ?", (old,))
+        c.execute("UPDATE keys SET id = ?", (dbmod.short_id(old),))
+        c.execute("ALTER TABLE keys DROP COLUMN settings")
+        if version == 1:
+            c.execute("DROP TABLE baselines")
+        c.execute(f"PRAGMA user_version = {version}")
+    return w, r
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_older_file_is_migrated_and_keeps_its_records_as_stale(tmp_path: Path, version: int) -> None:
+    """A file written by schema 1 (no baselines table) or 2 (no settings in the key) opens and
+    gains what it lacks. Its records stay, but they were measured under settings nobody wrote
+    down: never a hit, shown stale, removed by prune --stale."""
+    path = tmp_path / f"v{version}.db"
+    w, r = _written_by_schema(path, version)
     db = KernelDB(path)
-    db.add(w, r, run_id="r1")
-    db.set_winner(w, r, run_id="r1")
-    db.close()
-    with sqlite3.connect(path) as c:  # back to what schema 1 wrote
-        c.execute("DROP TABLE baselines")
-        c.execute("PRAGMA user_version = 1")
-    db = KernelDB(path)
-    assert db.known(w) == [r] and db.winner(w) == r
+    [e] = db.entries()
+    assert e.measured == 1 and e.winner == r and e.parts.settings == ""
+    assert e.stale == "settings unknown (stored before schema 3)" and e.key == db.history(e.key)[0].key
+    assert db.known(w) == [] and db.winner(w) is None  # not this run's key
+    db.add(w, r, run_id="r2")  # measured again, under this run's settings: a key of its own
+    assert db.known(w) == [r] and len(db.entries()) == 2
     assert db.baseline(w, "sig") is None
     db.set_baseline(w, "sig", RunResult(1.0, 2.0, 3.0))
     assert db.baseline(w, "sig") == RunResult(1.0, 2.0, 3.0) and db.baseline(w, "other") is None
     assert db.baseline(wl(rows=9), "sig") is None
+    assert [x.key for x in db.prune(stale=True)] == [e.key] and db.known(w) == [r]
     db.close()
     with sqlite3.connect(path) as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == dbmod.SCHEMA_VERSION == 2
+        assert c.execute("PRAGMA user_version").fetchone()[0] == dbmod.SCHEMA_VERSION == 3
+
+
+def test_import_of_a_format_1_line_keys_it_under_unknown_settings(tmp_path: Path) -> None:
+    src, ws = _filled(tmp_path / "a.db")
+    out = io.StringIO()
+    src.export(out)
+    lines = []
+    for x in out.getvalue().splitlines():
+        d = json.loads(x)
+        assert d["format"] == dbmod.EXPORT_FORMAT == 2 and d["parts"]["settings"] == settings.current().kernel_key()
+        del d["parts"]["settings"]
+        d["format"], d["key"] = 1, dbmod.KeyParts(**d["parts"], settings="").text
+        lines.append(json.dumps(d))
+    dst = KernelDB(tmp_path / "b.db")
+    assert dst.import_lines(lines) == (6, 2, 0)
+    assert all(dst.known(w) == [] and dst.winner(w) is None for w in ws)
+    assert {e.stale for e in dst.entries()} == {"settings unknown (stored before schema 3)"}
+    src.close()
+    dst.close()
 
 
 def test_schema_version_and_foreign_files_are_user_errors(tmp_path: Path) -> None:
@@ -366,11 +409,11 @@ def test_schema_version_and_foreign_files_are_user_errors(tmp_path: Path) -> Non
 
 
 def test_default_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("SOLFORGE_DB", str(tmp_path / "x.db"))
-    assert default_path() == tmp_path / "x.db"
-    monkeypatch.delenv("SOLFORGE_DB")
+    with settings.override(db=tmp_path / "x.db"):
+        assert default_path() == tmp_path / "x.db"
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert default_path() == tmp_path / ".cache" / "solforge" / "kernels.db"
+    with settings.override(db=None):
+        assert default_path() == tmp_path / ".cache" / "solforge" / "kernels.db"
 
 
 def test_prune_criteria(tmp_path: Path) -> None:

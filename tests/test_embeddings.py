@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import solforge.integrate.embeddings
 import solforge.integrate.linears
 import solforge.runtime.accumulate
+from solforge import settings
 from solforge.integrate import IntegrationStats, integrate
 from solforge.integrate.embeddings import COUNTERS, accumulate_rows, embedding
 
@@ -304,22 +305,32 @@ def test_tied_weight_gets_both_gradients() -> None:
 # where nothing is rewritten
 
 
-def test_switched_off_leaves_the_graph_to_aten(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(solforge.integrate.embeddings, "ENABLED", False)
-    ref, opt_model, optimized, stats = _pair(11)
-    before = _counts()
-    for step in range(2):
-        ids = _ids(60 + step)
-        _step(ref, optimized, ids, _dy(step, ids, torch.float32))
+def test_switched_off_leaves_the_graph_to_aten() -> None:
+    with settings.override(embedding=False):  # the whole test: the backend rewrites at the first call
+        ref, opt_model, optimized, stats = _pair(11)
+        before = _counts()
+        for step in range(2):
+            ids = _ids(60 + step)
+            _step(ref, optimized, ids, _dy(step, ids, torch.float32))
     _same_bits(opt_model.emb.weight.grad, ref.emb.weight.grad)
     assert stats.embeddings == 0 and _counts() == before
 
 
-def test_environment_switch_is_read_at_import() -> None:
-    code = "import solforge.integrate.embeddings as e; print(e.ENABLED)"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SOLFORGE_EMBEDDING": "0"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+def test_environment_switch_turns_the_rewrite_off() -> None:
+    """SOLFORGE_EMBEDDING=0 in a new process's environment: rewrite_embeddings leaves a training
+    graph's embedding to aten (1: it rewrites it)."""
+    code = ("import torch, torch.fx as fx\n"
+            "from solforge.integrate.embeddings import rewrite_embeddings\n"
+            "g = fx.Graph(); w = g.placeholder('w'); i = g.placeholder('i')\n"
+            "w.meta['requires_grad'] = True\n"
+            "g.output(g.call_function(torch.ops.aten.embedding.default, (w, i)))\n"
+            "gm = fx.GraphModule({}, g); gm.meta['grad_enabled'] = True\n"
+            "print(rewrite_embeddings(gm))")
+    for value, rewritten in (("0", "0"), ("1", "1")):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "SOLFORGE_EMBEDDING": value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == rewritten
 
 
 def test_grad_in_place_off_hands_every_gradient_back(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,6 +8,7 @@ import shutil
 import struct
 import subprocess
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +16,11 @@ import pytest
 import torch
 from conftest import DEVICE, requires_gpu
 
+from solforge import settings
 from solforge.cli import main
 from solforge.profile import profile_model, summarize
 from solforge.profile import roofline as rl
-from solforge.profile.ceilings import ENV, cache_file, get_ceilings
+from solforge.profile.ceilings import cache_file, get_ceilings
 from solforge.profile.regions import Region
 from solforge.profile.trace import attribute
 from solforge.records import Ceilings, E2EReport, Profile, RegionReport, Report, from_dict, to_dict
@@ -213,13 +215,21 @@ def test_ranking_is_by_saving_not_by_time() -> None:
 # ceilings cache
 
 
-def test_ceilings_are_measured_once_and_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def ceilings_dir(tmp_path: Path) -> Iterator[Path]:
+    """SOLFORGE_CEILINGS_DIR for one test: a folder of its own."""
+    with settings.override(ceilings_dir=tmp_path / "ceilings") as s:
+        assert s.ceilings_dir is not None
+        yield s.ceilings_dir
+
+
+def test_ceilings_are_measured_once_and_cached(ceilings_dir: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     import solforge.profile.ceilings as ceilings
 
-    monkeypatch.setenv(ENV, str(tmp_path / "env"))
     first = get_ceilings("cpu")
     path = cache_file("cpu")
-    assert path.parent == tmp_path / "env" and path.is_file()
+    assert path.parent == ceilings_dir and path.is_file()
     assert first.copy_gbs > 0 and first.bf16_tflops > 0 and first.fp32_tflops > 0 and not first.meaningful
 
     def no_measure(device: str) -> Ceilings:
@@ -348,8 +358,7 @@ def test_chromium_check_catches_a_script_error(tmp_path: Path) -> None:
 
 
 def test_profile_command_writes_report_trace_and_html(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV, str(tmp_path / "ceilings"))
+                                                      ceilings_dir: Path) -> None:
     rc = main(["profile", "qwen3-tiny", "--device", DEVICE, "--seq", "16", "--out", str(tmp_path / "o"), "--quiet"])
     out = capsys.readouterr().out
     assert rc == 0, out
@@ -426,9 +435,8 @@ def test_cuda_profile_attributes_kernels_to_regions() -> None:
 
 def test_profile_command_with_one_family_splits_the_fused_patterns(tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str],
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                    ceilings_dir: Path) -> None:
     """--families rmsnorm: the residual adds, RoPE and SiLU·mul show as their own regions."""
-    monkeypatch.setenv(ENV, str(tmp_path / "ceilings"))
     rc = main(["profile", "qwen3-tiny", "--device", DEVICE, "--seq", "16", "--families", "rmsnorm",
                "--out", str(tmp_path / "o"), "--quiet"])
     assert rc == 0, capsys.readouterr().out

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from solforge import settings
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from e2e import provenance, write_json  # noqa: E402
 
@@ -74,13 +76,8 @@ def variant(name: str, budget: float, steps: int) -> dict[str, Any]:
     if name.startswith("solforge"):
         import solforge.integrate
         import solforge.integrate.compact
-        import solforge.integrate.linears
         from solforge.api import optimize
 
-        # solforge-nocompact: without compact.py's pass, to measure what it saves in the same process
-        solforge.integrate.compact.ENABLED = name != "solforge-nocompact"
-        # solforge-nolinears: without linears.py's pass (the training linears stay aten.linear)
-        solforge.integrate.linears.ENABLED = name != "solforge-nolinears"
         counted = [0]
         real = solforge.integrate.compact.recompose_linear
 
@@ -113,7 +110,10 @@ def main() -> int:
     a = p.parse_args()
     res: dict[str, Any] = {**provenance(), "rows": []}
     for v in a.variants.split(","):
-        res["rows"].append(variant(v, a.budget, a.steps))
+        # solforge-nocompact: without compact.py's pass, to measure what it saves in the same process;
+        # solforge-nolinears: without linears.py's pass (the training linears stay aten.linear)
+        with settings.override(compact=v != "solforge-nocompact", linears=v != "solforge-nolinears"):
+            res["rows"].append(variant(v, a.budget, a.steps))
         print(json.dumps(res["rows"][-1])[:600], flush=True)
         write_json(res, a.out)
     return 0

@@ -6,8 +6,10 @@ the columns that list/show/prune query. Recipes, not binaries: a winner is rebui
 
 The key (`db_key`) is the workload's key + the device's name and compute capability + the torch and
 triton versions + a hash of the template source (the family's module and every solforge.kernels
-module it imports). Change any of them and the workload is a new key, so it is tuned again; a
-template change re-tunes only the families whose sources it touched.
+module it imports) + the settings that change kernel code (`Settings.kernel_key`, schema 3:
+"pdl=1 torch_order=1"). Change any of them and the workload is a new key, so it is tuned again; a
+template change re-tunes only the families whose sources it touched. A run under other settings
+(SOLFORGE_TORCH_ORDER=0) keeps its own entries beside the default ones.
 
 Besides the tuner's records, the file keeps each region's original time (`baselines`, schema 2),
 so that a warm run does not time the model's own regions again; those stay on the machine that
@@ -39,14 +41,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from solforge import settings as _settings
 from solforge.errors import UserError
 from solforge.records import RunResult, TuningRecord, Workload, from_dict, to_dict, to_json
 
-SCHEMA_VERSION = 2
-EXPORT_FORMAT = 1  # the "format" field of every exported JSON line
+SCHEMA_VERSION = 3
+EXPORT_FORMAT = 2  # the "format" field of every exported JSON line (1: no settings among the parts)
 BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another process's transaction
 KERNELS = "solforge.kernels"
 
+# the tables as schema version 1 made them; _MIGRATIONS brings a new file up to SCHEMA_VERSION
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS keys (
     key TEXT PRIMARY KEY, id TEXT NOT NULL, family TEXT NOT NULL, workload_key TEXT NOT NULL,
@@ -65,17 +69,23 @@ CREATE TABLE IF NOT EXISTS winners (
 # bring a file at that version to the next. Version 2: the original regions' times (`baselines`),
 # so a warm run does not time every region again (a region's time depends on the key's device and
 # torch; `region` names the ATen computation the model ran, since two spellings share a workload).
+# Version 3: the settings that change kernel code are part of the key (KeyParts.settings). What an
+# older file holds was measured under settings nobody wrote down: its keys keep their text and get
+# settings '' (unknown), which no run's key has, so they are never a hit again, and show as stale
+# (`solforge db prune --stale` removes them).
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("CREATE TABLE IF NOT EXISTS baselines (key TEXT NOT NULL REFERENCES keys (key), region TEXT NOT NULL, "
         "run TEXT NOT NULL, created REAL NOT NULL, PRIMARY KEY (key, region))",),
+    2: ("ALTER TABLE keys ADD COLUMN settings TEXT NOT NULL DEFAULT ''",),
 }
 _TABLES = {"keys", "measurements", "winners", "baselines"}
 
 
 def default_path() -> Path:
-    """$SOLFORGE_DB if set (tests point it into a temporary directory), else ~/.cache/solforge/kernels.db."""
-    env = os.environ.get("SOLFORGE_DB")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "solforge" / "kernels.db"
+    """$SOLFORGE_DB if set (settings.db; tests point it into a temporary directory), else
+    ~/.cache/solforge/kernels.db."""
+    configured = _settings.current().db
+    return configured if configured is not None else Path.home() / ".cache" / "solforge" / "kernels.db"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -202,11 +212,14 @@ class KeyParts:
     torch: str
     triton: str
     template: str
+    settings: str  # Settings.kernel_key(); "" in keys stored before schema 3 (unknown)
 
     @property
     def text(self) -> str:
+        # without settings: the text such a key had before schema 3, which the migrated rows keep
         return (f"{self.workload_key} on {self.device_name} (cc {self.capability}) torch {self.torch} "
-                f"triton {self.triton} template {self.template}")
+                f"triton {self.triton} template {self.template}" + (f" settings {self.settings}" if self.settings
+                                                                    else ""))
 
 
 def key_parts(workload: Workload) -> KeyParts:
@@ -215,7 +228,7 @@ def key_parts(workload: Workload) -> KeyParts:
         raise ValueError(f"no kernel family module for {workload.family!r} (kernels/registry.py)")
     name, cap = device_key(workload.device)
     return KeyParts(workload.key, workload.family, name, cap, installed_version("torch"),
-                    installed_version("triton"), template)
+                    installed_version("triton"), template, _settings.current().kernel_key())
 
 
 def db_key(workload: Workload) -> str:
@@ -231,8 +244,11 @@ def short_id(key: str) -> str:
 def staleness(parts: KeyParts) -> str | None:
     """Why an entry can no longer be a hit on this machine's software, or None if it still can.
 
-    The device is not judged: entries imported from other GPUs are kept for those GPUs."""
+    The device and the settings are not judged: entries imported from other GPUs are kept for those
+    GPUs, entries measured under other settings for runs under those."""
     why = []
+    if not parts.settings:
+        why.append("settings unknown (stored before schema 3)")
     if parts.template != _current_template(parts.family):
         why.append("template changed")
     for pkg in ("torch", "triton"):
@@ -400,10 +416,10 @@ class KernelDB:
 
     @staticmethod
     def _ensure_key(c: sqlite3.Connection, parts: KeyParts, workload: Workload, created: float) -> None:
-        c.execute("INSERT OR IGNORE INTO keys VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        c.execute("INSERT OR IGNORE INTO keys VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                   (parts.text, short_id(parts.text), parts.family, parts.workload_key, workload.label,
                    parts.device_name, parts.capability, parts.torch, parts.triton, parts.template,
-                   to_json(workload), created))
+                   to_json(workload), created, parts.settings))
 
     @staticmethod
     def _insert(c: sqlite3.Connection, key: str, record: TuningRecord, run_id: str, created: float) -> bool:
@@ -483,14 +499,14 @@ class KernelDB:
         """One Entry per key, by family then workload then device."""
         rows = self._query(
             "SELECT k.key, k.family, k.workload_key, k.label, k.device_name, k.capability, k.torch, k.triton, "
-            "k.template, COUNT(m.rowid), COALESCE(SUM(m.ok), 0), MIN(CASE WHEN m.ok THEN m.p50 END), "
+            "k.template, k.settings, COUNT(m.rowid), COALESCE(SUM(m.ok), 0), MIN(CASE WHEN m.ok THEN m.p50 END), "
             "MAX(m.created), w.record, w.created, w.run_id FROM keys k LEFT JOIN measurements m ON m.key = k.key "
             "LEFT JOIN winners w ON w.key = k.key GROUP BY k.key ORDER BY k.family, k.workload_key, k.key")
         last_run = dict(self._query("SELECT key, run_id FROM (SELECT key, run_id, ROW_NUMBER() OVER (PARTITION BY "
                                     "key ORDER BY created DESC, rowid DESC) AS n FROM measurements) WHERE n = 1"))
         out = []
-        for (key, fam, wkey, label, dev, cap, tv, trv, tmpl, n, passed, best, last, wrec, wtime, wrun) in rows:
-            parts = KeyParts(wkey, fam, dev, cap, tv, trv, tmpl)
+        for (key, fam, wkey, label, dev, cap, tv, trv, tmpl, sets, n, passed, best, last, wrec, wtime, wrun) in rows:
+            parts = KeyParts(wkey, fam, dev, cap, tv, trv, tmpl, sets)
             times = [t for t in (last, wtime) if t is not None]
             out.append(Entry(parts, label, n, passed, best, max(times) if times else None,
                              last_run.get(key, wrun), _record(wrec) if wrec else None, wtime, wrun,
@@ -516,12 +532,12 @@ class KernelDB:
             order = "t.created, t.rowid" if kind == "measurement" else "t.created"
             for row in self._query(
                     f"SELECT k.family, k.workload_key, k.device_name, k.capability, k.torch, k.triton, k.template, "
-                    f"k.workload, t.run_id, t.created, t.record FROM {table} t JOIN keys k ON k.key = t.key "
-                    f"{where} ORDER BY k.key, {order}", args):
-                parts = KeyParts(row[1], row[0], *row[2:7])
+                    f"k.settings, k.workload, t.run_id, t.created, t.record FROM {table} t "
+                    f"JOIN keys k ON k.key = t.key {where} ORDER BY k.key, {order}", args):
+                parts = KeyParts(row[1], row[0], *row[2:8])
                 line = {"format": EXPORT_FORMAT, "kind": kind, "key": parts.text, "parts": asdict(parts),
-                        "workload": json.loads(row[7]), "run_id": row[8], "created": row[9],
-                        "record": json.loads(row[10])}
+                        "workload": json.loads(row[8]), "run_id": row[9], "created": row[10],
+                        "record": json.loads(row[11])}
                 out.write(json.dumps(line, sort_keys=True) + "\n")
                 counts[kind == "winner"] += 1
         return counts[0], counts[1]
@@ -593,12 +609,13 @@ def _parse_line(text: str, where: str) -> tuple[str, KeyParts, Workload, str, fl
         raise UserError(f"{where}: not JSON ({e})") from None
     if not isinstance(d, dict) or (missing := [f for f in _LINE_FIELDS if f not in d]):
         raise UserError(f"{where}: not a solforge kernel line (missing {', '.join(missing) if d else 'fields'})")
-    if d["format"] != EXPORT_FORMAT:
-        raise UserError(f"{where}: export format {d['format']!r}, this solforge reads {EXPORT_FORMAT}")
+    if d["format"] not in (1, EXPORT_FORMAT):
+        raise UserError(f"{where}: export format {d['format']!r}, this solforge reads 1 and {EXPORT_FORMAT}")
     if d["kind"] not in ("measurement", "winner"):
         raise UserError(f"{where}: kind {d['kind']!r} is neither measurement nor winner")
     try:
-        parts = KeyParts(**{k: str(v) for k, v in d["parts"].items()})
+        # format 1 had no settings: its entries come in as measured under unknown ones (stale)
+        parts = KeyParts(**({"settings": ""} if d["format"] == 1 else {}) | {k: str(v) for k, v in d["parts"].items()})
         workload = from_dict(Workload, d["workload"])
         record = from_dict(TuningRecord, d["record"])
         created, run_id = float(d["created"]), str(d["run_id"])

@@ -161,7 +161,7 @@ def _show(db: KernelDB, query: str) -> None:
     for e in entries:
         p = e.parts
         console.print(f"[bold]{e.id}[/] {p.workload_key}\n  device {p.device_name} (cc {p.capability}), "
-                      f"torch {p.torch}, triton {p.triton}, template {p.template} "
+                      f"torch {p.torch}, triton {p.triton}, template {p.template}, settings {p.settings or 'unknown'} "
                       f"({'current' if e.stale is None else 'stale: ' + e.stale})")
         w = e.winner
         console.print("  winner: " + ("none" if w is None else

@@ -32,16 +32,14 @@ see the graph as captured: the linear_cross_entropy matcher looks for the mm).
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-aten = torch.ops.aten
+from solforge import settings
 
-# SOLFORGE_COMPACT=0 in the environment (read at import) turns the pass off, e.g. to measure it
-ENABLED = os.environ.get("SOLFORGE_COMPACT", "1") not in ("0", "false", "off", "")
+aten = torch.ops.aten
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
@@ -86,8 +84,9 @@ def _linear_parts(mm: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node | None, fx.Nod
 
 def recompose_linear(gm: fx.GraphModule) -> int:
     """Replace each decomposed nn.Linear in `gm` by one aten.linear call (module docstring);
-    returns how many. Recompiles `gm` when it changed anything. Does nothing when not ENABLED."""
-    if not ENABLED:
+    returns how many. Recompiles `gm` when it changed anything. Does nothing with SOLFORGE_COMPACT=0
+    (settings.compact), e.g. to measure the pass."""
+    if not settings.current().compact:
         return 0
     graph = gm.graph
     done = 0

@@ -45,7 +45,7 @@ of such a zero is the only bit that can differ. Estimated cost on the H100 (not 
 compact backward and about 9 passes over an N x H tensor (21 MB at Qwen3-4B's N = 4096), ~0.1 ms,
 against ~1 ms of eager's fill and add.
 
-SOLFORGE_EMBEDDING=0 in the environment (read at import) turns the rewrite off;
+SOLFORGE_EMBEDDING=0 in the environment (settings.embedding) turns the rewrite off;
 SOLFORGE_GRAD_IN_PLACE=0 keeps it but always hands the gradient back (through accumulates_in_place).
 Embeddings with `sparse=True` (their backward returns a sparse gradient) or `scale_grad_by_freq`
 (nothing to gain: the Function would hand it back) are left to aten.
@@ -53,19 +53,17 @@ Embeddings with `sparse=True` (their backward returns a sparse gradient) or `sca
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-from solforge.integrate.linears import _OFF, _trainable_weight
+from solforge import settings
+from solforge.integrate.linears import _trainable_weight
 from solforge.runtime.accumulate import accumulates_in_place
 
 aten = torch.ops.aten
-
-ENABLED = os.environ.get("SOLFORGE_EMBEDDING", "1") not in _OFF
 
 
 @dataclass
@@ -169,8 +167,8 @@ def _arguments(n: fx.Node) -> tuple[Any, Any, int, bool, bool] | None:
 def rewrite_embeddings(gm: fx.GraphModule) -> int:
     """Rewrite the `aten.embedding` calls of a training graph whose weight is a trainable graph
     input (neither sparse nor scale_grad_by_freq) into `embedding` calls. Returns how many it
-    rewrote; does nothing when not ENABLED or when the graph was captured without autograd."""
-    if not ENABLED or not gm.meta.get("grad_enabled", False):
+    rewrote; does nothing with SOLFORGE_EMBEDDING=0 or when the graph was captured without autograd."""
+    if not settings.current().embedding or not gm.meta.get("grad_enabled", False):
         return 0
     graph = gm.graph
     done = 0

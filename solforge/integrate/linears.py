@@ -38,14 +38,13 @@ Measured on the H100 (bench/results/2026-11-22-h100-session8.md, BASELINES.md's 
 one machine): 204.03 ms without this pass, 196.11 with it; the step's non-GEMM, non-attention,
 non-solforge kernel time went from 11.41 to 2.24 ms and its kernel count from 2366 to 2006.
 
-SOLFORGE_LINEARS=0 in the environment (read at import) turns the rewrite off;
+SOLFORGE_LINEARS=0 in the environment (settings.linears) turns the rewrite off;
 SOLFORGE_GRAD_IN_PLACE=0 keeps the rewrite but always hands dW back to autograd.
 """
 
 from __future__ import annotations
 
 import operator
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,12 +52,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from solforge import settings
 from solforge.runtime.accumulate import accumulates_in_place
 
 aten = torch.ops.aten
-
-_OFF = ("0", "false", "off", "")
-ENABLED = os.environ.get("SOLFORGE_LINEARS", "1") not in _OFF
 
 
 @dataclass
@@ -155,9 +152,9 @@ def _same_dtype(*nodes: fx.Node | None) -> bool:
 def group_linears(gm: fx.GraphModule) -> int:
     """Rewrite the `aten.linear` calls of a training graph whose weight is a trainable graph input
     into `linears` calls, one per group of linears that read the same x (and all have a
-    bias or none has). Returns how many linears it rewrote; does nothing when not ENABLED or when
-    the graph was captured without autograd (inference)."""
-    if not ENABLED or not gm.meta.get("grad_enabled", False):
+    bias or none has). Returns how many linears it rewrote; does nothing with SOLFORGE_LINEARS=0
+    or when the graph was captured without autograd (inference)."""
+    if not settings.current().linears or not gm.meta.get("grad_enabled", False):
         return 0
     graph = gm.graph
     # (a graph never switches grad mode inside where that would matter: capture.GradModeLost)

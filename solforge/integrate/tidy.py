@@ -20,21 +20,20 @@ partition a tensor taken as one split, whose backward is one concatenation.
   together cover the dim with no gap or overlap, at least two of them, and no call between the
   first and the last of them that may write in place (the views are all made at the first).
 
-SOLFORGE_TIDY=0 in the environment (read at import) turns both passes off.
+SOLFORGE_TIDY=0 in the environment (settings.tidy) turns both passes off.
 """
 
 from __future__ import annotations
 
 import operator
-import os
 from collections import defaultdict
 
 import torch
 import torch.fx as fx
 
-aten = torch.ops.aten
+from solforge import settings
 
-ENABLED = os.environ.get("SOLFORGE_TIDY", "1") not in ("0", "false", "off", "")
+aten = torch.ops.aten
 
 
 def _is_view_op(target: object) -> bool:
@@ -50,7 +49,7 @@ def _is_view_op(target: object) -> bool:
 
 def drop_unused_views(gm: fx.GraphModule) -> int:
     """Erase view nodes nothing reads (latest first, so a chain of them goes); returns how many."""
-    if not ENABLED:
+    if not settings.current().tidy:
         return 0
     n = 0
     for node in reversed(list(gm.graph.nodes)):
@@ -98,7 +97,7 @@ def _static_slice(node: fx.Node) -> tuple[fx.Node, int, int, int] | None:
 def split_partitions(gm: fx.GraphModule) -> int:
     """Replace each set of slices that partitions a tensor along one dim by one split_with_sizes
     (module docstring); returns how many sets."""
-    if not ENABLED:
+    if not settings.current().tidy:
         return 0
     groups: dict[tuple[fx.Node, int], list[tuple[int, int, fx.Node]]] = defaultdict(list)
     for node in gm.graph.nodes:

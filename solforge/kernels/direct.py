@@ -30,20 +30,29 @@ The ops' backward kernels (`<family>_bwd`, no autograd formula of their own) are
 way from the backward formulas (`plain`): directly, unless something traces, or autograd records
 (a double backward, `create_graph=True`: through torch.ops the missing formula is reported).
 
-SOLFORGE_DIRECT_CALLS=0 in the environment (read at import; or `ENABLED = False`) leaves every call on
-torch.ops.
+SOLFORGE_DIRECT_CALLS=0 in the environment (settings.direct_calls, kept in `ENABLED`: read on every call;
+or `ENABLED = False`) leaves every call on torch.ops.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-ENABLED = os.environ.get("SOLFORGE_DIRECT_CALLS", "1") not in ("0", "false", "off", "")
+from solforge import settings
+
+ENABLED = True
+
+
+def _follow(s: settings.Settings) -> None:
+    global ENABLED
+    ENABLED = s.direct_calls
+
+
+settings.follow(_follow, "direct_calls")
 
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _functorch_level = torch._C._functorch.peek_interpreter_stack

@@ -30,13 +30,13 @@ not under the interpreter, with no launch hooks installed (profilers such as pro
 they are there, every launch goes through Triton so they see it; torch.profiler's CUPTI records the
 direct launches as well), and without Triton's debug or instrumentation knobs. Unlike Triton, the
 direct path does not re-check that the kernel's global variables kept their values.
-SOLFORGE_DIRECT_LAUNCH=0 in the environment (read at import) or `set_enabled(False)` turns it off.
+SOLFORGE_DIRECT_LAUNCH=0 in the environment (settings.direct_launch; kept in `_ENABLED`, read on every
+launch) or `set_enabled(False)` turns it off.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -44,13 +44,15 @@ import torch
 import triton
 from triton.knobs import HookChain
 
+from solforge import settings
+
 # Many distinct keys come from varying row counts (sequence lengths); past this many entries the
 # cache starts over rather than growing without bound.
 MAX_ENTRIES = 4096
 
 _SUPPORTED = triton.__version__.startswith("3.6.") and not triton.knobs.runtime.interpret
-_ENABLED = os.environ.get("SOLFORGE_DIRECT_LAUNCH", "1") not in ("0", "false", "off", "")
-_ON = _SUPPORTED and _ENABLED
+_ENABLED = True
+_ON = _SUPPORTED
 
 _runtime = triton.knobs.runtime
 _compilation = triton.knobs.compilation
@@ -84,8 +86,9 @@ def pdl(device: torch.device) -> bool:
     kernel launched with `launch_pdl=True` may be scheduled before the kernel ahead of it in the
     stream has finished, and must `gdc_wait()` before reading what that kernel wrote; the one
     ahead may call `gdc_launch_dependents()` to let it start early. Off for the interpreter, and
-    with SOLFORGE_PDL=0 in the environment (read at the first call)."""
-    if os.environ.get("SOLFORGE_PDL", "1").lower() in ("0", "false", "off", ""):
+    with SOLFORGE_PDL=0 in the environment (settings.pdl; cached per device, so the cache is
+    cleared whenever the settings change)."""
+    if not settings.current().pdl:
         return False
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
@@ -103,6 +106,14 @@ def set_enabled(on: bool) -> bool:
     _ENABLED = bool(on)
     _ON = _SUPPORTED and _ENABLED
     return prev
+
+
+def _follow(s: settings.Settings) -> None:
+    set_enabled(s.direct_launch)
+    pdl.cache_clear()
+
+
+settings.follow(_follow, "direct_launch", "pdl")
 
 
 def clear() -> None:

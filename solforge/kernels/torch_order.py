@@ -29,21 +29,21 @@ not contracted into an fma), as torch's pow kernel stores it.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from solforge import settings
 from solforge.kernels.interp import INTERPRETED
 from solforge.kernels.rounding import as_stored, mean_factor
 
 _ASM_OK = tl.constexpr(not INTERPRETED)
 
 _MAX_THREADS = 512  # ATen's reduce kernel's threads per block for fp32 (mnt_wrapper)
-# SOLFORGE_TORCH_ORDER=0: the row kernels sum with tl.sum over their tile instead (what they did
-# before 2026-11-26): a little faster, and off eager's bits by a rounding now and then
-ENABLED = os.environ.get("SOLFORGE_TORCH_ORDER", "1").lower() not in ("0", "false", "no", "off")
+# SOLFORGE_TORCH_ORDER=0 (settings.torch_order): the row kernels sum with tl.sum over their tile
+# instead (what they did before 2026-11-26): a little faster, and off eager's bits by a rounding now
+# and then. Fixed at import: rope.py compiles it into its kernels as a global.
+ENABLED = settings.current().torch_order
 
 
 def _last_pow2(n: int) -> int:

@@ -1,7 +1,7 @@
 """Device ceilings: copy bandwidth and bf16/fp32 matmul rates, measured once per device and cached.
 
 Cached as JSON in `~/.cache/solforge/ceilings/<device name>.json`; the folder can be moved with
-the SOLFORGE_CEILINGS_DIR environment variable or the `cache_dir` argument (tests use both).
+the SOLFORGE_CEILINGS_DIR environment variable (solforge/settings.py) or the `cache_dir` argument (tests use both).
 On a GPU: a 1 GiB device-to-device copy (bytes read + written, as BASELINES.md counts them:
 3.02 TB/s on an H100 80GB HBM3) and 8192^3 matmuls (745 TFLOP/s bf16 there). On the CPU a small
 copy and matmul stand in, labelled not meaningful: a CPU run only exercises the code path.
@@ -21,17 +21,15 @@ from typing import Any
 
 import torch
 
+from solforge import settings
 from solforge.records import Ceilings, from_dict, to_dict
-
-ENV = "SOLFORGE_CEILINGS_DIR"
 
 
 def cache_dir(override: str | Path | None = None) -> Path:
     if override is not None:
         return Path(override)
-    if os.environ.get(ENV):
-        return Path(os.environ[ENV])
-    return Path.home() / ".cache" / "solforge" / "ceilings"
+    configured = settings.current().ceilings_dir  # SOLFORGE_CEILINGS_DIR
+    return configured if configured is not None else Path.home() / ".cache" / "solforge" / "ceilings"
 
 
 def device_name(device: str) -> str:

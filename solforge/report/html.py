@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from solforge.records import Profile, RegionProfile, Report
+from solforge.settings import describe
 
 COLORS = {"gemm": "#4e79a7", "attention": "#f28e2b", "normalization": "#e15759", "pointwise": "#76b7b2",
           "reduction": "#59a14f", "copy": "#edc948", "other": "#b07aa1", "outside": "#9d9d9d", "idle": "#d9d9d9"}
@@ -253,5 +254,7 @@ def render(report: Report) -> str:
                      + "</ul></section>")
     versions = json.dumps(report.versions, sort_keys=True)
     parts.append(f'<p class="meta">versions: <code>{_e(versions)}</code></p>')
+    if changed := describe(report.settings):
+        parts.append(f'<p class="meta">settings not at their defaults: <code>{_e(changed)}</code></p>')
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>solforge: {_e(report.model)}'
             f'</title><style>{CSS}</style></head><body>{"".join(parts)}<script>{SCRIPT}</script></body></html>\n')

@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from solforge.records import Profile, RegionReport, Report, TuneResult, TuningRecord
+from solforge.settings import describe
 
 
 class RichReporter:
@@ -102,6 +103,8 @@ def print_report(report: Report, console: Console) -> None:
                       f"{e.max_rel_err:.3g}{agree}: {status}")
     for note in report.notes:
         console.print(f"[yellow]note:[/] {note}")
+    if changed := describe(report.settings):
+        console.print(f"settings not at their defaults: {changed}")
 
 
 def print_profile(prof: Profile, console: Console, top: int = 15) -> None:

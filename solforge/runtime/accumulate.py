@@ -4,17 +4,25 @@ The training passes (integrate/linears.py: the GEMMs; integrate/embeddings.py: t
 tokens present) and the training replays (runtime/traingraphs.py) add a new gradient into `.grad`
 themselves where nothing could tell the difference from autograd's AccumulateGrad: see
 `accumulates_in_place`. SOLFORGE_GRAD_IN_PLACE=0 turns it off (the gradient always goes back to
-autograd).
+autograd; solforge/settings.py).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch.autograd.graph import get_gradient_edge
 
-IN_PLACE = os.environ.get("SOLFORGE_GRAD_IN_PLACE", "1") not in ("0", "false", "off", "")
+from solforge import settings
+
+IN_PLACE = True  # settings.grad_in_place, kept here: read inside every backward
+
+
+def _follow(s: settings.Settings) -> None:
+    global IN_PLACE
+    IN_PLACE = s.grad_in_place
+
+
+settings.follow(_follow, "grad_in_place")
 
 
 def accumulates_in_place(w: torch.Tensor, dtype: torch.dtype) -> bool:

@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -84,12 +83,22 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
+from solforge import settings
 from solforge.runtime.accumulate import accumulates_in_place
 
-ENABLED = os.environ.get("SOLFORGE_TRAIN_GRAPHS", "1").lower() not in ("0", "false", "no", "off")
-# the accumulating backward (module doc, 5); SOLFORGE_TRAIN_ACCUMULATE=0 leaves every backward to
-# the regular one
-ACCUMULATE = os.environ.get("SOLFORGE_TRAIN_ACCUMULATE", "1").lower() not in ("0", "false", "no", "off")
+# settings.train_graphs and .train_accumulate, kept here: read on every step. ACCUMULATE: the
+# accumulating backward (module doc, 5); SOLFORGE_TRAIN_ACCUMULATE=0 leaves every backward to the
+# regular one
+ENABLED = True
+ACCUMULATE = True
+
+
+def _follow(s: settings.Settings) -> None:
+    global ENABLED, ACCUMULATE
+    ENABLED, ACCUMULATE = s.train_graphs, s.train_accumulate
+
+
+settings.follow(_follow, "train_graphs", "train_accumulate")
 # the share of a timed forward's span (events around it, idle gaps included) that the GPU sat idle
 # (span - its busy time behind a sleep, stepgraphs.cuda_busy) at or above which it is captured:
 # only the idle time is what a replay can take out, and a capture holds memory for good

@@ -37,6 +37,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from solforge import settings
 from solforge.errors import UserError
 from solforge.records import BuildResult, Candidate, RunResult, TuningRecord, Verdict, from_dict, to_dict
 
@@ -80,7 +81,9 @@ class _Worker:
         self.started = 0  # processes started (1 + restarts)
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        # every setting as this process has it (an override included): the worker builds the kernels
+        # the database keys by these settings
+        env = dict(os.environ) | settings.current().as_env()
         # the worker imports exactly what this process imports (editable installs, test fakes)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         if self.device == "cuda" and self.gpu is not None:
@@ -393,6 +396,8 @@ class RayRunner:
         self._owns = not ray.is_initialized()
         if self._owns:
             env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+            # the switches that change kernels, as the database keys them (paths are this machine's)
+            env |= settings.current().as_env(kernels_only=True)
             if device == "cpu":
                 env["TRITON_INTERPRET"] = "1"
             try:
