@@ -32,6 +32,7 @@ Paths: the empty string is the default.
 | SOLFORGE_LOWERING_CACHE   | 1       | no      | use       | the ATen lowering cache (`lowered/` beside the database) |
 | SOLFORGE_DB               | unset   | no      | use       | the kernel database file (~/.cache/solforge/kernels.db)  |
 | SOLFORGE_CEILINGS_DIR     | unset   | no      | use       | the device ceilings' cache (~/.cache/solforge/ceilings)  |
+| SOLFORGE_CODEGEN_DIR      | unset   | no      | use       | generated kernels' sources (~/.cache/solforge/codegen)   |
 
 "kernels": the switch changes the code of a kernel the database times, or how it is launched, so
 it is part of the database key (each field's comment says why or why not). "read": `use` reads
@@ -99,6 +100,8 @@ class Settings:
     db: Path | None = _switch("SOLFORGE_DB", None, "the kernel database file (None: ~/.cache/solforge/kernels.db)")
     ceilings_dir: Path | None = _switch("SOLFORGE_CEILINGS_DIR", None,
                                         "the device ceilings' cache folder (None: ~/.cache/solforge/ceilings)")
+    codegen_dir: Path | None = _switch("SOLFORGE_CODEGEN_DIR", None,
+                                       "generated kernels' source files (None: ~/.cache/solforge/codegen)")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:

@@ -2,7 +2,7 @@
 
 Triton's JIT reads a kernel's source with inspect.getsource, so each generated module is a real
 file: <cache dir>/<sha256 of the source>.py, written once (atomically) and imported by path. The
-cache dir is $SOLFORGE_CODEGEN_DIR, else ~/.cache/solforge/codegen. Imported kernels are kept per
+cache dir is settings.codegen_dir (SOLFORGE_CODEGEN_DIR), else ~/.cache/solforge/codegen. Imported kernels are kept per
 (region key, schedule), so a call after the first pays a dict lookup and the launch.
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import triton
 
+from solforge import settings
 from solforge.codegen.lower import Lowered
 from solforge.codegen.schedule import Schedule, heuristic, is_valid
 from solforge.codegen.triton_gen import I32_MAX, KERNEL, generate, needs_index64
@@ -28,8 +29,8 @@ _KERNELS: dict[tuple[str, Schedule], Any] = {}
 
 
 def cache_dir() -> Path:
-    d = os.environ.get("SOLFORGE_CODEGEN_DIR")
-    return Path(d) if d else Path.home() / ".cache" / "solforge" / "codegen"
+    d = settings.current().codegen_dir
+    return d if d is not None else Path.home() / ".cache" / "solforge" / "codegen"
 
 
 def source_file(source: str) -> Path:
