@@ -132,6 +132,7 @@ def test_configs_are_valid(case: str) -> None:
     assert h in space or registry.is_valid(fam, h, wl)
     cls = registry.config_class(fam)
     assert cls(**dict(h.items())) == h  # what a Candidate's config rebuilds
+    assert cls.decode(h.encode()) == h  # what the op runs for the config string it is given
 
 
 def _items(x: Any) -> tuple[torch.Tensor, ...]:

@@ -8,7 +8,9 @@ kernels/<name>_bwd.py for a tuned backward, tests) plus one row here; tests/test
 runs every row through the contract below.
 
 Importing this module is cheap: no torch, no kernel. A family's module and matcher are imported
-when first asked for (`module`, `matcher`).
+when first asked for (`module`, `matcher`). No kernel module imports this one: the kernel
+database's template hash covers the solforge.kernels modules a family imports, so a new row would
+otherwise re-tune every family.
 
 The record (`Family`)
 ---------------------
@@ -94,6 +96,11 @@ class Family:
     is_backward: bool = False
 
     @property
+    def is_forward(self) -> bool:
+        """A family the planner matches (it has a matcher)."""
+        return self.matcher is not None
+
+    @property
     def short(self) -> str:
         """The last part of the name: what the launcher and reference are named after."""
         return self.name.rpartition(".")[2]
@@ -155,7 +162,7 @@ def names() -> tuple[str, ...]:
 
 def forward_names() -> tuple[str, ...]:
     """The families the planner matches, in its first-claim-wins order."""
-    return tuple(f.name for f in FAMILIES if f.matcher is not None)
+    return tuple(f.name for f in FAMILIES if f.is_forward)
 
 
 def backward_names() -> tuple[str, ...]:
@@ -209,7 +216,7 @@ def matcher(fam: Family) -> Callable[[fx.Graph], list[Match]]:
 
 def matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
     """Every forward family's matcher, in matching order (first claim wins)."""
-    return {f.name: matcher(f) for f in FAMILIES if f.matcher is not None}
+    return {f.name: matcher(f) for f in FAMILIES if f.is_forward}
 
 
 # ----------------------------------------------------------------------------------------------
