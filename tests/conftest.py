@@ -45,3 +45,11 @@ def _private_kernel_db(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest
     monkeypatch.setenv("SOLFORGE_DB", str(path))
     with settings.override(db=path):
         yield
+
+
+@pytest.fixture
+def on_device():
+    """Tensors a test makes without naming a device go to DEVICE (the GPU when there is one), so
+    a test written with plain torch.randn runs its kernels on the GPU there."""
+    with torch.device(DEVICE):
+        yield

@@ -3,6 +3,7 @@ runtime strides unlike the traced ones), the canonical key, and schedule validit
 
 from __future__ import annotations
 
+import pytest
 import torch
 from codegen_helpers import trace
 
@@ -11,6 +12,8 @@ from solforge.codegen import regions as RG
 from solforge.codegen import runtime as RT
 from solforge.codegen import schedule as SC
 from solforge.numerics import compare
+
+pytestmark = pytest.mark.usefixtures("on_device")
 
 
 def _ln(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

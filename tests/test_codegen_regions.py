@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from codegen_helpers import form_and_check, ops
 
+pytestmark = pytest.mark.usefixtures("on_device")
+
 torch.manual_seed(0)
 
 
