@@ -716,8 +716,8 @@ def norm_error_bound(workload: Workload) -> float:
     fp16, fp32; with and without weight and round_before_weight; bf16 -> fp32), with the edge
     rows: 0 for bf16 outputs, 5.5e-8 for fp16 (tiny-magnitude rows), 8.1e-8 for fp32 (0.7 fp32
     ulps). Bounds: bf16 1.6e-4, fp16 2.0e-5, fp32 4.8e-7 (6x over fp32's, for the GPU's
-    approximate rsqrt), and for half outputs a rounding flip in ~1 element of 2500; a sum of
-    squares one element short at H = 96 gives ~1e-3 to 6e-3, a bf16 accumulator 6.6e-3."""
+    approximate rsqrt), and for half outputs a rounding flip in ~1 element of 2500; a mean over
+    H + 1 at H = 96 gives 5.7e-3, a bf16 accumulator 6.6e-3, squares rounded to fp16 5.4e-4."""
     return _edges.norm_bound(parse_dtype(workload.param("out_dtype", workload.dtypes[0])),
                              compute_ulps=4, round_ulps=0.02)
 
