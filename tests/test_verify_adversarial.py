@@ -95,8 +95,8 @@ def test_guard_catches_a_write_on_either_side() -> None:
 
 
 def test_nan_reference_needs_the_same_nan() -> None:
-    """A fully masked softmax row is NaN in the reference (as in eager); the real kernel gives NaN
-    and a kernel that leaves it unwritten (the verifier's sentinel) or writes 0 fails."""
+    """A fully masked softmax row is NaN in the reference, as in eager, and in the real kernel (the
+    adversaries that write 0 or 1/N there fail the verifier's NaN-pattern check)."""
     x = torch.full((2, 8), -float("inf"))
     x[0] = torch.randn(8)
     ref = SM.softmax_ref(x)
