@@ -82,6 +82,8 @@ class Verdict:
     max_abs_err: float = INF
     max_rel_err: float = INF
     reason: str | None = None
+    # worst ||out - ref|| / ||ref|| over the trials (tune/verify.py; a family's norm_error_bound caps it)
+    max_norm_err: float = INF
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def test_backward_family_verifies_heuristic_and_sampled_configs(name: str) -> No
     rng = random.Random(name)
     for c in [fam.heuristic(wl), *rng.sample(space, min(2, len(space)))]:
         v = verify(fam, wl, _launch(fam, c), device=DEVICE)
-        assert v.passed and v.trials == 4, f"{c.encode()} on {wl.key}: {v.reason}"
+        assert v.passed and v.trials >= 6, f"{c.encode()} on {wl.key}: {v.reason}"
 
 
 def test_backward_inputs_are_random_with_the_models_layout() -> None:

@@ -297,7 +297,7 @@ def test_verifier_and_tuner_accept_the_family() -> None:
 
     wl = _wl(6, 100, BF16, "tanh")
     v = verify(G, wl, lambda *a, **k: gelu(*a, **k), device=DEVICE)
-    assert v.passed and v.trials == 4, v.reason
+    assert v.passed and v.trials >= 6, v.reason
     # the two approximations differ by < 5e-4: under bf16's tolerance, far over fp32's
     bad = verify(G, _wl(6, 100, FP32, "tanh"), lambda x, b, approximate, out: gelu(x, b, "none", out=out),
                  device=DEVICE)

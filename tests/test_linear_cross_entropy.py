@@ -210,9 +210,10 @@ def test_verifier_accepts_the_family_and_rejects_wrong_kernels() -> None:
     assert rec.ok, rec.error or (rec.verdict and rec.verdict.reason)
 
     def launch(**change: object):  # noqa: ANN202
-        def run(h, w, b, t, **kw):  # noqa: ANN001, ANN003, ANN202
-            out = kw.pop("out")
+        def run(h, w, b, t, out=None, **kw):  # noqa: ANN001, ANN003, ANN202
             res = L.linear_cross_entropy(h, w, b, t, **{**kw, **change})
+            if out is None:  # the model's path
+                return res
             for o, r in zip(out, res, strict=True):
                 o.copy_(r)
         return run

@@ -95,7 +95,7 @@ def test_norm_backward_family_verifies_heuristic_and_sampled_configs(name: str) 
     rng = random.Random(name)
     for c in [fam.heuristic(wl), *rng.sample(space, 2), *(rng.sample(split, 1) if split else [])]:
         v = verify(fam, wl, _launch(fam, c), device=DEVICE)
-        assert v.passed and v.trials == 4, f"{c.encode()} on {wl.key}: {v.reason}"
+        assert v.passed and v.trials >= 6, f"{c.encode()} on {wl.key}: {v.reason}"
 
 
 def test_norm_backward_inputs_and_outputs() -> None:

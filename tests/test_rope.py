@@ -223,7 +223,7 @@ def test_verify_passes_the_kernel_and_catches_an_unwritten_output() -> None:
     wl = _wl(1, 6, 4, 2, 16)
     v = verify(R, wl, lambda *a, **k: R.rope(*a, **k), device=DEVICE)
     assert v.passed, v.reason
-    assert v.trials == 4 and v.max_rel_err < 0.02
+    assert v.trials >= 6 and v.max_rel_err < 0.02
 
     def half_done(*a: object, out: tuple[torch.Tensor, torch.Tensor], **k: object) -> None:
         R.rope(*a, out=(out[0], torch.empty_like(out[1])), **k)  # k's result never reaches `out`

@@ -302,7 +302,7 @@ def test_verifier_and_tuner_accept_the_family() -> None:
 
     wl = _wl(6, 100, BF16, "gelu_tanh")
     v = verify(S, wl, lambda *a, **k: swiglu(*a, **k), device=DEVICE)
-    assert v.passed and v.trials == 4, v.reason
+    assert v.passed and v.trials >= 6, v.reason
     bad = verify(S, wl, lambda g, u, act, out: swiglu(g, u, "silu", out=out), device=DEVICE)  # wrong act
     assert not bad.passed and "out of tolerance" in (bad.reason or "")
     res = tune(wl, RunResult(), device=DEVICE, budget_s=60, max_candidates=3)

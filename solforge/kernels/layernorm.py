@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text, direct
+from solforge.kernels import edges as _edges
 from solforge.kernels import layernorm_split as _split
 from solforge.kernels.interp import round_bf16
 from solforge.kernels.launch import Meta
@@ -536,3 +537,30 @@ def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
     """Fresh random (args, kwargs) for `layernorm` / `layernorm_ref` on this workload."""
     (x,), weight, bias, kwargs = draw(workload, seed=seed, rows=rows, device=device)
     return (x, weight, bias, float(workload.param("eps", 1e-5))), kwargs
+
+
+def edge_inputs(workload: Workload, *, seed: int, rows: int | None = None, device: str | torch.device | None = None
+                ) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+    """Rows the verifier adds to its random ones (tune/verify.py; kernels/edges.py)."""
+    args, kwargs = make_inputs(workload, seed=seed, rows=_edges.EDGE_DRAW_ROWS, device=device)
+    return _edges.edge_rows(args, kwargs, {
+        "large magnitudes": lambda r: r * 1000,  # a clamp; a half-precision sum overflows
+        "constant row": lambda r: torch.full_like(r, 3.0),  # variance 0: y = bias, NaN where eps is dropped
+        "large mean, unit spread": lambda r: 100 + (r - r.mean()),  # E[x^2] - E[x]^2 cancels in fp32
+        "single spike": _edges.spike,  # normalized to ~sqrt(H): an output clamp
+    })
+
+
+def norm_error_bound(workload: Workload) -> float:
+    """The verifier's norm-relative error bound (tune/verify.py), from what the kernels reach on the
+    interpreter (the measurement: the comment on _NORM_COMPUTE_ULPS)."""
+    return _edges.norm_bound(parse_dtype(workload.param("out_dtype", workload.dtypes[0])),
+                             compute_ulps=_NORM_COMPUTE_ULPS, round_ulps=_NORM_ROUND_ULPS)
+
+
+# Norm-relative error bound of the verifier, in ulps (kernels/edges.py norm_bound). Measured on the
+# interpreter (2026-11-27), heuristic + 6 configs each of 13 x 96 with weight and bias (bf16, fp16,
+# fp32), with the edge rows: 0 for bf16 and fp16 outputs, 2.1e-7 for fp32 (1.75 fp32 ulps; the
+# edge row of mean 100 and unit spread is the worst). Bounds: bf16 3.9e-4, fp16 5.0e-5, fp32
+# 9.6e-7 (4.6x over fp32's); an unbiased variance at H = 96 gives 5.8e-3.
+_NORM_COMPUTE_ULPS, _NORM_ROUND_ULPS = 8, 0.05

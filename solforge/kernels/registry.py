@@ -65,6 +65,13 @@ Optional (the accessors below give the default when a module leaves one out):
   baseline_leaves(wl) -> tuple[int, ...]
                           a backward family: the region inputs eager's backward is timed for;
                           default every floating-point input
+  norm_error_bound(wl) -> float | tuple[float | None, ...] | None
+                          the verifier's bound on the norm-relative error (kernels that match the
+                          reference nearly bit for bit are held to it); default None: none
+  edge_inputs(wl, *, seed, rows, device) -> [(label, args, kwargs), ...]
+                          the family's edge cases (large magnitudes, zero rows, masked rows: the
+                          helpers are in kernels/edges.py); default none
+  VERIFY_STRIDED          False: the odd-shape trial passes contiguous inputs only; default True
 Conventions, not called through here: `workload_for(...)` (builds the Workload of one call; the
 matcher and tests use it), the `torch.ops.solforge.<name>` op with its fake and autograd formula.
 """
@@ -282,6 +289,25 @@ def verify_rows(fam: FamilyLike, wl: Workload) -> int:
     return int(hook(wl)) if hook is not None else int(wl.shapes[0][0])
 
 
+def norm_error_bound(fam: FamilyLike, wl: Workload) -> Any:
+    """The largest norm-relative error the verifier accepts (one, or one per output); None: no
+    bound beyond the element tolerance. A family whose kernels match the reference (nearly) bit for
+    bit declares one, so an off-by-one reduction inside the dtype's element tolerance still fails."""
+    hook = _hook(fam, "norm_error_bound")
+    return None if hook is None else hook(wl)
+
+
+def edge_inputs(fam: FamilyLike, wl: Workload, *, seed: int, rows: int, device: Any) -> list[Any]:
+    """The family's edge cases for the verifier: (label, args, kwargs) triples (default none)."""
+    hook = _hook(fam, "edge_inputs")
+    return [] if hook is None else list(hook(wl, seed=seed, rows=rows, device=device))
+
+
+def verify_strided(fam: FamilyLike) -> bool:
+    """Whether the verifier's odd-shape trial may pass strided inputs (default yes)."""
+    return bool(getattr(module(fam), "VERIFY_STRIDED", True))
+
+
 def baseline_grads(fam: FamilyLike, wl: Workload) -> tuple[int, ...]:
     """The region inputs a forward family's baseline is differentiated for (default none)."""
     hook = _hook(fam, "baseline_grads")
@@ -297,7 +323,8 @@ def baseline_leaves(fam: FamilyLike, wl: Workload, args: Sequence[Any]) -> tuple
 
 
 REQUIRED = ("FAMILY", "Config", "space", "is_valid", "heuristic", "make_inputs")
-OPTIONAL = ("backward_workload", "output_tolerance", "verify_rows", "baseline_grads", "baseline_leaves")
+OPTIONAL = ("backward_workload", "output_tolerance", "verify_rows", "baseline_grads", "baseline_leaves",
+            "norm_error_bound", "edge_inputs", "VERIFY_STRIDED")
 
 
 def missing_hooks(fam: FamilyLike) -> list[str]:

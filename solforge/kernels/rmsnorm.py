@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text, direct
+from solforge.kernels import edges as _edges
 from solforge.kernels import rmsnorm_cols as _cols
 from solforge.kernels.interp import cast_rne
 from solforge.kernels.launch import Meta, sm_count
@@ -672,6 +673,32 @@ def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
         "round_before_weight": bool(workload.param("round_before_weight", False)),
     }
     return (x, weight, float(workload.param("eps", 1e-6))), kwargs
+
+
+
+def edge_inputs(workload: Workload, *, seed: int, rows: int | None = None, device: str | torch.device | None = None
+                ) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+    """Rows the verifier adds to its random ones (tune/verify.py; kernels/edges.py)."""
+    args, kwargs = make_inputs(workload, seed=seed, rows=_edges.EDGE_DRAW_ROWS, device=device)
+    return _edges.edge_rows(args, kwargs, {
+        "large magnitudes": lambda r: r * 1000,  # a clamp; a half-precision sum of squares overflows
+        "all-zero row": lambda r: r * 0,  # 0 * rsqrt(0 + eps) = 0: NaN where eps is dropped
+        "tiny magnitudes": lambda r: r * 1e-4,  # mean square 1e-8, under eps: eps must be where it belongs
+        "single spike": _edges.spike,  # normalized to ~sqrt(H): an output clamp
+    })
+
+
+def norm_error_bound(workload: Workload) -> float:
+    """The verifier's norm-relative error bound (tune/verify.py). The kernels sum squares in torch's
+    order (torch_order.py), so they match the reference bit for bit in half precision: measured on
+    the interpreter (2026-11-27) over the heuristic and six configs each of 13 x 96 workloads (bf16,
+    fp16, fp32; with and without weight and round_before_weight; bf16 -> fp32), with the edge
+    rows: 0 for bf16 outputs, 5.5e-8 for fp16 (tiny-magnitude rows), 8.1e-8 for fp32 (0.7 fp32
+    ulps). Bounds: bf16 1.6e-4, fp16 2.0e-5, fp32 4.8e-7 (6x over fp32's, for the GPU's
+    approximate rsqrt), and for half outputs a rounding flip in ~1 element of 2500; a mean over
+    H + 1 at H = 96 gives 5.7e-3, a bf16 accumulator 6.6e-3, squares rounded to fp16 5.4e-4."""
+    return _edges.norm_bound(parse_dtype(workload.param("out_dtype", workload.dtypes[0])),
+                             compute_ulps=4, round_ulps=0.02)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from solforge.kernels import config_text, direct
+from solforge.kernels import edges as _edges
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.rounding import as_stored
@@ -576,3 +577,29 @@ def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
     gate = (2 * torch.randn(n_rows, N, generator=g, device=where)).to(parse_dtype(workload.dtypes[0])).to(device)
     up = torch.randn(n_rows, N, generator=g, device=where).to(parse_dtype(workload.dtypes[1])).to(device)
     return (gate, up), {"act": workload.param("act", "silu")}
+
+
+def edge_inputs(workload: Workload, *, seed: int, rows: int | None = None, device: str | torch.device | None = None
+                ) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+    """Rows the verifier adds to its random ones (tune/verify.py; kernels/edges.py), in a draw of
+    `rows` rows: a config's row tile is valid only up to about the workload's row count."""
+    args, kwargs = make_inputs(workload, seed=seed, rows=rows, device=device)
+    return _edges.edge_rows(args, kwargs, {
+        "large gate": lambda r: r * 30,  # exp(-gate) overflows in a sigmoid written x * e^x / (1 + e^x); a clamp
+        "zero gate": lambda r: r * 0,  # act(0) = 0 exactly
+    }) + _edges.edge_rows(args, kwargs, {"large up": lambda r: r * 100}, arg=1)  # a clamp of up or the product
+
+
+def norm_error_bound(workload: Workload) -> float:
+    """The verifier's norm-relative error bound (tune/verify.py), from what the kernels reach on the
+    interpreter (the measurement: the comment on _NORM_COMPUTE_ULPS)."""
+    return _edges.norm_bound(parse_dtype(workload.dtypes[0]), compute_ulps=_NORM_COMPUTE_ULPS,
+                             round_ulps=_NORM_ROUND_ULPS)
+
+
+# Norm-relative error bound of the verifier, in ulps (kernels/edges.py norm_bound). Measured on the
+# interpreter (2026-11-27), heuristic + 6 configs each of 13 x 96 (silu: bf16, fp16, fp32;
+# gelu_tanh: bf16, fp32), with the edge rows: 9.1e-7 for bf16 (gelu_tanh; 0 with silu), 4.8e-6 for
+# fp16 (0.005 ulp), 6.5e-8 for fp32. Bounds: bf16 3.9e-4, fp16 5.0e-5 (10x), fp32 9.6e-7 (15x);
+# skipping the activation's rounding to gate's dtype gives 2.7e-3.
+_NORM_COMPUTE_ULPS, _NORM_ROUND_ULPS = 8, 0.05

@@ -1,15 +1,37 @@
 """Verify a candidate against its family's reference: nothing unproven enters a model.
 
-A candidate passes only if, on fresh random inputs: `trials` (>= 3) runs at the workload's shape
-agree with `<family>_ref` within the dtype's tolerance (numerics.TOLERANCES); an odd shape (a row
-count that is no multiple of any block) agrees too; every output element was written (outputs are
-poisoned with NaN first); no NaN/Inf appears where the reference has none; inputs are unchanged.
-A family whose reference returns a tuple gets a tuple of poisoned outputs, each compared.
+A candidate passes only if every trial below agrees with `<family>_ref`, on fresh seeded inputs:
+  - workload-shape trials through `out=`: a seeded random count of them, from `trials` to
+    `trials + EXTRA_CALLS` (a kernel right for its first few calls only cannot know how many come);
+  - an odd shape (a row count that differs from the workload's and is no multiple of any block),
+    with strided inputs: each contiguous input of 2+ dims is passed as a view into a wider buffer
+    whose padding is NaN (a kernel that assumes packed rows reads the padding or the wrong rows);
+  - the family's edge inputs (`family.edge_inputs`: large magnitudes, all-zero or fully masked
+    rows, ... declared by the family as data; small shapes where its configs allow);
+  - the model's path: the launcher called WITHOUT `out=` (as the custom op calls it), at the
+    workload shape and at the odd shape; its result must be fresh tensors shaped and typed like
+    the reference, not an input.
+Each `out=` trial allocates its outputs inside a larger buffer (tune/guarded.py): poisoned with NaN
+(an unwritten element fails), with guard regions of random bytes on both sides (a write past
+either end fails). On every trial: inputs are unchanged; every element is within the dtype's
+tolerance (numerics.compare; `family.output_tolerance` may widen it); where the reference is
+NaN/Inf the output is the same NaN/Inf; and, where the family declares `norm_error_bound`, the
+norm-relative error ||out - ref|| / ||ref|| is within it (a family whose kernels match the
+reference bit for bit or nearly is held to that, far below the element tolerance).
+A family whose reference returns a tuple gets a tuple of outputs, each checked.
+
+Family hooks (all optional but make_inputs and the reference): `verify_rows(wl)` (the size the odd
+shape replaces), `output_tolerance(wl)`, `norm_error_bound(wl)` (a float, or a tuple with one per
+output, None for none), `edge_inputs(wl, *, seed, rows, device)` -> [(label, args, kwargs)] (`rows`:
+the odd shape's, for a family whose configs are valid only near the workload's row count),
+`VERIFY_STRIDED = False` (a family whose launcher takes contiguous inputs only).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -18,17 +40,38 @@ import torch
 from solforge.kernels import registry
 from solforge.numerics import compare
 from solforge.records import Verdict, Workload
+from solforge.tune.guarded import Guarded, guard_damage, guarded_like
 
 Launch = Callable[..., Any]
+Outputs = torch.Tensor | tuple[torch.Tensor, ...]
+
+# Extra workload-shape trials beyond `trials`, drawn per verification.
+EXTRA_CALLS = 3
+# Padding of a strided input's last dim: its rows start 16-byte aligned for any dtype.
+PAD = 8
 
 
 def odd_rows(rows: int) -> int:
-    """A row count near `rows` that is odd and not a multiple of any power-of-two block: 2^k+1
-    style counts straddle block edges. Kept small so the interpreter stays quick."""
-    return max(3, min(rows, 4099) // 2 * 2 + 1) if rows > 2 else 3
+    """A row count near `rows` that is odd, not a multiple of any power-of-two block (2^k+1 style
+    counts straddle block edges) and not `rows` itself (an odd workload would get no second shape).
+    Kept small so the interpreter stays quick."""
+    r = max(3, min(rows, 4099) // 2 * 2 + 1) if rows > 2 else 3
+    if r == rows:  # up, not down: a tile of rows valid for `rows` stays valid for more (swiglu's)
+        r = rows + 2
+    return r
 
 
-def _items(x: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+@dataclass(frozen=True)
+class _Trial:
+    label: str
+    seed: int
+    rows: int | None = None  # None: the workload's
+    model: bool = False  # the model's path: no out=, the launcher's result is checked
+    strided: bool = False
+    edge: tuple[tuple[Any, ...], dict[str, Any]] | None = field(default=None, compare=False)
+
+
+def _items(x: Outputs) -> tuple[torch.Tensor, ...]:
     return x if isinstance(x, tuple) else (x,)
 
 
@@ -36,42 +79,172 @@ def _snapshot(args: tuple[Any, ...]) -> list[torch.Tensor | None]:
     return [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
 
 
+def _strided(a: Any) -> Any:
+    """A contiguous tensor of 2+ dims as a view of its values into rows PAD elements wider, the
+    padding NaN (floating point) so a kernel that reads it shows it."""
+    if not isinstance(a, torch.Tensor) or a.dim() < 2 or not a.is_contiguous() or a.numel() == 0:
+        return a
+    wide = torch.empty(*a.shape[:-1], a.shape[-1] + PAD, dtype=a.dtype, device=a.device)
+    if a.is_floating_point():
+        wide.fill_(float("nan"))
+    else:
+        wide.zero_()
+    view = wide[..., :a.shape[-1]]
+    view.copy_(a)
+    return view
+
+
+def _plan(family: ModuleType, workload: Workload, trials: int, seed: int, device: str | None) -> list[_Trial]:
+    rows = registry.verify_rows(family, workload)
+    odd = odd_rows(rows)
+    # seeded per workload too, so two workloads verified with the same seed differ in their count
+    k = random.Random(f"{seed}:{workload.key}").randint(max(3, trials), max(3, trials) + EXTRA_CALLS)
+    plan = [_Trial(f"trial {i + 1}", seed + 7919 * i) for i in range(k)]
+    strided = registry.verify_strided(family)
+    plan.append(_Trial(f"odd shape ({odd} rows{', strided inputs' if strided else ''})", seed + 7919 * k, odd,
+                       strided=strided))
+    for label, args, kwargs in registry.edge_inputs(family, workload, seed=seed + 7919 * (k + 1), rows=odd,
+                                                     device=device):
+        plan.append(_Trial(f"edge '{label}'", 0, edge=(tuple(args), dict(kwargs))))
+    plan.append(_Trial("model path (no out=, workload shape)", seed + 7919 * (k + 2), model=True))
+    # the odd shape again, contiguous, as the model passes it
+    plan.append(_Trial(f"model path (no out=, {odd} rows)", seed + 7919 * (k + 3), odd, model=True))
+    return plan
+
+
+def _shares_storage(t: torch.Tensor, args: tuple[Any, ...]) -> bool:
+    ptr = t.untyped_storage().data_ptr()
+    return any(isinstance(a, torch.Tensor) and a.numel() and a.untyped_storage().data_ptr() == ptr for a in args)
+
+
+def _model_result(got: Any, refs: tuple[torch.Tensor, ...], args: tuple[Any, ...]) -> str | None:
+    """Why the launcher's own result (no out=) cannot be the op's output, or None."""
+    outs = got if isinstance(got, tuple) else (got,)
+    if len(outs) != len(refs) or not all(isinstance(o, torch.Tensor) for o in outs):
+        return f"returned {type(got).__name__} of {len(outs)}, expected {len(refs)} tensor(s)"
+    for j, (o, r) in enumerate(zip(outs, refs, strict=True)):
+        if o.shape != r.shape or o.dtype != r.dtype:
+            return f"output {j} is {o.dtype} {tuple(o.shape)}, expected {r.dtype} {tuple(r.shape)}"
+        if o.numel() and _shares_storage(o, args):
+            return f"output {j} shares memory with an input (an op's output must be a new tensor)"
+    return None
+
+
+def _nonfinite_mismatch(o: torch.Tensor, r: torch.Tensor) -> str | None:
+    """Where the reference is NaN/+Inf/-Inf, the output must be the same (compare checks only that
+    the output is finite where the reference is)."""
+    bad = ~torch.isfinite(r)
+    if not bool(bad.any()):
+        return None
+    of, rf = o[bad].double(), r[bad].double()
+    same = (of.isnan() & rf.isnan()) | (of == rf)
+    n = int((~same).sum())
+    return f"{n} element(s) differ from the reference's NaN/Inf" if n else None
+
+
+def _norm_err(o: torch.Tensor, r: torch.Tensor) -> float:
+    """||o - r|| / ||r|| over the reference's finite elements (0/0 = 0)."""
+    fin = torch.isfinite(r)
+    od, rd = o.double()[fin], r.double()[fin]
+    num, den = float(torch.linalg.vector_norm(od - rd)), float(torch.linalg.vector_norm(rd))
+    return num / den if den > 0 else (0.0 if num == 0 else float("inf"))
+
+
+def _prepoison(refs: tuple[torch.Tensor, ...]) -> None:
+    """Fill and free blocks of the outputs' sizes, so an allocation the launcher then makes likely
+    reuses NaN (best effort: an element it leaves unwritten then fails rather than holding whatever
+    the allocator had, which could be an earlier call's right answer)."""
+    for r in refs:
+        torch.empty_like(r).fill_(float("nan"))
+
+
+@dataclass
+class _Worst:
+    """The largest errors seen so far (the Verdict's)."""
+
+    abs: float = 0.0
+    rel: float = 0.0
+    norm: float = 0.0
+
+
+def _check(t: _Trial, args: tuple[Any, ...], before: list[torch.Tensor | None], refs: tuple[torch.Tensor, ...],
+           got: Any, guards: list[Guarded], tol: Any, bound: Any, worst: _Worst) -> str | None:
+    """Why trial `t` failed, or None: `got` is the launcher's result on the model's path, `guards`
+    the outputs it was given otherwise."""
+    for a, b in zip(args, before, strict=True):
+        if b is not None and not torch.equal(a, b):
+            return f"{t.label}: an input was modified"
+    if t.model:
+        why = _model_result(got, refs, args)
+        if why is not None:
+            return f"{t.label}: {why}"
+        outs = _items(got)
+    else:
+        for j, g in enumerate(guards):
+            damage = guard_damage(g)
+            if damage is not None:
+                return f"{t.label}{f', output {j}' if len(guards) > 1 else ''}: {damage}"
+        outs = tuple(g.out for g in guards)
+    for j, (o, expected) in enumerate(zip(outs, refs, strict=True)):
+        what = f"{t.label}, output {j}" if len(outs) > 1 else t.label
+        c = compare(o, expected, tol[j] if isinstance(tol, tuple) else tol)
+        worst.abs, worst.rel = max(worst.abs, c.max_abs_err), max(worst.rel, c.max_rel_err)
+        if not c.ok:
+            return f"{what}: {c.reason}"
+        why = _nonfinite_mismatch(o, expected)
+        if why is not None:
+            return f"{what}: {why}"
+        b = bound[j] if isinstance(bound, tuple) else bound
+        norm = _norm_err(o, expected)
+        worst.norm = max(worst.norm, norm)
+        if b is not None and norm > b:
+            return f"{what}: norm-relative error {norm:.3g} > the family's bound {b:.3g}"
+    return None
+
+
 def verify(family: ModuleType, workload: Workload, launch: Launch, *, trials: int = 3, seed: int = 1234,
            device: str | None = None) -> Verdict:
-    """`launch(*args, out=out, **kwargs)` runs the candidate; the family's `make_inputs` draws inputs
-    and its reference (`<name>_ref`) computes the expected outputs. The odd shape changes the row
-    count that the family's `verify_rows(workload)` gives (default: the first input's first dim);
-    the hooks and their defaults: kernels/registry.py."""
+    """`launch(*args, out=out, **kwargs)` runs the candidate (and `launch(*args, **kwargs)` returns its
+    outputs); the family's `make_inputs` draws inputs and its reference computes the expected
+    outputs; the hooks and their defaults: kernels/registry.py."""
     ref_fn = registry.reference(family)
     # a family may widen the output dtype's tolerance where its semantics need it (documented there),
     # one for all outputs or a tuple with one per output
     tol = registry.output_tolerance(family, workload)
-    rows = registry.verify_rows(family, workload)
-    shapes: list[int | None] = [None] * max(3, trials) + [odd_rows(rows)]
-    max_abs = max_rel = 0.0
-    for i, r in enumerate(shapes):
-        label = f"trial {i + 1}" if r is None else f"odd shape ({r} rows)"
+    bound = registry.norm_error_bound(family, workload)
+    worst = _Worst()
+    try:
+        plan = _plan(family, workload, trials, seed, device)
+    except Exception as e:
+        return Verdict(False, reason=f"edge inputs: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    for i, t in enumerate(plan):
+        guards: list[Guarded] = []
+        got: Any = None
         try:
-            args, kwargs = registry.make_inputs(family, workload, seed=seed + 7919 * i, rows=r, device=device)
+            if t.edge is not None:
+                args, kwargs = t.edge
+            else:
+                args, kwargs = registry.make_inputs(family, workload, seed=t.seed, rows=t.rows, device=device)
+            if t.strided:
+                args = tuple(_strided(a) for a in args)
             before = _snapshot(args)
             ref = ref_fn(*args, **kwargs)
-            # poison: unwritten elements fail the NaN check
-            out = tuple(torch.full_like(t, float("nan")) for t in ref) if isinstance(ref, tuple) \
-                else torch.full_like(ref, float("nan"))
-            launch(*args, out=out, **kwargs)
-            if any(o.is_cuda for o in _items(out)):
+            refs = _items(ref)
+            if t.model:
+                _prepoison(refs)
+                got = launch(*args, **kwargs)
+            else:
+                guards = [guarded_like(r, t.seed + 31 * j) for j, r in enumerate(refs)]
+                out = tuple(g.out for g in guards) if isinstance(ref, tuple) else guards[0].out
+                launch(*args, out=out, **kwargs)
+            if any(r.is_cuda for r in refs):
                 torch.cuda.synchronize()
         except Exception as e:
-            return Verdict(False, trials=i, reason=f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-        for a, b in zip(args, before, strict=True):
-            if b is not None and not torch.equal(a, b):
-                return Verdict(False, trials=i, reason=f"{label}: an input was modified")
-        outs, refs = _items(out), _items(ref)
-        for j, (o, expected) in enumerate(zip(outs, refs, strict=True)):
-            c = compare(o, expected, tol[j] if isinstance(tol, tuple) else tol)
-            max_abs, max_rel = max(max_abs, c.max_abs_err), max(max_rel, c.max_rel_err)
-            if not c.ok:
-                what = f"{label}, output {j}" if len(outs) > 1 else label
-                return Verdict(False, trials=i, max_abs_err=max_abs, max_rel_err=max_rel,
-                               reason=f"{what}: {c.reason}")
-    return Verdict(True, trials=len(shapes), max_abs_err=max_abs, max_rel_err=max_rel)
+            return Verdict(False, trials=i, reason=f"{t.label}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                           if str(e) else f"{t.label}: {type(e).__name__}")
+
+        why = _check(t, args, before, refs, got, guards, tol, bound, worst)
+        if why is not None:
+            return Verdict(False, trials=i, max_abs_err=worst.abs, max_rel_err=worst.rel, reason=why,
+                           max_norm_err=worst.norm)
+    return Verdict(True, trials=len(plan), max_abs_err=worst.abs, max_rel_err=worst.rel, max_norm_err=worst.norm)
