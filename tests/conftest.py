@@ -10,6 +10,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Under pytest-xdist each worker's torch would start a thread per core: N workers on N cores would
+# run N x N threads. Each gets its share of the cores instead.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # The GPU tests with the largest shapes (vocabulary-sized logits and their references): under
 # pytest-xdist with `--dist loadgroup` they run one after another on one worker. At -n 8 on an H100,
@@ -40,3 +44,28 @@ def _private_kernel_db(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest
     """No test reads or writes the real ~/.cache/solforge/kernels.db: each gets an empty one."""
     monkeypatch.setenv("SOLFORGE_DB", str(tmp_path_factory.mktemp("kernel-db") / "kernels.db"))
     yield
+
+
+# A sweep over a family's config space runs whole on a GPU, where a config costs milliseconds. Through
+# Triton's interpreter (CI: 2 cores, no GPU) a config costs seconds, so there the sweep runs a covering
+# sample: `first`, then each config that brings a field value not yet run within its variant, so every
+# variant and every value of every field of it runs at least once. SOLFORGE_FULL_SWEEPS=1 runs them whole.
+FULL_SWEEPS = torch.cuda.is_available() or os.environ.get("SOLFORGE_FULL_SWEEPS") == "1"
+
+
+def covering(configs, first=()):
+    """The configs a sweep runs here: all of them with FULL_SWEEPS, else a covering sample (above)."""
+    import dataclasses
+
+    configs = list(dict.fromkeys([*first, *configs]))
+    if FULL_SWEEPS:
+        return configs
+    seen: set = set()
+    out = []
+    for i, c in enumerate(configs):
+        variant = getattr(c, "variant", None)
+        values = {(type(c).__name__, variant, f.name, getattr(c, f.name)) for f in dataclasses.fields(c)}
+        if i < len(first) or not values <= seen:
+            out.append(c)
+            seen |= values
+    return out
