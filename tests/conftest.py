@@ -53,8 +53,9 @@ def _private_kernel_db(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest
 FULL_SWEEPS = torch.cuda.is_available() or os.environ.get("SOLFORGE_FULL_SWEEPS") == "1"
 
 
-def covering(configs, first=()):
-    """The configs a sweep runs here: all of them with FULL_SWEEPS, else a covering sample (above)."""
+def covering(configs, first=(), ignore=()):
+    """The configs a sweep runs here: all of them with FULL_SWEEPS, else a covering sample (above);
+    fields in `ignore` only size the same work differently (a program count) and need no value each."""
     import dataclasses
 
     configs = list(dict.fromkeys([*first, *configs]))
@@ -64,7 +65,8 @@ def covering(configs, first=()):
     out = []
     for i, c in enumerate(configs):
         variant = getattr(c, "variant", None)
-        values = {(type(c).__name__, variant, f.name, getattr(c, f.name)) for f in dataclasses.fields(c)}
+        values = {(type(c).__name__, variant, f.name, getattr(c, f.name)) for f in dataclasses.fields(c)
+                  if f.name not in ignore}
         if i < len(first) or not values <= seen:
             out.append(c)
             seen |= values
