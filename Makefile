@@ -1,5 +1,6 @@
 # make setup: a virtual environment in .venv with solforge (editable), its dependencies and dev tools.
-# make test:  the test suite (CPU tests through Triton's interpreter; GPU tests run when CUDA is present).
+# make test:  the test suite (CPU tests through Triton's interpreter; GPU tests run when CUDA is present),
+#             in TEST_WORKERS processes (pytest-xdist).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -12,6 +13,9 @@ PIP_FLAGS ?=
 # Optional extras: ray is there so the Ray runner's test runs in CI (an offline GPU box without a
 # ray wheel can pass EXTRAS=hf,dev).
 EXTRAS ?= hf,dev,ray
+# pytest-xdist workers for `make test` (CI: 2 cores); each worker's torch gets its share of the
+# cores (tests/conftest.py); the large-GPU-memory tests share one worker (--dist loadgroup).
+TEST_WORKERS ?= 2
 PIP := $(BIN)/pip install $(PIP_FLAGS)
 
 .PHONY: setup test lint clean
@@ -36,7 +40,7 @@ setup:
 	    || echo "could not install chromium: the report.html test will skip"; fi
 
 test:
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 lint:
 	$(BIN)/ruff check solforge tests bench tools

@@ -221,7 +221,8 @@ def optimize(
     """Optimize `model` for inputs shaped like `example_inputs` (on the device the model is on).
 
     Returns the optimized model (called exactly like `model`) and the Report. `budget` is the
-    tuning time in seconds across all workloads; every workload measures at least one candidate.
+    tuning time in seconds across all workloads; every workload measures at least one candidate,
+    at most `max_candidates` (None: the whole space on a GPU; off it, the heuristic config alone).
     With `out_dir`, writes `out_dir/report.json`.
 
     Tuning: `strategy` (auto, exhaustive, evolutionary) searches each workload's space on
@@ -260,6 +261,10 @@ def optimize(
     notes: list[str] = []
     if device != "cuda":
         notes.append("no GPU: kernels ran in Triton's interpreter; every timing here means nothing")
+        if max_candidates is None:
+            # the interpreter's times rank nothing (tune._winner keeps the heuristic config there
+            # anyway): each workload's heuristic config is built, verified and run once, no more
+            max_candidates = 1
 
     train = mode == "train"
     if train:

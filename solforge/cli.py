@@ -79,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                    help="tuning time across all kernels (default 120 on a GPU, 60 on the CPU)")
     o.add_argument("--max-candidates", type=int, default=None, metavar="N",
-                   help="measure at most N configs per workload (default: all on a GPU, 4 on the CPU)")
+                   help="measure at most N configs per workload (default: all on a GPU; on the CPU the heuristic "
+                        "config alone, its time meaning nothing)")
     o.add_argument("--out", default="solforge-out", metavar="DIR",
                    help="where report.json, report.html and the traces go (default ./solforge-out)")
     t = o.add_argument_group("tuning", "how candidates are searched, measured and remembered")
@@ -177,7 +178,7 @@ def _optimize(args: argparse.Namespace) -> int:
     from solforge.api import optimize
 
     budget = args.budget if args.budget is not None else (120.0 if device == "cuda" else 60.0)
-    max_cands = args.max_candidates if args.max_candidates is not None else (None if device == "cuda" else 4)
+    max_cands = args.max_candidates  # None: the whole space on a GPU, the heuristic alone on the CPU (optimize)
     if max_cands is not None and max_cands < 1:
         raise UserError("--max-candidates must be at least 1")
     if args.no_db and args.db:

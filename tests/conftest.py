@@ -12,6 +12,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Under pytest-xdist each worker's torch would start a thread per core: N workers on N cores would
+# run N x N threads. Each gets its share of the cores instead.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 # The GPU tests with the largest shapes (vocabulary-sized logits and their references): under
 # pytest-xdist with `--dist loadgroup` they run one after another on one worker. At -n 8 on an H100,
@@ -53,3 +57,30 @@ def on_device():
     a test written with plain torch.randn runs its kernels on the GPU there."""
     with torch.device(DEVICE):
         yield
+
+
+# A sweep over a family's config space runs whole on a GPU, where a config costs milliseconds. Through
+# Triton's interpreter (CI: 2 cores, no GPU) a config costs seconds, so there the sweep runs a covering
+# sample: `first`, then each config that brings a field value not yet run within its variant, so every
+# variant and every value of every field of it runs at least once. SOLFORGE_FULL_SWEEPS=1 runs them whole.
+FULL_SWEEPS = torch.cuda.is_available() or os.environ.get("SOLFORGE_FULL_SWEEPS") == "1"
+
+
+def covering(configs, first=(), ignore=()):
+    """The configs a sweep runs here: all of them with FULL_SWEEPS, else a covering sample (above);
+    fields in `ignore` only size the same work differently (a program count) and need no value each."""
+    import dataclasses
+
+    configs = list(dict.fromkeys([*first, *configs]))
+    if FULL_SWEEPS:
+        return configs
+    seen: set = set()
+    out = []
+    for i, c in enumerate(configs):
+        variant = getattr(c, "variant", None)
+        values = {(type(c).__name__, variant, f.name, getattr(c, f.name)) for f in dataclasses.fields(c)
+                  if f.name not in ignore}
+        if i < len(first) or not values <= seen:
+            out.append(c)
+            seen |= values
+    return out

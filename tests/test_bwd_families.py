@@ -244,7 +244,9 @@ def test_train_mode_optimize_tunes_stores_and_integrates_backward_kernels(
         pytest.skip("the mechanism at tiny shapes is checked through the interpreter")
     lm = _tiny_qwen()
     db = tmp_path / "k.db"
-    kw = dict(budget=60, max_candidates=1, db=db, make_inputs=lm.make_inputs, is_language_model=True)
+    # no profile: nothing here reads it, and qwen3-tiny's is checked by test_cli.py (a train-mode
+    # model's by test_ce_softmax_bwd.py and the other families' end-to-end tests)
+    kw = dict(budget=60, max_candidates=1, db=db, make_inputs=lm.make_inputs, is_language_model=True, profile="off")
     opt, rep = optimize(lm.model, lm.example_inputs, mode="train", **kw)
     assert rep.e2e is not None and rep.e2e.passed, rep.e2e
     assert rep.e2e.grads_compared == len(list(lm.model.parameters())) and rep.e2e.grad_max_rel_err < 1e-4

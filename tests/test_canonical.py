@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from conftest import DEVICE
 
 from solforge import capture
+from solforge.capture.checkpoint import checkpoint_op
 from solforge.zoo import load_model
 
 
@@ -219,7 +220,7 @@ def test_a_causal_mask_passed_into_checkpointed_blocks_is_restored_inside_them()
         x = torch.randn(2, 8, 16, device=DEVICE, requires_grad=True)
         b = capture.capture(m, (x,), grad=True)
         assert not b.errors, b.errors
-        callers = [g for g in b.graphs if any(n.target is capture.checkpoint.checkpoint_op
+        callers = [g for g in b.graphs if any(n.target is checkpoint_op
                                              for n in g.aten.graph.nodes)]
         assert len(b.graphs) == 3 and len(callers) == 1  # two bodies and the graph that calls them
         assert [g.attention_restored for g in b.graphs if g not in callers] == [expected, expected], window

@@ -20,8 +20,9 @@ E2E_KEYS = {"baseline_ms", "optimized_ms", "speedup", "max_abs_err", "max_rel_er
 
 
 def test_optimize_qwen3_tiny_writes_a_passing_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # on the CPU the default: each workload's heuristic config alone (the interpreter's times rank nothing)
     rc = main(["optimize", "qwen3-tiny", "--device", DEVICE, "--out", str(tmp_path), "--quiet",
-               "--max-candidates", "2"])
+               *(["--max-candidates", "2"] if DEVICE == "cuda" else [])])
     out = capsys.readouterr().out
     assert rc == 0, out
     data = json.loads((tmp_path / "report.json").read_text())
@@ -43,6 +44,7 @@ def test_optimize_qwen3_tiny_writes_a_passing_report(tmp_path: Path, capsys: pyt
     if DEVICE == "cpu":
         assert data["timings_meaningful"] is False
         assert any("means nothing" in n for n in data["notes"])
+        assert all(r["candidates"] == r["timed"] == 1 for r in data["regions"])
     report = from_dict(Report, data)  # the file round-trips into the record
     assert {r.family for r in report.regions} == {"add_rmsnorm", "rmsnorm", "rope", "swiglu"}
     # the profile stage: baseline and optimized model, traces and the page

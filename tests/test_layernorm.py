@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import DEVICE, requires_gpu
+from conftest import DEVICE, FULL_SWEEPS, covering, requires_gpu
 
 from solforge.kernels import add_layernorm as A
 from solforge.kernels import layernorm as L
@@ -65,7 +65,7 @@ def test_every_config_in_space(rows: int, H: int, residual: bool) -> None:
     assert {c.variant for c in configs} == {"row", "rows"} and all(L.is_valid(c, wl) for c in configs)
     # 96 = 64 + 32 and 80 = 64 + 16 are split into a main block and a tail; 200 (-> 256) is not
     assert any(c.block_t for c in configs) is (H != 200)
-    for c in configs:
+    for c in covering(configs):  # the whole space on a GPU
         _check(wl, c)
 
 
@@ -74,12 +74,17 @@ def test_every_config_in_space(rows: int, H: int, residual: bool) -> None:
 def test_split_variant_every_chunking(rows: int, H: int, dtype: torch.dtype) -> None:
     """Rows cut into chunks of 32 to 1024 values (one chunk, an even cut, a ragged last chunk),
     with and without weight and bias: the statistics combined across chunks are the row's."""
-    for weight, bias in ((True, True), (False, False), (True, False)):
+    affine = ((True, True), (False, False), (True, False))
+    chunks = ((32, 1), (64, 1), (128, 2), (256, 4), (1024, 4))
+    # every chunking with every weight/bias choice on a GPU; through the interpreter each chunking
+    # once and each choice at least once (the chunk loop and the affine step are separate code)
+    pairs = [(a, c) for a in affine for c in chunks] if FULL_SWEEPS else \
+        [(affine[i % len(affine)], c) for i, c in enumerate(chunks)]
+    for (weight, bias), (chunk, warps) in pairs:
         wl = _wl(rows, H, dtype=dtype, weight=weight, bias=bias)
-        for chunk, warps in ((32, 1), (64, 1), (128, 2), (256, 4), (1024, 4)):
-            c = L.Config("split", chunk, 0, 1, warps)
-            assert L.is_valid(c, wl), c
-            _check(wl, c)
+        c = L.Config("split", chunk, 0, 1, warps)
+        assert L.is_valid(c, wl), c
+        _check(wl, c)
 
 
 def test_split_variant_configs_and_heuristic() -> None:
@@ -261,7 +266,7 @@ def test_backward_space(rows: int, H: int, stride: int, residual: bool) -> None:
     sample = space[::stride]  # no multiple of 3: every config comes in threes (stages, evict)
     assert any(c.stages == 2 and c.block_t for c in sample) is split and any(c.stages == 1 for c in sample)
     assert any(c.block_t for c in sample) is split and any(not c.block_t for c in sample)
-    for cfg in sample:
+    for cfg in covering(sample):  # the whole sample on a GPU
         dx, dw, db = L.layernorm_bwd(dy, x, w, EPS, ds=dsx, bias_grad=True, config=cfg)
         c = compare(dx, rdx)
         assert c.ok, f"{cfg.encode()}: {c.reason}"

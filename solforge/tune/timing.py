@@ -170,7 +170,7 @@ def device_samples(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: floa
 def time_kernel(fn: Callable[[], Any], device: str, *, warmup_ms: float = 25, rep_ms: float = 50) -> RunResult:
     """Time a short GPU callable (its device time, see the module doc): p20/p50/p80 in µs.
 
-    Off the GPU the callable is run a few times under a wall clock and the result is marked not
+    Off the GPU the callable is run once under a wall clock and the result is marked not
     meaningful: the interpreter's speed says nothing about a GPU's. 50 ms of calls is >= 250 runs
     of a 100 us kernel with its flush: the tuner's ranking is within the ~1-2% run-to-run spread
     seen on the H100.
@@ -178,7 +178,7 @@ def time_kernel(fn: Callable[[], Any], device: str, *, warmup_ms: float = 25, re
     try:
         if device == "cuda":
             return RunResult(*_quantiles(device_samples(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)), meaningful=True)
-        return _wall_clock(fn, runs=3)
+        return _wall_clock(fn, runs=1, warmup=0)  # the interpreter: one run, its time means nothing anyway
     except Exception as e:  # a failure is a record, the tune goes on
         return RunResult(error=f"{type(e).__name__}: {e}".splitlines()[0][:300])
 

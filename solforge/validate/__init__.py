@@ -6,6 +6,7 @@ import copy
 import functools
 import gc
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -151,6 +152,15 @@ def _seeded(fn: Callable[[], Any], device: str) -> Any:
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(COMPARE_SEED)
         return fn()
+
+
+def _clocked(fn: Callable[[], Any], device: str, wall: list[float]) -> Any:
+    """_seeded, its wall time (µs) appended to `wall`. Off the GPU these runs are also the timed ones:
+    the interpreter's times mean nothing, and a run of the optimized model there costs seconds."""
+    t = time.perf_counter()
+    out = _seeded(fn, device)
+    wall.append((time.perf_counter() - t) * 1e6)
+    return out
 
 
 def _step(fn: Callable[..., Any], inputs: Sequence[Any], params: Params) -> tuple[Any, dict[str, torch.Tensor]]:
@@ -390,19 +400,20 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
     `settled`: whether the optimized model runs as its later calls will (its CUDA-graph replays
     judged: stepgraphs.py); it is timed once it does (tune.timing.time_model)."""
     train = params is not None
+    wall: list[float] = []  # µs of the compared runs: the original's, the optimized model's
     with torch.set_grad_enabled(train):
         grad_err: float | None = None
         if train:
             assert params is not None
-            ref_raw, ref_g = _seeded(lambda: _step(original, inputs, params), device)
-            opt_raw, opt_g = _seeded(lambda: _step(optimized, inputs, params), device)
+            ref_raw, ref_g = _clocked(lambda: _step(original, inputs, params), device, wall)
+            opt_raw, opt_g = _clocked(lambda: _step(optimized, inputs, params), device, wall)
             if set(ref_g) != set(opt_g):
                 return E2EReport(None, None, None, math.inf, math.inf, None, False,
                                  note="the optimized model's backward reached different parameters")
             grad_err = max((output_error(n, opt_g[n], g).norm_rel_err for n, g in ref_g.items()), default=0.0)
         else:
-            ref_raw = _seeded(lambda: original(*inputs), device)
-            opt_raw = _seeded(lambda: optimized(*inputs), device)
+            ref_raw = _clocked(lambda: original(*inputs), device, wall)
+            opt_raw = _clocked(lambda: optimized(*inputs), device, wall)
             ref_g = opt_g = None
         ref_out, opt_out = flatten_tensors(ref_raw), flatten_tensors(opt_raw)
         del ref_raw, opt_raw
@@ -452,7 +463,9 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
                          f"(< {ARGMAX_MIN_AGREE:.0%})", note)
         base = opt = RunResult(error="not timed")
         peaks: tuple[float | None, float | None] = (None, None)
-        if time_it:
+        if time_it and device != "cuda":  # the interpreter: the compared runs were the timed ones
+            base, opt = (RunResult(w, w, w, meaningful=False) for w in wall)
+        elif time_it:
             if train:
                 assert params is not None
                 runs = [lambda f=f: _step(f, inputs, params) for f in (original, optimized)]
