@@ -352,6 +352,8 @@ def optimize(
         if kdb is not None:
             kdb.close()
 
+    if kdb is not None:  # a corrupt or read-only file: the run went on, the report says how
+        notes += [f"kernel database: {p}" for p in kdb.problems]
     if stored_baselines:
         notes.append(f"the original time of {stored_baselines} region(s) came from the kernel database "
                      "(measured by an earlier run on this device; --retune measures everything again)")
