@@ -217,6 +217,8 @@ def kernels_section(report: Report) -> str:
     if e is not None:
         verdict = ('<span class="good">passed</span>' + (f" ({_e(e.note)})" if e.note else "") if e.passed
                    else f'<span class="bad">FAILED</span> {_e(e.note)}')
+        if e.status == "nothing to validate":  # not a pass, and not a wrong kernel either
+            verdict = f'<span class="bad">nothing to validate</span> ({_e(e.note)})'
         agree = "" if e.argmax_agree is None else f", argmax agrees at {e.argmax_agree:.2%} of positions"
         if e.argmax_agree_decisive is not None:
             agree += f" ({e.argmax_agree_decisive:.2%} where the margin is decisive)"
