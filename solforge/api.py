@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import platform
 import sys
@@ -102,6 +103,15 @@ def _version() -> str:
         return version("solforge")
     except PackageNotFoundError:
         return "unknown"
+
+
+def check_seconds(flag: str, value: object) -> float:
+    """A time limit (--budget, --timeout) as a positive finite number of seconds, or a UserError:
+    nan compares false with everything, so `value <= 0` alone lets it (and inf) through."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok:
+        raise UserError(f"{flag} must be a positive, finite number of seconds (got {value!r})")
+    return float(value)  # type: ignore[arg-type]
 
 
 def check_device(device: str) -> str:
@@ -240,12 +250,10 @@ def optimize(
     """
     if mode not in MODES:
         raise UserError(f"mode {mode!r} is not supported: use --mode inference or --mode train")
-    if budget <= 0:
-        raise UserError(f"--budget must be positive (got {budget})")
+    check_seconds("--budget", budget)
     if profile not in ("auto", "on", "off"):
         raise UserError(f"--profile must be auto, on or off (got {profile!r})")
-    if timeout <= 0:
-        raise UserError(f"--timeout must be positive (got {timeout})")
+    check_seconds("--timeout", timeout)
     from solforge.tune.runners import check_spec
 
     check_spec(runner)

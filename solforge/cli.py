@@ -166,8 +166,10 @@ def _load(args: argparse.Namespace, device: str, console: Console) -> LoadedMode
 
 def _optimize(args: argparse.Namespace) -> int:
     device = _device(args)
-    from solforge.api import optimize
+    from solforge.api import check_seconds, optimize
 
+    if args.budget is not None:  # before the model loads: a bad flag costs no minute of loading
+        check_seconds("--budget", args.budget)
     budget = args.budget if args.budget is not None else (120.0 if device == "cuda" else 60.0)
     max_cands = args.max_candidates if args.max_candidates is not None else (None if device == "cuda" else 4)
     if max_cands is not None and max_cands < 1:
@@ -176,8 +178,7 @@ def _optimize(args: argparse.Namespace) -> int:
         raise UserError("--db and --no-db contradict each other: give one")
     if args.build_workers < 0:
         raise UserError(f"--build-workers must be 0 or more (got {args.build_workers})")
-    if args.timeout <= 0:
-        raise UserError(f"--timeout must be positive (got {args.timeout})")
+    check_seconds("--timeout", args.timeout)
     from solforge.tune.runners import check_spec, parse_gpus
 
     gpus = parse_gpus(args.gpus)

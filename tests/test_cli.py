@@ -106,6 +106,10 @@ def test_model_with_nothing_to_optimize_still_gets_a_report(tmp_path: Path) -> N
         (["optimize", "qwen3-tiny", "--dtype", "int8"], "unsupported dtype"),
         (["optimize", "does/not/exist.py"], "exist"),
         (["optimize", "qwen3-tiny", "--budget", "0"], "budget"),
+        (["optimize", "qwen3-tiny", "--budget", "nan"], "--budget must be a positive, finite number"),
+        (["optimize", "qwen3-tiny", "--budget", "inf"], "--budget must be a positive, finite number"),
+        (["optimize", "qwen3-tiny", "--budget", "-5"], "--budget must be a positive, finite number"),
+        (["optimize", "qwen3-tiny", "--timeout", "nan"], "--timeout must be a positive, finite number"),
         (["optimize", "qwen3-tiny", "--batch", "0"], "batch"),
         (["profile", "qwen3-tiny", "--mode", "train"], "forward"),
         (["optimize", "qwen3-tiny", "--families", "rmsnorm,conv3d"], "unknown kernel families"),
@@ -118,6 +122,19 @@ def test_bad_input_is_one_clear_line(argv: list[str], message: str, capsys: pyte
     assert rc == 2
     assert message in err.lower(), err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("kw", [{"budget": float("nan")}, {"budget": float("inf")}, {"budget": -1.0},
+                                {"timeout": float("nan")}, {"timeout": float("inf")}])
+def test_api_refuses_a_time_limit_that_is_no_number_of_seconds(kw: dict[str, float]) -> None:
+    from solforge import optimize
+    from solforge.errors import UserError
+
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(UserError) as e:
+        optimize(model, (torch.randn(2, 4),), db=False, **kw)
+    flag = next(iter(kw))
+    assert str(e.value).startswith(f"--{flag} must be a positive, finite number of seconds") and "\n" not in str(e.value)
 
 
 PARAMETERLESS_FILE = """
