@@ -114,6 +114,28 @@ def check_seconds(flag: str, value: object) -> float:
     return float(value)  # type: ignore[arg-type]
 
 
+def check_interpreter() -> None:
+    """A model on the CPU: solforge's kernels run there only in Triton's interpreter, which is
+    decided when they are defined (`import solforge` switches it on where there is no GPU). Refused
+    in one line where it is off, rather than every candidate failing."""
+    from triton.language import standard
+
+    from solforge.kernels.interp import INTERPRETED
+
+    setting = os.environ.get("TRITON_INTERPRET")
+    if not INTERPRETED:
+        raise UserError("the model is on the CPU, where solforge's kernels run only in Triton's interpreter, and it "
+                        f"is off (TRITON_INTERPRET={setting if setting is not None else 'unset'}): set "
+                        "TRITON_INTERPRET=1 in the environment before solforge is imported, or put the model on a GPU")
+    # Triton's own library (tl.cdiv, tl.sigmoid, ...) is made when triton is imported: imported
+    # before the switch, it is compiled code the interpreted kernels cannot call
+    probe = getattr(standard, "cdiv", None)
+    if probe is not None and type(probe).__name__ != "InterpretedFunction":
+        raise UserError("the model is on the CPU, where solforge's kernels run in Triton's interpreter, but triton "
+                        "was imported before it was switched on: import solforge before triton, or set "
+                        "TRITON_INTERPRET=1 in the environment")
+
+
 def check_device(device: str) -> str:
     """'cuda' or 'cpu', or a UserError saying what to do (one check for loaders and optimize)."""
     from solforge.zoo.base import resolve_device
@@ -237,8 +259,9 @@ def optimize(
     With `out_dir`, writes `out_dir/report.json`.
 
     Tuning: `strategy` (auto, exhaustive, evolutionary) searches each workload's space on
-    `runner` (local: in this process; process: one worker process per GPU in `gpus`, isolating
-    crashes and hangs past `timeout` seconds; ray[:ADDRESS]), with `build_workers` processes
+    `runner` (local: in this process, without isolation: `timeout` does not apply, a candidate that
+    hangs stalls the call and one that crashes the process ends it; process: one worker process per
+    GPU in `gpus`, isolating crashes and hangs past `timeout` seconds; ray[:ADDRESS]), with `build_workers` processes
     compiling ahead. `db` is the kernel database (True: ~/.cache/solforge/kernels.db or
     $SOLFORGE_DB; a path; False: none): a workload it knows is not tuned again unless `retune`
     (from the start) or `resume` (searches an earlier budget cut short go on where they stopped).
@@ -263,6 +286,8 @@ def optimize(
     started = time.perf_counter()
     example_inputs = tuple(example_inputs)
     device = check_device(_model_device(model, example_inputs))
+    if device == "cpu":
+        check_interpreter()
     dtype = _model_dtype(model, example_inputs)
     fams = _check_families(families)
     if is_language_model is None:

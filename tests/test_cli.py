@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -134,7 +135,64 @@ def test_api_refuses_a_time_limit_that_is_no_number_of_seconds(kw: dict[str, flo
     with pytest.raises(UserError) as e:
         optimize(model, (torch.randn(2, 4),), db=False, **kw)
     flag = next(iter(kw))
-    assert str(e.value).startswith(f"--{flag} must be a positive, finite number of seconds") and "\n" not in str(e.value)
+    text = str(e.value)
+    assert text.startswith(f"--{flag} must be a positive, finite number of seconds") and "\n" not in text
+
+
+CPU_API = """
+import os, sys
+{first}
+import torch
+import solforge
+from solforge.errors import UserError
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(24))
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+
+torch.manual_seed(0)
+try:
+    _, rep = solforge.optimize(Model(), (torch.randn(5, 7, 24),), budget=5, max_candidates=1, db=False,
+                               profile="off")
+except UserError as e:
+    print("refused:", e)
+    sys.exit(2)
+print("regions", [(r.family, r.verified) for r in rep.regions], "e2e", rep.e2e.status, rep.e2e.passed)
+"""
+
+
+@pytest.mark.parametrize("interpret, triton_first, expect", [
+    (None, False, None),
+    (None, True, "import solforge before triton"),
+    ("0", False, "(TRITON_INTERPRET=0): set TRITON_INTERPRET=1"),
+])
+def test_api_on_the_cpu_needs_no_setting_or_says_what_to_set(interpret: str | None, triton_first: bool,
+                                                             expect: str | None) -> None:
+    """From Python, a model on the CPU: without TRITON_INTERPRET set, `import solforge` switches
+    Triton's interpreter on (no GPU here), and the kernels run. Where that cannot work (set to 0;
+    triton imported first: its own library is then compiled code), optimize refuses in one line
+    saying what to do (it was every candidate failing, with a report saying the kernels ran in the
+    interpreter)."""
+    from solforge import has_gpu_device
+
+    if interpret is None and has_gpu_device():
+        pytest.skip("with a GPU, import solforge leaves TRITON_INTERPRET alone")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    if interpret is not None:
+        env["TRITON_INTERPRET"] = interpret
+    code = CPU_API.format(first="import triton" if triton_first else "")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    if expect is None:
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.strip() == "regions [('rmsnorm', True)] e2e passed True"
+    else:
+        assert p.returncode == 2, p.stderr
+        (line,) = p.stdout.strip().splitlines()
+        assert line.startswith("refused: the model is on the CPU") and expect in line
 
 
 PARAMETERLESS_FILE = """
@@ -186,6 +244,14 @@ def test_unwritable_out_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
                "--max-candidates", "1", "--budget", "1"])
     assert rc == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_help_says_the_timeout_is_the_process_runners(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["optimize", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "with --runner process or ray only" in out and "the local runner (the default) has no timeout" in out
+    assert "without --timeout: a candidate that hangs stalls the run and one that crashes ends it" in out
 
 
 def test_console_script_help() -> None:
