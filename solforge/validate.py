@@ -403,7 +403,7 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
             try:
                 ref_raw, ref_g = _seeded(lambda: _step(original, inputs, params), device)
             except NothingToTrain:
-                return _nothing("the model returned no tensor that carries a gradient")
+                return _nothing("the model returned no tensor that carries a gradient", device)
             opt_raw, opt_g = _seeded(lambda: _step(optimized, inputs, params), device)
             if set(ref_g) != set(opt_g):
                 return E2EReport(None, None, None, math.inf, math.inf, None, False, status=FAILED,
@@ -419,7 +419,7 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
             return E2EReport(None, None, None, math.inf, math.inf, None, False, status=FAILED,
                              note="the optimized model returned a different output structure")
         if not ref_out:  # None, or plain Python values: zero outputs compared is not a pass
-            return _nothing("the model returned no tensor (None or plain values)")
+            return _nothing("the model returned no tensor (None or plain values)", device)
         errors = [output_error(n, o, r) for (n, o), (_, r) in zip(opt_out, ref_out, strict=True)]
         agree = decisive = None
         if is_language_model and (i := _logits(ref_out)) is not None:
@@ -488,8 +488,8 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
     )
 
 
-def _nothing(why: str) -> E2EReport:
-    return E2EReport(None, None, None, 0.0, 0.0, None, False, status=NOTHING, outputs_compared=0,
+def _nothing(why: str, device: str) -> E2EReport:
+    return E2EReport(None, None, None, 0.0, 0.0, None, False, status=NOTHING, timings_meaningful=device == "cuda",
                      note=f"{why}: nothing to compare, so the optimized model is not validated (what it "
                           "writes into buffers or inputs is not checked)")
 

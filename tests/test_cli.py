@@ -195,6 +195,43 @@ def test_api_on_the_cpu_needs_no_setting_or_says_what_to_set(interpret: str | No
         assert line.startswith("refused: the model is on the CPU") and expect in line
 
 
+NONE_FILE = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(24))
+        self.register_buffer("out", torch.zeros(5, 7, 24))
+
+    def forward(self, x):  # an RMSNorm written into a buffer; returns None
+        self.out.copy_(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w)
+
+def get_inputs():
+    return [torch.randn(5, 7, 24)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_model_returning_none_is_nothing_to_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It was "passed" with 0 outputs compared: now the record, the report and the exit code say
+    nothing was validated."""
+    f = tmp_path / "none.py"
+    f.write_text(NONE_FILE)
+    rc = main(["optimize", str(f), "--device", DEVICE, "--dtype", "fp32", "--out", str(tmp_path / "o"), "--quiet",
+               "--no-db", "--max-candidates", "1", "--profile", "off"])
+    out = capsys.readouterr().out
+    data = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert [r["family"] for r in data["regions"]] == ["rmsnorm"] and data["regions"][0]["verified"]
+    e2e = data["e2e"]
+    assert e2e["status"] == "nothing to validate" and e2e["passed"] is False and e2e["outputs_compared"] == 0
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("end to end")]
+    assert "nothing to validate" in line and "passed" not in line
+    assert rc == 1  # not a success: the optimized model is unverified
+
+
 PARAMETERLESS_FILE = """
 import torch
 
