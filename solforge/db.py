@@ -311,7 +311,6 @@ class KernelDB:
         self.problems: list[str] = []  # what went wrong with the file, as said on stderr
         # this process's writes, each a function of a connection: replayed into a rebuilt file
         self._journal: list[Callable[[sqlite3.Connection], object]] = []
-        self._skipped = 0  # writes not made: the file is read-only
         self._inode: int | None = None
         if create:
             with contextlib.suppress(OSError):  # a directory that cannot be made: said by _connect
@@ -373,7 +372,10 @@ class KernelDB:
             with contextlib.suppress(sqlite3.Error):
                 self._conn.close()
             what = f"the kernel database {self.path} is corrupt ({e})"
-            if self._inode is not None and dbfile.inode(self.path) not in (self._inode, None):
+            current = dbfile.inode(self.path)
+            if current is None:
+                self._warn(f"{what}; another process has moved it away already: starting an empty one")
+            elif self._inode is not None and current != self._inode:
                 self._warn(f"{what}; another process has replaced it already: going on with the new file")
             else:
                 try:
@@ -487,7 +489,6 @@ class KernelDB:
         this process cannot write; on a corrupt file, written again into the rebuilt one."""
         for attempt in (0, 1):
             if self.read_only is not None:
-                self._skipped += 1
                 return
             try:
                 with self._write() as c:

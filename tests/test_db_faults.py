@@ -259,3 +259,28 @@ def test_read_only_directory_without_a_file_runs_in_memory(tmp_path: Path):
     (line,) = _warnings(p.stderr)
     assert "cannot create" in line and "in memory only" in line
     assert list(directory.iterdir()) == []
+
+
+def test_two_writers_of_a_file_corrupted_under_them_move_it_aside_once(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]):
+    """The first writer to find the damage moves the file aside; the second finds the new file
+    there, goes on with it and writes its own records again into it: one copy aside, nothing lost."""
+    path = tmp_path / "k.db"
+    _filled(path)
+    w = wl()
+    a, b = KernelDB(path), KernelDB(path)
+    a.add(w, rec(w, 501, 1.0), run_id="a")
+    b.add(w, rec(w, 502, 2.0), run_id="b")
+    with contextlib.closing(sqlite3.connect(path)) as c:
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    _garble(path, 2 * 4096)
+    _scramble_wal_index(path)
+    a.add(w, rec(w, 503, 3.0), run_id="a")
+    b.add(w, rec(w, 504, 4.0), run_id="b")
+    a.close()
+    b.close()
+    err = capsys.readouterr().err
+    assert len(_aside(path)) == 1 and len(_warnings(err)) == 2, err
+    assert "moved it to" in err and "another process has" in err
+    with KernelDB(path) as db:
+        assert sorted(r.candidate.config_dict["block_h"] for r in db.known(w)) == [501, 502, 503, 504]
