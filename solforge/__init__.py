@@ -3,9 +3,33 @@ equal to the original, and swap them in without changing the model's code."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 __all__ = ["optimize", "profile", "step_graphs"]
+
+# the device files of a GPU that Triton can compile for (NVIDIA, WSL's, AMD's)
+_GPU_DEVICE_FILES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+
+
+def has_gpu_device() -> bool:
+    """Whether this machine has a GPU, judged without importing torch (and so triton)."""
+    return any(Path(p).exists() for p in _GPU_DEVICE_FILES)
+
+
+def _interpreter_without_gpu() -> None:
+    """Without a GPU, solforge's kernels can only run in Triton's interpreter, and that must be
+    switched on before any @triton.jit function is made (when solforge.kernels' modules are
+    imported): here, the first thing `import solforge` does, for the CLI and the Python API alike.
+    An explicit TRITON_INTERPRET is left as the user set it (api.optimize refuses a CPU model when
+    it is not 1). On a machine with a GPU nothing is changed: --device cpu there sets it in the CLI
+    before torch is imported (cli._device), and from Python the user sets it."""
+    if "TRITON_INTERPRET" not in os.environ and not has_gpu_device():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+_interpreter_without_gpu()
 
 
 def optimize(*args: Any, **kwargs: Any) -> Any:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as _dt
+import math
+import os
 import platform
 import sys
 import time
@@ -103,6 +105,37 @@ def _version() -> str:
         return version("solforge")
     except PackageNotFoundError:
         return "unknown"
+
+
+def check_seconds(flag: str, value: object) -> float:
+    """A time limit (--budget, --timeout) as a positive finite number of seconds, or a UserError:
+    nan compares false with everything, so `value <= 0` alone lets it (and inf) through."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok:
+        raise UserError(f"{flag} must be a positive, finite number of seconds (got {value!r})")
+    return float(value)  # type: ignore[arg-type]
+
+
+def check_interpreter() -> None:
+    """A model on the CPU: solforge's kernels run there only in Triton's interpreter, which is
+    decided when they are defined (`import solforge` switches it on where there is no GPU). Refused
+    in one line where it is off, rather than every candidate failing."""
+    from triton.language import standard
+
+    from solforge.kernels.interp import INTERPRETED
+
+    setting = os.environ.get("TRITON_INTERPRET")
+    if not INTERPRETED:
+        raise UserError("the model is on the CPU, where solforge's kernels run only in Triton's interpreter, and it "
+                        f"is off (TRITON_INTERPRET={setting if setting is not None else 'unset'}): set "
+                        "TRITON_INTERPRET=1 in the environment before solforge is imported, or put the model on a GPU")
+    # Triton's own library (tl.cdiv, tl.sigmoid, ...) is made when triton is imported: imported
+    # before the switch, it is compiled code the interpreted kernels cannot call
+    probe = getattr(standard, "cdiv", None)
+    if probe is not None and type(probe).__name__ != "InterpretedFunction":
+        raise UserError("the model is on the CPU, where solforge's kernels run in Triton's interpreter, but triton "
+                        "was imported before it was switched on: import solforge before triton, or set "
+                        "TRITON_INTERPRET=1 in the environment")
 
 
 def check_device(device: str) -> str:
@@ -226,8 +259,9 @@ def optimize(
     With `out_dir`, writes `out_dir/report.json`.
 
     Tuning: `strategy` (auto, exhaustive, evolutionary) searches each workload's space on
-    `runner` (local: in this process; process: one worker process per GPU in `gpus`, isolating
-    crashes and hangs past `timeout` seconds; ray[:ADDRESS]), with `build_workers` processes
+    `runner` (local: in this process, without isolation: `timeout` does not apply, a candidate that
+    hangs stalls the call and one that crashes the process ends it; process: one worker process per
+    GPU in `gpus`, isolating crashes and hangs past `timeout` seconds; ray[:ADDRESS]), with `build_workers` processes
     compiling ahead. `db` is the kernel database (True: ~/.cache/solforge/kernels.db or
     $SOLFORGE_DB; a path; False: none): a workload it knows is not tuned again unless `retune`
     (from the start) or `resume` (searches an earlier budget cut short go on where they stopped).
@@ -239,12 +273,10 @@ def optimize(
     """
     if mode not in MODES:
         raise UserError(f"mode {mode!r} is not supported: use --mode inference or --mode train")
-    if budget <= 0:
-        raise UserError(f"--budget must be positive (got {budget})")
+    check_seconds("--budget", budget)
     if profile not in ("auto", "on", "off"):
         raise UserError(f"--profile must be auto, on or off (got {profile!r})")
-    if timeout <= 0:
-        raise UserError(f"--timeout must be positive (got {timeout})")
+    check_seconds("--timeout", timeout)
     from solforge.tune.runners import check_spec
 
     check_spec(runner)
@@ -254,6 +286,8 @@ def optimize(
     started = time.perf_counter()
     example_inputs = tuple(example_inputs)
     device = check_device(_model_device(model, example_inputs))
+    if device == "cpu":
+        check_interpreter()
     dtype = _model_dtype(model, example_inputs)
     fams = _check_families(families)
     if is_language_model is None:
@@ -355,6 +389,8 @@ def optimize(
         if kdb is not None:
             kdb.close()
 
+    if kdb is not None:  # a corrupt or read-only file: the run went on, the report says how
+        notes += [f"kernel database: {p}" for p in kdb.problems]
     if stored_baselines:
         notes.append(f"the original time of {stored_baselines} region(s) came from the kernel database "
                      "(measured by an earlier run on this device; --retune measures everything again)")

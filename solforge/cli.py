@@ -88,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="auto (default): every config of a small space, an evolutionary search guided by a cost "
                         "model on a large one")
     t.add_argument("--runner", default=None, metavar="RUNNER",
-                   help="local (default: in this process), process (one worker process per GPU of --gpus: a "
+                   help="local (default: in this process, without --timeout: a candidate that hangs stalls the "
+                        "run and one that crashes ends it), process (one worker process per GPU of --gpus: a "
                         "candidate that crashes or hangs is recorded and the tune goes on), or ray[:ADDRESS] "
                         "(the GPUs of a Ray cluster; needs pip install 'solforge[ray]')")
     t.add_argument("--gpus", default=None, metavar="LIST",
@@ -97,8 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--build-workers", type=int, default=0, metavar="N",
                    help="processes that compile candidates ahead of the measuring worker (default 0)")
     t.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
-                   help="with --runner process or ray: a candidate still running after this is killed and "
-                        "recorded as hung (default 120)")
+                   help="with --runner process or ray only: a candidate still running after this is killed and "
+                        "recorded as hung (default 120); the local runner (the default) has no timeout")
     t.add_argument("--db", default=None, metavar="PATH",
                    help="kernel database (default $SOLFORGE_DB or ~/.cache/solforge/kernels.db): what it knows "
                         "is not tuned again")
@@ -150,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _device(args: argparse.Namespace) -> str:
-    if args.device == "cpu" or (args.device is None and not _has_cuda()):
-        # must be set before triton is imported anywhere
+    if args.device == "cpu":  # must be set before triton is imported anywhere (without a GPU,
+        # `import solforge` has set it already: solforge/__init__.py)
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
 
@@ -175,8 +176,10 @@ def _load(args: argparse.Namespace, device: str, console: Console) -> LoadedMode
 
 def _optimize(args: argparse.Namespace) -> int:
     device = _device(args)
-    from solforge.api import optimize
+    from solforge.api import check_seconds, optimize
 
+    if args.budget is not None:  # before the model loads: a bad flag costs no minute of loading
+        check_seconds("--budget", args.budget)
     budget = args.budget if args.budget is not None else (120.0 if device == "cuda" else 60.0)
     max_cands = args.max_candidates  # None: the whole space on a GPU, the heuristic alone on the CPU (optimize)
     if max_cands is not None and max_cands < 1:
@@ -185,8 +188,7 @@ def _optimize(args: argparse.Namespace) -> int:
         raise UserError("--db and --no-db contradict each other: give one")
     if args.build_workers < 0:
         raise UserError(f"--build-workers must be 0 or more (got {args.build_workers})")
-    if args.timeout <= 0:
-        raise UserError(f"--timeout must be positive (got {args.timeout})")
+    check_seconds("--timeout", args.timeout)
     from solforge.tune.runners import check_spec, parse_gpus
 
     gpus = parse_gpus(args.gpus)
@@ -262,11 +264,6 @@ def _stdout_console() -> Console:
 
     # piped into a log or a file, rich would fold the wide tables into 80 columns
     return Console() if sys.stdout.isatty() else Console(width=170)
-
-
-def _has_cuda() -> bool:
-    # without importing torch (and so triton) before TRITON_INTERPRET is decided
-    return any(Path(p).exists() for p in ("/dev/nvidia0", "/dev/nvidiactl"))
 
 
 def entry() -> None:

@@ -202,6 +202,9 @@ class E2EReport:
     fp32_err_optimized: float | None = None
     fp32_grad_err_original: float | None = None
     fp32_grad_err_optimized: float | None = None
+    # "passed", "failed", or "nothing to validate" (the model returned no tensor to compare: never
+    # "passed"); "" in reports written before it existed
+    status: str = ""
 
 
 @dataclass(frozen=True)

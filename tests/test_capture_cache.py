@@ -86,20 +86,40 @@ def test_round_trip_gives_the_traced_graph(tiny, tmp_path):
     torch.testing.assert_close(outs[1], ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "other key", "bad op", "bad dtype", "bad node ref"])
-def test_broken_entry_falls_back_to_tracing(tiny, tmp_path, damage):
+def _float_args(data: dict) -> list[tuple[dict, int, float]]:
+    """(node, argument index, value) of every float constant argument of a call in an entry."""
+    return [(n, i, a) for n in data["nodes"] if n["op"] == "call_function" and isinstance(n["args"], dict)
+            for i, a in enumerate(n["args"].get("tuple", [])) if isinstance(a, float)]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "other key", "bad op", "bad dtype", "bad node ref",
+                                    "edited eps", "one byte"])
+def test_broken_entry_falls_back_to_tracing(tiny, tmp_path, damage, capsys):
     with torch.no_grad():
         first = _capture(tiny.model, tiny.example_inputs, tmp_path)
         (entry,) = _entries(tmp_path)
-        text = entry.read_text()
-        data = json.loads(text)
+        raw = entry.read_bytes()
+        key = json.loads(raw.partition(b"\n")[0])["key"]
+        data = lc.unpack(raw, key)
+        head, _, payload = raw.partition(b"\n")
         if damage == "garbage":
             entry.write_bytes(b"\x00\xffnot json")
         elif damage == "truncated":
-            entry.write_text(text[: len(text) // 2])
-        else:
+            entry.write_bytes(raw[: len(raw) // 2])
+        elif damage == "edited eps":
+            # the RMSNorms' eps, changed in the JSON and the checksum left as written: it decodes
+            # to a valid graph that computes something else, so only the checksum can catch it
+            eps = [(n, i, a) for n, i, a in _float_args(data) if a == tiny.model.config.rms_norm_eps]
+            assert eps
+            for n, i, _ in eps:
+                n["args"]["tuple"][i] = 1e-2
+            entry.write_bytes(head + b"\n" + json.dumps(data, separators=(",", ":")).encode())
+        elif damage == "one byte":
+            at = payload.index(b'"name":"') + len(b'"name":"')  # a node's name, one letter changed
+            entry.write_bytes(head + b"\n" + payload[:at] + bytes([payload[at] ^ 1]) + payload[at + 1:])
+        else:  # well-formed entries (checksums right) whose contents are wrong
             if damage == "other key":
-                data["key"] = "0" * 64
+                key = "0" * 64
             elif damage == "bad op":
                 node = next(n for n in data["nodes"] if n["op"] == "call_function")
                 node["target"] = "aten::no_such_op.default"
@@ -109,10 +129,15 @@ def test_broken_entry_falls_back_to_tracing(tiny, tmp_path, damage):
             else:
                 node = next(n for n in data["nodes"] if n["op"] == "call_function")
                 node["args"] = {"tuple": [{"node": "nowhere"}]}
-            entry.write_text(json.dumps(data))
+            entry.write_bytes(lc.pack(key, data))
+        capsys.readouterr()
         again = _capture(tiny.model, tiny.example_inputs, tmp_path)
     assert again.cache.hits == 0 and again.cache.stored == 1
     assert any("broken entry" in p for p in again.cache.problems)
+    if damage in ("edited eps", "one byte"):  # said at once, in one line
+        assert any("checksum" in p for p in again.cache.problems)
+        warned = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("solforge: warning:")]
+        assert len(warned) == 1 and "checksum" in warned[0]
     assert again.graphs[0].aten.code == first.graphs[0].aten.code
     assert not again.errors
     # the entry was written again, and is good

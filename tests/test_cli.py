@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,10 @@ def test_model_with_nothing_to_optimize_still_gets_a_report(tmp_path: Path) -> N
         (["optimize", "qwen3-tiny", "--dtype", "int8"], "unsupported dtype"),
         (["optimize", "does/not/exist.py"], "exist"),
         (["optimize", "qwen3-tiny", "--budget", "0"], "budget"),
+        (["optimize", "qwen3-tiny", "--budget", "nan"], "--budget must be a positive, finite number"),
+        (["optimize", "qwen3-tiny", "--budget", "inf"], "--budget must be a positive, finite number"),
+        (["optimize", "qwen3-tiny", "--budget", "-5"], "--budget must be a positive, finite number"),
+        (["optimize", "qwen3-tiny", "--timeout", "nan"], "--timeout must be a positive, finite number"),
         (["optimize", "qwen3-tiny", "--batch", "0"], "batch"),
         (["profile", "qwen3-tiny", "--mode", "train"], "forward"),
         (["optimize", "qwen3-tiny", "--families", "rmsnorm,conv3d"], "unknown kernel families"),
@@ -120,6 +125,113 @@ def test_bad_input_is_one_clear_line(argv: list[str], message: str, capsys: pyte
     assert rc == 2
     assert message in err.lower(), err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("kw", [{"budget": float("nan")}, {"budget": float("inf")}, {"budget": -1.0},
+                                {"timeout": float("nan")}, {"timeout": float("inf")}])
+def test_api_refuses_a_time_limit_that_is_no_number_of_seconds(kw: dict[str, float]) -> None:
+    from solforge import optimize
+    from solforge.errors import UserError
+
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(UserError) as e:
+        optimize(model, (torch.randn(2, 4),), db=False, **kw)
+    flag = next(iter(kw))
+    text = str(e.value)
+    assert text.startswith(f"--{flag} must be a positive, finite number of seconds") and "\n" not in text
+
+
+CPU_API = """
+import os, sys
+{first}
+import torch
+import solforge
+from solforge.errors import UserError
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(24))
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+
+torch.manual_seed(0)
+try:
+    _, rep = solforge.optimize(Model(), (torch.randn(5, 7, 24),), budget=5, max_candidates=1, db=False,
+                               profile="off")
+except UserError as e:
+    print("refused:", e)
+    sys.exit(2)
+print("regions", [(r.family, r.verified) for r in rep.regions], "e2e", rep.e2e.status, rep.e2e.passed)
+"""
+
+
+@pytest.mark.parametrize("interpret, triton_first, expect", [
+    (None, False, None),
+    (None, True, "import solforge before triton"),
+    ("0", False, "(TRITON_INTERPRET=0): set TRITON_INTERPRET=1"),
+])
+def test_api_on_the_cpu_needs_no_setting_or_says_what_to_set(interpret: str | None, triton_first: bool,
+                                                             expect: str | None) -> None:
+    """From Python, a model on the CPU: without TRITON_INTERPRET set, `import solforge` switches
+    Triton's interpreter on (no GPU here), and the kernels run. Where that cannot work (set to 0;
+    triton imported first: its own library is then compiled code), optimize refuses in one line
+    saying what to do (it was every candidate failing, with a report saying the kernels ran in the
+    interpreter)."""
+    from solforge import has_gpu_device
+
+    if interpret is None and has_gpu_device():
+        pytest.skip("with a GPU, import solforge leaves TRITON_INTERPRET alone")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    if interpret is not None:
+        env["TRITON_INTERPRET"] = interpret
+    code = CPU_API.format(first="import triton" if triton_first else "")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    if expect is None:
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.strip() == "regions [('rmsnorm', True)] e2e passed True"
+    else:
+        assert p.returncode == 2, p.stderr
+        (line,) = p.stdout.strip().splitlines()
+        assert line.startswith("refused: the model is on the CPU") and expect in line
+
+
+NONE_FILE = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(24))
+        self.register_buffer("out", torch.zeros(5, 7, 24))
+
+    def forward(self, x):  # an RMSNorm written into a buffer; returns None
+        self.out.copy_(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w)
+
+def get_inputs():
+    return [torch.randn(5, 7, 24)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_model_returning_none_is_nothing_to_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It was "passed" with 0 outputs compared: now the record, the report and the exit code say
+    nothing was validated."""
+    f = tmp_path / "none.py"
+    f.write_text(NONE_FILE)
+    rc = main(["optimize", str(f), "--device", DEVICE, "--dtype", "fp32", "--out", str(tmp_path / "o"), "--quiet",
+               "--no-db", "--max-candidates", "1", "--profile", "off"])
+    out = capsys.readouterr().out
+    data = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert [r["family"] for r in data["regions"]] == ["rmsnorm"] and data["regions"][0]["verified"]
+    e2e = data["e2e"]
+    assert e2e["status"] == "nothing to validate" and e2e["passed"] is False and e2e["outputs_compared"] == 0
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("end to end")]
+    assert "nothing to validate" in line and "passed" not in line
+    assert rc == 1  # not a success: the optimized model is unverified
 
 
 PARAMETERLESS_FILE = """
@@ -171,6 +283,14 @@ def test_unwritable_out_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
                "--max-candidates", "1", "--budget", "1"])
     assert rc == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_help_says_the_timeout_is_the_process_runners(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["optimize", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "with --runner process or ray only" in out and "the local runner (the default) has no timeout" in out
+    assert "without --timeout: a candidate that hangs stalls the run and one that crashes ends it" in out
 
 
 def test_console_script_help() -> None:

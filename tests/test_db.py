@@ -397,8 +397,9 @@ def test_schema_version_and_foreign_files_are_user_errors(tmp_path: Path) -> Non
         KernelDB(path)
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"not a database, just text\n" * 100)
-    with pytest.raises(UserError, match="not a usable solforge kernel database"):
-        KernelDB(junk)
+    # the read-only commands do not move it (the tuner's side does: test_db_faults.py)
+    with pytest.raises(UserError, match="is corrupt"):
+        KernelDB(junk, create=False)
     other = tmp_path / "other.db"
     with sqlite3.connect(other) as c:
         c.execute("CREATE TABLE photos (id INTEGER)")

@@ -157,3 +157,23 @@ def test_a_crash_while_confirming_costs_the_worker_not_the_tune():
         assert next(iter(runner.measure([_cand("ok")]))).ok
     finally:
         runner.close()
+
+
+@pytest.mark.parametrize("shadow", ["typing_extensions.py", "numpy.py"])
+def test_workers_do_not_import_from_the_working_directory(tmp_path, monkeypatch, shadow):
+    """A file in the directory the user runs from, named like a module torch imports, is not
+    imported by the workers (`python -m` would put that directory first on sys.path); what this
+    process imports (PYTHONPATH, the tests' fakes) still is."""
+    (tmp_path / shadow).write_text("raise ImportError('the worker imported the working directory')\n")
+    monkeypatch.chdir(tmp_path)
+    for runner in (ProcessRunner("cpu", timeout_s=60), Builder("cpu", workers=1, timeout_s=60)):
+        try:
+            if isinstance(runner, Builder):
+                (got,) = runner.build([_cand("ok")])
+                assert got.build.ok, got.build.error
+            else:
+                got = _by_mode(runner.measure([_cand("ok"), _cand("wrong")]))
+                assert got["ok"].ok and got["ok"].run.p50_us > 0, got["ok"].error
+                assert got["wrong"].error.startswith("verify:")  # the fake family from PYTHONPATH runs
+        finally:
+            runner.close()

@@ -423,3 +423,51 @@ def test_a_slow_result_says_what_the_graphs_timed_call_measured() -> None:
     assert host_time([SimpleNamespace(host_s=30e-6, gpu_s=133e-6)]) == \
         "its timed call took 30 us of host time for 133 us on the GPU"
     assert "may be" in host_time([SimpleNamespace(host_s=None, gpu_s=None)]) and "may be" in host_time([])
+
+
+class Silent(torch.nn.Module):
+    """Computes into a buffer and returns None (or plain Python values): nothing to compare."""
+
+    def __init__(self, returns: object = None) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("seen", torch.zeros(8))
+        self.returns = returns
+
+    def forward(self, x: torch.Tensor) -> object:
+        self.seen.copy_(self.lin(x).sum(0))
+        return self.returns
+
+
+@pytest.mark.parametrize("returns", [None, (1, "a", None)])
+@pytest.mark.parametrize("train", [False, True])
+def test_a_model_returning_no_tensor_is_nothing_to_validate_never_passed(returns: object, train: bool) -> None:
+    from rich.console import Console
+
+    from solforge.records import RegionReport, Report, from_json, to_json
+    from solforge.report.html import render
+    from solforge.report.terminal import print_report
+    from solforge.validate import NOTHING
+
+    torch.manual_seed(0)
+    m = Silent(returns)
+    x = torch.randn(3, 8)
+    params = list(m.named_parameters()) if train else None
+    r = validate(m, m, (x,), dtype=torch.float32, device="cpu", is_language_model=False, time_it=False,
+                 params=params)
+    assert r.status == NOTHING and not r.passed and r.outputs_compared == 0
+    assert "nothing to compare" in (r.note or "")
+    assert from_json(type(r), to_json(r)) == r  # the record keeps it
+    region = RegionReport("rmsnorm", "rmsnorm 3x8", 1, 1.0, 1.0, 1.0, "triton", {}, True, 0.0)
+    rep = Report(model="m", device="cpu", dtype="fp32", mode="train" if train else "inference", versions={},
+                 regions=(region,), e2e=r, timings_meaningful=False, notes=(), created="", command="")
+    html = render(rep).split("End to end")[1]
+    assert "nothing to validate" in html and "passed" not in html
+    console = Console(record=True, width=300)
+    print_report(rep, console)
+    (line,) = [ln for ln in console.export_text().splitlines() if ln.startswith("end to end")]
+    assert "nothing to validate" in line and "passed" not in line
+    # a model that returns tensors still gets a verdict
+    ok = validate(Tiny(), Tiny(), (torch.randn(2, 8),), dtype=torch.float32, device="cpu", is_language_model=False,
+                  time_it=False)
+    assert ok.status == "failed" and not ok.passed  # two differently initialised models

@@ -8,7 +8,10 @@ and the versions of torch, Python and this lowering code. The key hashes all of 
 it cannot describe exactly (a call of user code, a tensor constant held by the graph, a Python
 object as an argument, a pytree codegen) makes the graph uncacheable and it is lowered as always.
 
-An entry is JSON (no pickle: nothing in the cache directory is executed): for every node its op,
+An entry is a header line (format, key, sha256 of the rest) and JSON (no pickle: nothing in the
+cache directory is executed). The checksum is verified before anything is decoded: an entry edited
+or damaged on disk (a changed eps decodes fine and would compute something else) is dropped with a
+warning and the graph lowered again. The JSON holds for every node its op,
 name, target, arguments and the metadata the planner and the rewrite use: `val` (rebuilt as a
 fake tensor of the same shape, stride, offset, dtype, device and requires_grad),
 `nn_module_stack` (module paths and classes) and `stack_trace`. make_fx's other bookkeeping
@@ -41,7 +44,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx._lazy_graph_module import _make_graph_module
 
-FORMAT = 2  # 2: the lowering moved to capture/lower.py
+FORMAT = 3  # 2: the lowering moved to capture/lower.py; 3: a checksummed header line before the JSON
 # the code whose behaviour an entry depends on: the lowering and this file
 _SOURCES = ("lower.py", "cache.py")  # the lowering and this file: what changes an entry
 _ATEN_NAMESPACES = ("aten", "prims")
@@ -361,6 +364,34 @@ def decode_graph(data: dict[str, Any], fake_mode: FakeTensorMode) -> fx.GraphMod
     return _make_graph_module(torch.nn.Module(), graph)
 
 
+class ChecksumMismatch(ValueError):
+    """An entry's contents are not what was written."""
+
+
+def pack(key: str, data: dict[str, Any]) -> bytes:
+    """An entry's bytes: a header line (format, key, sha256 of the payload), then the payload."""
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+    header = {"format": FORMAT, "key": key, "sha256": hashlib.sha256(payload).hexdigest()}
+    return json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
+
+
+def unpack(raw: bytes, key: str) -> dict[str, Any]:
+    """The payload of an entry of `key`, checked against its header; raises ChecksumMismatch or
+    ValueError."""
+    head, sep, payload = raw.partition(b"\n")
+    header = json.loads(head.decode()) if sep else None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ValueError(f"not an entry of format {FORMAT}")
+    if header.get("key") != key:
+        raise ValueError("the entry belongs to another key")
+    if header.get("sha256") != hashlib.sha256(payload).hexdigest():
+        raise ChecksumMismatch("does not match its checksum (edited or damaged)")
+    data = json.loads(payload.decode())
+    if not isinstance(data, dict):
+        raise ValueError("the payload is not an object")
+    return data
+
+
 @dataclass
 class LoweringCache:
     """Entries under `directory` (one JSON file per key). Counts what happened, for the report."""
@@ -398,10 +429,13 @@ class LoweringCache:
             self.problems.append(f"cannot read {path}: {e}")
             return None
         try:
-            data = json.loads(raw.decode())
-            if data.get("key") != key:
-                raise ValueError("the entry belongs to another key")
+            data = unpack(raw, key)
             gm = decode_graph(data, fake_mode)
+        except ChecksumMismatch as e:  # edited or damaged on disk: never used, said at once
+            self.misses += 1
+            self.problems.append(f"ignored a broken entry {path.name}: {e}")
+            print(f"solforge: warning: lowering cache entry {path} {e}: lowered again", file=sys.stderr, flush=True)
+            return None
         except Exception as e:  # corrupted or from an incompatible writer: lower again, overwrite
             self.misses += 1
             self.problems.append(f"ignored a broken entry {path.name}: {type(e).__name__}: {e}")
@@ -445,14 +479,13 @@ class LoweringCache:
         except Exception as e:  # never let the cache fail a capture that worked
             self.problems.append(f"cannot encode the graph: {type(e).__name__}: {e}")
             return
-        data["key"] = key
         tmp = None
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             # write then rename: a reader never sees half an entry, concurrent writers do not mix
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, separators=(",", ":"), allow_nan=False)
+            with os.fdopen(fd, "wb") as f:
+                f.write(pack(key, data))
             os.replace(tmp, self._path(key))
             self.stored += 1
         except Exception as e:

@@ -19,6 +19,9 @@ Concurrency: WAL journal, a busy timeout, and one short `BEGIN IMMEDIATE` transa
 committed at once: several processes may tune into one file, and a run killed at any moment loses
 nothing it had measured (WAL with synchronous=NORMAL survives a killed process; only a power loss
 can cost the last transactions). Open one KernelDB per process (a connection must not cross fork).
+
+Faults (solforge/db/file.py): a corrupt file is moved aside and rebuilt, keeping what this process
+wrote; a read-only one is read and not written; either is one warning line (KernelDB's docstring).
 """
 
 from __future__ import annotations
@@ -35,19 +38,20 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from solforge import settings as _settings
+from solforge.db import file as dbfile
+from solforge.db.file import BUSY_TIMEOUT_S
 from solforge.errors import UserError
 from solforge.records import RunResult, TuningRecord, Workload, from_dict, to_dict, to_json
 
 SCHEMA_VERSION = 3
 EXPORT_FORMAT = 2  # the "format" field of every exported JSON line (1: no settings among the parts)
-BUSY_TIMEOUT_S = 60.0  # how long a writer waits for another process's transaction
 KERNELS = "solforge.kernels"
 
 # the tables as schema version 1 made them; _MIGRATIONS brings a new file up to SCHEMA_VERSION
@@ -307,37 +311,131 @@ def _finite(x: float | None) -> float | None:
 class KernelDB:
     """The kernel database in one SQLite file; see the module docstring.
 
-    `create=False` (the read-only CLI commands) refuses a path where no database exists yet."""
+    `create=False` (the read-only CLI commands) refuses a path where no database exists yet.
+
+    Faults (solforge.db.file): with `create` (the tuner's side), a corrupt file, found on open or by
+    any later query, is moved aside and replaced by an empty one, and this process's own writes so
+    far are written again into it, so a run loses nothing it measured. A file this process cannot
+    write (read-only file or directory) is read; the tuner's writes are skipped. Each is said once,
+    on stderr, and kept in `problems` for the report."""
 
     def __init__(self, path: str | Path | None = None, *, create: bool = True) -> None:
         self.path = Path(path).expanduser() if path is not None else default_path()
         if not create and not self.path.is_file():
             raise UserError(f"no kernel database at {self.path} (solforge optimize creates it; --db PATH "
                             "picks another file)")
-        self._lock = threading.Lock()  # one connection, usable from the tuner's threads
+        self._create = create
+        self._lock = threading.RLock()  # one connection, usable from the tuner's threads
+        self.read_only: str | None = None  # why this process cannot write the file; None: it can
+        self.in_memory = False  # no usable file: this run's records live in memory only
+        self.problems: list[str] = []  # what went wrong with the file, as said on stderr
+        # this process's writes, each a function of a connection: replayed into a rebuilt file
+        self._journal: list[Callable[[sqlite3.Connection], object]] = []
+        self._inode: int | None = None
+        if create:
+            with contextlib.suppress(OSError):  # a directory that cannot be made: said by _connect
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            self._connect()
+
+    def _connect(self) -> None:
+        """Open the file (read-only if need be) and check it; recover from a corrupt one."""
+        why = dbfile.not_writable(self.path)
+        if why is None and not self.path.parent.is_dir():
+            why = f"its directory {self.path.parent} cannot be created"
+        if why is not None and not self.path.is_file():
+            self._memory(f"cannot create the kernel database {self.path} ({why})")
+            return
+        if why is not None and self.read_only is None:
+            self.read_only = why
+            if self._create:  # the read-only commands (db list, show) have nothing to say about it
+                self._warn(f"the kernel database {self.path} is not writable ({why}): its records are used, "
+                           "this run's results are not stored")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                         check_same_thread=False)
+            self._conn = dbfile.connect(self.path, read_only=why is not None)
         except (OSError, sqlite3.Error) as e:
             raise UserError(f"cannot open the kernel database {self.path}: {e}") from None
+        self._inode = dbfile.inode(self.path)
         try:
             self._open()
+            if self._create:  # the tuner's side: damage found now costs nothing measured
+                dbfile.check(self._conn)
         except UserError:
             self._conn.close()
             raise
         except sqlite3.DatabaseError as e:
             self._conn.close()
+            if self._create and dbfile.is_corrupt(e):
+                self._recover(e)
+                return
             if "locked" in str(e) or "busy" in str(e):
                 raise UserError(f"the kernel database {self.path} stayed locked by another process for "
                                 f"{BUSY_TIMEOUT_S:.0f} s; try again") from None
+            if dbfile.is_corrupt(e):
+                raise UserError(f"the kernel database {self.path} is corrupt ({e}): solforge optimize moves it "
+                                "aside and starts an empty one; or pass --db with another path") from None
             raise UserError(f"{self.path} is not a usable solforge kernel database ({e}); move it away or "
                             "pass --db with another path") from None
+
+    def _memory(self, why: str) -> None:
+        """No file to use: an empty database in memory, so the run goes on (its results are lost at exit)."""
+        self.in_memory = True
+        self.read_only = None
+        self._warn(f"{why}: this run keeps its results in memory only")
+        self._conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self._open()
+
+    def _recover(self, e: BaseException) -> None:
+        """The file is corrupt: move it aside (unless another process already did), start an empty
+        one, and write this process's records again. Called with the connection unusable."""
+        with self._lock:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+            what = f"the kernel database {self.path} is corrupt ({e})"
+            current = dbfile.inode(self.path)
+            if current is None:
+                self._warn(f"{what}; another process has moved it away already: starting an empty one")
+            elif self._inode is not None and current != self._inode:
+                self._warn(f"{what}; another process has replaced it already: going on with the new file")
+            else:
+                try:
+                    aside = dbfile.move_aside(self.path)
+                except OSError as err:
+                    self._memory(f"{what} and cannot be moved aside ({err})")
+                    self._replay()
+                    return
+                self._warn(f"{what}: moved it to {aside.name} and started an empty one")
+            self._connect()
+            self._replay()
+
+    def _replay(self) -> None:
+        if self._journal and self.read_only is None:
+            with self._write() as c:
+                for op in self._journal:
+                    op(c)
+
+    def _warn(self, message: str) -> None:
+        self.problems.append(message)
+        dbfile.warn(message)
 
     def _open(self) -> None:
         c = self._conn
         c.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         version = c.execute("PRAGMA user_version").fetchone()[0]  # a non-SQLite file fails here
+        if version == 0 and self.read_only is not None:
+            tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables - _TABLES:
+                raise UserError(f"{self.path} is an SQLite file of something else (tables: "
+                                f"{', '.join(sorted(tables))}); pass --db with another path")
+            # an empty read-only file: nothing to read, nothing to write
+            c.close()
+            self._conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            read_only, self.read_only = self.read_only, None
+            try:
+                self._open()
+            finally:
+                self.read_only = read_only
+            return
         if version == 0:
             with self._write():  # every creator serializes here; the first one creates the tables
                 tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -360,7 +458,9 @@ class KernelDB:
                 f"the kernel database {self.path} has schema version {version}, this solforge reads "
                 f"version {SCHEMA_VERSION}: " + ("upgrade solforge, or" if newer else "export it with the "
                 "solforge that wrote it and import it here, or") + " pass --db with another path")
-        if c.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        if self.read_only is not None:
+            return  # the journal mode is the writer's business
+        if c.execute("PRAGMA journal_mode").fetchone()[0] not in ("wal", "memory"):
             for attempt in range(100):  # switching the journal needs the file to itself for a moment
                 try:
                     c.execute("PRAGMA journal_mode = WAL")
@@ -384,23 +484,60 @@ class KernelDB:
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One short write transaction, taken at once (BEGIN IMMEDIATE waits on the busy timeout
-        instead of failing later on a lock upgrade), committed before returning."""
+        instead of failing later on a lock upgrade), committed before returning. An explicit write
+        (import, prune) on a file this process cannot write is a UserError."""
+        if self.read_only is not None:
+            raise UserError(f"the kernel database {self.path} is not writable ({self.read_only})")
         with self._lock:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as e:
+                if dbfile.is_corrupt(e) or dbfile.is_read_only(e):
+                    raise
                 raise UserError(f"the kernel database {self.path} stayed locked for {BUSY_TIMEOUT_S:.0f} s "
                                 f"({e})") from None
             try:
                 yield self._conn
+                self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):  # a corrupt file may refuse even this
+                    self._conn.execute("ROLLBACK")
                 raise
-            self._conn.execute("COMMIT")
+
+    def _store(self, op: Callable[[sqlite3.Connection], object]) -> None:
+        """The tuner's writes: one transaction, kept in the journal; skipped (said once) on a file
+        this process cannot write; on a corrupt file, written again into the rebuilt one."""
+        for attempt in (0, 1):
+            if self.read_only is not None:
+                return
+            try:
+                with self._write() as c:
+                    op(c)
+                break
+            except sqlite3.DatabaseError as e:
+                if attempt == 0 and dbfile.is_read_only(e):  # a read-only mount, or root's view of one
+                    self.read_only = str(e)
+                    self._warn(f"the kernel database {self.path} is not writable ({e}): this run's results "
+                               "are not stored")
+                    continue
+                if attempt or not (self._create and dbfile.is_corrupt(e)):
+                    raise
+                self._recover(e)
+        self._journal.append(op)
 
     def _query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            return self._conn.execute(sql, tuple(args)).fetchall()
+        for attempt in (0, 1):
+            try:
+                with self._lock:
+                    return self._conn.execute(sql, tuple(args)).fetchall()
+            except sqlite3.DatabaseError as e:
+                if not dbfile.is_corrupt(e) or attempt:
+                    raise
+                if not self._create:
+                    raise UserError(f"the kernel database {self.path} is corrupt ({e}): solforge optimize moves "
+                                    "it aside and starts an empty one; or pass --db with another path") from None
+                self._recover(e)
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         with self._lock:
@@ -438,9 +575,12 @@ class KernelDB:
         _check(workload, record)
         parts = key_parts(workload)
         now = time.time()
-        with self._write() as c:
+
+        def op(c: sqlite3.Connection) -> None:
             self._ensure_key(c, parts, workload, now)
             self._insert(c, parts.text, record, run_id, now)
+
+        self._store(op)
 
     def known(self, workload: Workload) -> list[TuningRecord]:
         """Every candidate measured for this exact key: its LATEST measurement only, oldest first.
@@ -465,9 +605,12 @@ class KernelDB:
         _check(workload, record)
         parts = key_parts(workload)
         now = time.time()
-        with self._write() as c:
+
+        def op(c: sqlite3.Connection) -> None:
             self._ensure_key(c, parts, workload, now)
             c.execute("INSERT OR REPLACE INTO winners VALUES (?, ?, ?, ?)", (parts.text, to_json(record), run_id, now))
+
+        self._store(op)
 
     def winner(self, workload: Workload) -> TuningRecord | None:
         """The stored winner for exactly this key (template, versions, device), else None."""
@@ -489,9 +632,12 @@ class KernelDB:
         its ATen ops, solforge.plan.region_signature), since different spellings share one workload."""
         parts = key_parts(workload)
         now = time.time()
-        with self._write() as c:
+
+        def op(c: sqlite3.Connection) -> None:
             self._ensure_key(c, parts, workload, now)
             c.execute("INSERT OR REPLACE INTO baselines VALUES (?, ?, ?, ?)", (parts.text, region, to_json(run), now))
+
+        self._store(op)
 
     # -- the CLI's side (solforge/dbcli.py draws these) ----------------------------------------
 

@@ -225,6 +225,9 @@ def kernels_section(report: Report) -> str:
                   if e.baseline_ms is not None and e.optimized_ms is not None and e.speedup else "not timed")
         out += (f"<p>End to end on fresh inputs: {timing}; {e.outputs_compared} output(s) compared, max abs err "
                 f"{e.max_abs_err:.3g}, max rel err {e.max_rel_err:.3g}{agree}: {verdict}</p>")
+        if e.status == "nothing to validate":  # not a pass, and not a wrong kernel either: no figures
+            out = out.rsplit("<p>End to end", 1)[0] + (
+                f'<p>End to end on fresh inputs: <span class="bad">nothing to validate</span> ({_e(e.note)})</p>')
     return out
 
 

@@ -91,7 +91,9 @@ def print_report(report: Report, console: Console) -> None:
                   "-" if r.max_rel_err is None else f"{r.max_rel_err:.1e}")
     console.print(t)
     e = report.e2e
-    if e is not None:
+    if e is not None and e.status == "nothing to validate":  # not a pass, nor a wrong kernel: no figures
+        console.print(f"end to end: [yellow]nothing to validate[/] ({e.note})")
+    elif e is not None:
         status = ("[green]passed[/]" + (f" ({e.note})" if e.note else "")) if e.passed else f"[red]FAILED[/] ({e.note})"
         timing = (f"{e.baseline_ms:,.2f} ms -> {e.optimized_ms:,.2f} ms ({e.speedup:.2f}x)"
                   if e.baseline_ms is not None and e.optimized_ms is not None and e.speedup is not None

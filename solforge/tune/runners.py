@@ -98,8 +98,11 @@ class _Worker:
         self.log = Path(name)
         self._buf = b""
         self.started += 1
+        # -P: `-m` would put the working directory first on sys.path, and a file there named like a
+        # module torch imports (typing_extensions.py, numpy.py) would be imported instead; what this
+        # process imports comes through PYTHONPATH (_env)
         self.proc = subprocess.Popen(
-            [sys.executable, "-X", "faulthandler", "-m", "solforge.tune.worker", self.mode, self.device],
+            [sys.executable, "-P", "-X", "faulthandler", "-m", "solforge.tune.worker", self.mode, self.device],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, env=self._env())
         os.close(fd)
         line = self._readline(STARTUP_S)

@@ -38,6 +38,12 @@ DECISIVE_MARGIN = 0.02
 # the original is, within WIDE_SLACK (the two round at different places, so their distances
 # differ by chance, by 3-6% in those runs).
 WIDE_SLACK = 1.1
+# E2EReport.status
+PASSED, FAILED, NOTHING = "passed", "failed", "nothing to validate"
+
+
+class NothingToTrain(ValueError):
+    """No output of the model carries a gradient: there is no loss to differentiate."""
 
 
 def flatten_tensors(out: Any) -> list[tuple[str, torch.Tensor]]:
@@ -129,7 +135,7 @@ def train_loss(out: Any, seed: int = 0) -> torch.Tensor:
     projection gives every path a real gradient."""
     ts = [t for _, t in flatten_tensors(out) if t.dtype.is_floating_point and t.requires_grad]
     if not ts:
-        raise ValueError("no output of the model carries a gradient: nothing to train")
+        raise NothingToTrain("no output of the model carries a gradient: nothing to train")
     total = torch.zeros((), dtype=torch.float32, device=ts[0].device)
     for i, t in enumerate(ts):
         g = torch.Generator(device=t.device).manual_seed(seed + i)
@@ -405,10 +411,13 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
         grad_err: float | None = None
         if train:
             assert params is not None
-            ref_raw, ref_g = _clocked(lambda: _step(original, inputs, params), device, wall)
+            try:
+                ref_raw, ref_g = _clocked(lambda: _step(original, inputs, params), device, wall)
+            except NothingToTrain:
+                return _nothing("the model returned no tensor that carries a gradient", device)
             opt_raw, opt_g = _clocked(lambda: _step(optimized, inputs, params), device, wall)
             if set(ref_g) != set(opt_g):
-                return E2EReport(None, None, None, math.inf, math.inf, None, False,
+                return E2EReport(None, None, None, math.inf, math.inf, None, False, status=FAILED,
                                  note="the optimized model's backward reached different parameters")
             grad_err = max((output_error(n, opt_g[n], g).norm_rel_err for n, g in ref_g.items()), default=0.0)
         else:
@@ -418,8 +427,10 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
         ref_out, opt_out = flatten_tensors(ref_raw), flatten_tensors(opt_raw)
         del ref_raw, opt_raw
         if len(ref_out) != len(opt_out) or [n for n, _ in ref_out] != [n for n, _ in opt_out]:
-            return E2EReport(None, None, None, math.inf, math.inf, None, False,
+            return E2EReport(None, None, None, math.inf, math.inf, None, False, status=FAILED,
                              note="the optimized model returned a different output structure")
+        if not ref_out:  # None, or plain Python values: zero outputs compared is not a pass
+            return _nothing("the model returned no tensor (None or plain values)", device)
         errors = [output_error(n, o, r) for (n, o), (_, r) in zip(opt_out, ref_out, strict=True)]
         agree = decisive = None
         if is_language_model and (i := _logits(ref_out)) is not None:
@@ -486,7 +497,14 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
         fp32_err_optimized=None if wide is None else wide.optimized,
         fp32_grad_err_original=None if wide is None else wide.grad_original,
         fp32_grad_err_optimized=None if wide is None else wide.grad_optimized,
+        status=PASSED if passed else FAILED,
     )
+
+
+def _nothing(why: str, device: str) -> E2EReport:
+    return E2EReport(None, None, None, 0.0, 0.0, None, False, status=NOTHING, timings_meaningful=device == "cuda",
+                     note=f"{why}: nothing to compare, so the optimized model is not validated (what it "
+                          "writes into buffers or inputs is not checked)")
 
 
 def _wide_text(w: WideCheck) -> str:
