@@ -493,7 +493,7 @@ class KernelDB:
             self._ensure_key(c, parts, workload, now)
             c.execute("INSERT OR REPLACE INTO baselines VALUES (?, ?, ?, ?)", (parts.text, region, to_json(run), now))
 
-    # -- the CLI's side (solforge/db/cli.py draws these) ----------------------------------------
+    # -- the CLI's side (solforge/dbcli.py draws these) ----------------------------------------
 
     def entries(self) -> list[Entry]:
         """One Entry per key, by family then workload then device."""
