@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FILE = re.compile(r"(?<![\w./<>-])((?:\.\./)*[\w<>-]+(?:/[\w<>-]+)*\.py)\b")
 MODULE = re.compile(r"\bsolforge(?:\.[a-z_][\w]*)+")
-SKIP = ("<", "NAME", "path/to", "model.py", "file.py")
+SKIP = ("<", "NAME", "path/to/")
 SOURCES = ("solforge", "bench", "tools", "tests")
 
 
