@@ -11,7 +11,7 @@ any of them. Each variant runs in its own process (Liger patches classes):
   --seq (GPT-2: its 1024 positions at most), like bench/e2e.py's Qwen3-4B forward. Variant "fp32"
   is eager with the same bf16-rounded weights computed in fp32: the accuracy reference. Each
   variant's last hidden state is compared with eager's and fp32's (`err_vs_eager`, `err_vs_fp32`:
-  validate.py's norm-relative error), and its next-token argmax through the lm_head with eager's
+  solforge/validate's norm-relative error), and its next-token argmax through the lm_head with eager's
   (`argmax_agree_vs_eager`, also at positions where eager's top-1/top-2 margin exceeds a
   threshold: random weights make near-ties).
 - train: BASELINES.md's training step (B1, loss = mean of the squared last hidden state, forward
@@ -215,7 +215,7 @@ def variant(arch: str, name: str, mode: str, batch: int, seq: int, budget: float
 
 
 def norm_rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖out - ref‖ / ‖ref‖ in float64: validate.py's end-to-end measure."""
+    """‖out - ref‖ / ‖ref‖ in float64: solforge/validate's end-to-end measure."""
     d = out.double() - ref.double()
     return float(d.norm() / ref.double().norm())
 

@@ -120,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", default="solforge-out", metavar="DIR",
                     help="where report.json, report.html and trace_baseline.json go (default ./solforge-out)")
     pr.add_argument("--top", type=int, default=15, metavar="N", help="regions in the table (default 15)")
-    add_db_parser(sub)  # solforge db list|show|export|import|prune (solforge/dbcli.py)
+    add_db_parser(sub)  # solforge db list|show|export|import|prune (solforge/db/cli.py)
     return p
 
 

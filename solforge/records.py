@@ -188,7 +188,7 @@ class E2EReport:
     outputs_compared: int = 0
     note: str | None = None
     # agreement where the original's top-1/top-2 logit margin is > 2% of its largest |logit|:
-    # what `passed` judges (validate.py says why)
+    # what `passed` judges (solforge/validate/__init__.py says why)
     argmax_agree_decisive: float | None = None
     # mode train: parameter gradients of the training loss (validate.train_loss) compared too,
     # and the timings are whole steps (forward + backward)

@@ -1,4 +1,4 @@
-"""A shape the optimized model meets after optimize (integrate.py): dynamo compiles a new graph
+"""A shape the optimized model meets after optimize (integrate/__init__.py): dynamo compiles a new graph
 for it (for every size of the dims that changed; shapes.py makes it again for sizes that come
 back), and its regions get the kernel database's verified winner for exactly that workload, are
 left as the model ran them when the database holds a faster time for the region, or get the

@@ -204,7 +204,7 @@ def compile_with(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[.
     # dynamic=None (dynamo's automatic dynamic shapes): the first shape of an input gets a static
     # graph, whose kernels are the ones tuned for that shape; the next shape gets one graph for
     # every size of the dims that changed (sizes 0 and 1 stay apart), whose kernels choose a config
-    # per call (integrate.py, shapes.py). With dynamic=False every new length (a prompt, a batch)
+    # per call (integrate/__init__.py, runtime/shapes.py). With dynamic=False every new length (a prompt, a batch)
     # compiled a graph of its own, seconds each, and past dynamo's recompile limit (8) the model's
     # own code ran.
     return torch.compile(model, backend=backend, dynamic=None)

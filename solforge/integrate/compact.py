@@ -5,7 +5,7 @@ The captured ATen graph spells every `nn.Linear` on a (B, S, in) input as four o
     t = aten.t(W);  a = aten.view(x, [B*S, in]);  m = aten.mm(a, t)   (aten.addmm(b, a, t) with a bias)
     y = aten._unsafe_view(m, [B, S, out])
 
-and the optimized model runs its graph op by op from Python (integrate.py: dynamo calls the
+and the optimized model runs its graph op by op from Python (integrate/__init__.py: dynamo calls the
 rewritten GraphModule), each op paying Python, the dispatcher and, in training, autograd's
 bookkeeping. Four ops per linear are 28 of the ~40 a layer keeps after the rewrite. Measured on
 the H100 hosts (tools/host_train.py, Qwen3-4B training step B1 S4096, each step started on an

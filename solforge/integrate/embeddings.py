@@ -10,8 +10,8 @@ whole dense tensor to `.grad`: 3 more passes over the table. For Qwen3-4B (V 151
 
 `rewrite_embeddings` turns each `aten.embedding` of a training graph whose weight is a trainable
 graph input into an `embedding` call (an autograd Function). Its backward, where
-`linears.accumulates_in_place` says that nothing could tell the difference (module docstring of
-linears.py: a plain dense `.grad` of the weight's dtype, no tensor hooks, AccumulateGrad will run,
+`accumulates_in_place` (runtime/accumulate.py) says that nothing could tell the difference (see
+linears.py's module docstring: a plain dense `.grad` of the weight's dtype, no tensor hooks, AccumulateGrad will run,
 no double backward, no torch.distributed), adds the gradient into `.grad` touching only the rows
 of the tokens present and hands autograd None for the weight. Anywhere else it returns eager's
 own gradient, `aten.embedding_backward` with the same arguments (what autograd's formula for

@@ -4,7 +4,7 @@ partition a tensor taken as one split, whose backward is one concatenation.
 - `drop_unused_views`: the rewrite replaces a region's output, and view nodes the region's code
   made for itself but nothing reads any more stay in the graph (Phi-3's partial-rotary slices
   `q[..., rotary_dim:]`, the unsqueezed cos/sin of apply_rotary_pos_emb): no kernel, but each is an
-  op the host dispatches on every call (integrate.py runs the graph op by op). Only aten view ops
+  op the host dispatches on every call (integrate/__init__.py runs the graph op by op). Only aten view ops
   (their schema says the result aliases the input, nothing is written) without users are erased.
 
 - `split_partitions`: a model that slices one tensor into pieces that cover it exactly, as Phi-3

@@ -70,7 +70,7 @@ _LIB.define("add_layernorm(Tensor x, Tensor residual, Tensor? weight, Tensor? bi
 
 def _op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
         eps: float, out_dtype: torch.dtype, config: str) -> tuple[torch.Tensor, torch.Tensor]:
-    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate/__init__.py): the forward's part
     return add_layernorm(x, residual, weight, bias, eps, out_dtype=out_dtype,
                          config=Config.decode(fwd) if fwd else None)
 

@@ -204,7 +204,7 @@ _LIB.define("add_rmsnorm(Tensor x, Tensor residual, Tensor? weight, float eps, S
 
 def _op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, out_dtype: torch.dtype,
         round_before_weight: bool, config: str) -> tuple[torch.Tensor, torch.Tensor]:
-    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate/__init__.py): the forward's part
     return add_rmsnorm(x, residual, weight, eps, out_dtype=out_dtype, round_before_weight=round_before_weight,
                        config=Config.decode(fwd) if fwd else None)
 

@@ -287,7 +287,7 @@ _LIB.define("cross_entropy_bwd(Tensor dloss, Tensor logits, Tensor target, Tenso
 
 def _op(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str, out_dtype: torch.dtype,
         config: str) -> tuple[torch.Tensor, torch.Tensor]:
-    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate/__init__.py): the forward's part
     return forward(logits, target, ignore_index=ignore_index, reduction=reduction, out_dtype=out_dtype,
                    config=Config.decode(fwd) if fwd else None)
 

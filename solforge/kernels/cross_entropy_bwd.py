@@ -6,7 +6,7 @@ forward's saved per-row logsumexp, scale = dloss / #valid (mean), dloss (sum) or
 A backward family is an ordinary family module (see kernels/rope_bwd.py for the pattern): its
 workload is cross_entropy's `backward_workload` (the forward's, renamed), and the forward op's
 autograd backward runs the `cross_entropy_bwd` op with the BWD part of the op's "FWD|BWD" config
-string (solforge/integrate.py). The kernel and its Config live in kernels/cross_entropy.py (whose
+string (solforge/integrate/__init__.py). The kernel and its Config live in kernels/cross_entropy.py (whose
 source this family's template hash covers). The backward streams BLOCK-wide chunks of a row like
 the forward, so it is tuned over the forward's space; its untuned default is the forward's
 heuristic, which is what the op runs with config "".

@@ -14,7 +14,7 @@ made the step host-bound.
 
 `register` records, next to each op's torch.library registration, its implementation and its
 autograd formula (the same `setup_context` and `backward` functions register_autograd got).
-`direct_calls(gm)` (integrate.py, last of its passes) retargets the graph's calls of those ops to
+`direct_calls(gm)` (integrate/__init__.py, last of its passes) retargets the graph's calls of those ops to
 a plain function that
 - calls the op through torch.ops, as before, whenever something may be tracing, transforming or
   recording the call: dynamo compiling, a TorchDispatchMode (FakeTensorMode, make_fx, a debug

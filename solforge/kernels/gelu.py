@@ -350,7 +350,7 @@ _LIB.define("gelu_bwd(Tensor dy, Tensor x, Tensor? bias, str approximate, bool b
 
 
 def _gelu_op(x: torch.Tensor, bias: torch.Tensor | None, approximate: str, config: str) -> torch.Tensor:
-    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate/__init__.py): the forward's part
     return gelu(x, bias, approximate, config=Config.decode(fwd) if fwd else None)
 
 

@@ -5,7 +5,7 @@ summed by torch).
 A backward family is an ordinary family module (see kernels/rope_bwd.py for the pattern): its
 workload is gelu's `backward_workload` (gelu's plus the `bias_grad` flag), and the forward op's
 autograd backward runs the `gelu_bwd` op with the BWD part of the op's "FWD|BWD" config string
-(solforge/integrate.py). The kernel, its config, space and `bwd_heuristic` live in
+(solforge/integrate/__init__.py). The kernel, its config, space and `bwd_heuristic` live in
 kernels/gelu.py (whose source this family's template hash covers).
 """
 

@@ -290,7 +290,7 @@ _LIB.define("layernorm(Tensor x, Tensor? weight, Tensor? bias, float eps, Scalar
 
 def _op(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
         out_dtype: torch.dtype, config: str) -> torch.Tensor:
-    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate/__init__.py): the forward's part
     return layernorm(x, weight, bias, eps, out_dtype=out_dtype, config=Config.decode(fwd) if fwd else None)
 
 

@@ -19,7 +19,7 @@ This module is also the tunable family `layernorm_bwd` (the pattern of kernels/r
 family for the backward of both `layernorm` and `add_layernorm`, as it is one kernel and one op; the
 workload says which (`ds`: add_layernorm's residual gradient) and which parameter gradients are
 summed (`weight`, `bias_grad`). The forward ops' autograd backward runs the `layernorm_bwd` op with
-the BWD part of their "FWD|BWD" config string (integrate.py).
+the BWD part of their "FWD|BWD" config string (integrate/__init__.py).
 """
 
 from __future__ import annotations

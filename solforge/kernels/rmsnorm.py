@@ -716,7 +716,7 @@ _LIB.define("rmsnorm(Tensor x, Tensor? weight, float eps, ScalarType out_dtype, 
 
 
 def _fwd_config(config: str) -> Config | None:
-    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate/__init__.py): the forward's part
     return Config.decode(fwd) if fwd else None
 
 

@@ -19,7 +19,7 @@ program waits on HBM once per tile otherwise, and a few programs per SM cannot h
 This module is also the tunable family `rmsnorm_bwd` (the pattern of kernels/rope_bwd.py): one
 family for the backward of both `rmsnorm` and `add_rmsnorm`, as it is one kernel and one op; the
 workload says which (`ds`: add_rmsnorm's residual gradient). The forward ops' autograd backward
-runs the `rmsnorm_bwd` op with the BWD part of their "FWD|BWD" config string (integrate.py).
+runs the `rmsnorm_bwd` op with the BWD part of their "FWD|BWD" config string (integrate/__init__.py).
 """
 
 from __future__ import annotations

@@ -656,7 +656,7 @@ _LIB.define("rope_bwd(Tensor grad_q, Tensor grad_k, Tensor q, Tensor k, Tensor c
 def _rope_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_weight: torch.Tensor | None,
              k_weight: torch.Tensor | None, eps: float, norm: bool, round_before_weight: bool, heads_first: bool,
              out_dtype: torch.dtype, config: str) -> Pair:
-    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate/__init__.py): the forward's part
     return rope(q, k, cos, sin, q_weight, k_weight, eps, norm=norm, round_before_weight=round_before_weight,
                 heads_first=heads_first, out_dtype=out_dtype, config=Config.decode(fwd) if fwd else None)
 

@@ -306,7 +306,7 @@ _LIB.define("softmax_bwd(Tensor dy, Tensor y, ScalarType dx_dtype, str config) -
 
 
 def _op(x: torch.Tensor, out_dtype: torch.dtype, config: str) -> torch.Tensor:
-    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate/__init__.py): the forward's part
     return softmax(x, out_dtype=out_dtype, config=Config.decode(fwd) if fwd else None)
 
 

@@ -5,7 +5,7 @@ incoming gradient dy, in x's dtype.
 A backward family is an ordinary family module (see kernels/rope_bwd.py for the pattern): its
 workload is softmax's `backward_workload` (the forward's, renamed), and the forward op's autograd
 backward runs the `softmax_bwd` op with the BWD part of the op's "FWD|BWD" config string
-(solforge/integrate.py). The kernels, the Config, `bwd_space` and `bwd_heuristic` live in
+(solforge/integrate/__init__.py). The kernels, the Config, `bwd_space` and `bwd_heuristic` live in
 kernels/softmax.py (whose source this family's template hash covers): the backward has the
 forward's three kernel shapes (row, rows, online), each holding y and dy where the forward holds x.
 """

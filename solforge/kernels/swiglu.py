@@ -355,7 +355,7 @@ _LIB.define("swiglu_bwd(Tensor dy, Tensor gate, Tensor up, str act, str config) 
 
 
 def _swiglu_op(gate: torch.Tensor, up: torch.Tensor, act: str, config: str) -> torch.Tensor:
-    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate.py): the forward's part
+    fwd = config.partition("|")[0]  # "FWD|BWD" in training (integrate/__init__.py): the forward's part
     return swiglu(gate, up, act, config=Config.decode(fwd) if fwd else None)
 
 

@@ -3,7 +3,7 @@ family: dgate, dup of y = act(gate) * up for the incoming gradient dy, in one la
 
 A backward family is an ordinary family module (see kernels/rope_bwd.py for the pattern): its
 workload is swiglu's `backward_workload`, and the forward op's autograd backward runs the
-`swiglu_bwd` op with the BWD part of the op's "FWD|BWD" config string (solforge/integrate.py).
+`swiglu_bwd` op with the BWD part of the op's "FWD|BWD" config string (solforge/integrate/__init__.py).
 
 The kernel tiles (rows, N) like the forward, so it is tuned over the forward's space (as
 bench/families.py `bwd_sweep` sweeps it); its untuned default is the forward's heuristic, which

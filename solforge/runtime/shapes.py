@@ -13,7 +13,7 @@ graph valid for one size alone (dynamo adds a guard and compiles again for the n
   (config ""). The second call of the same sizes (sizes that come back: a decode step, a training
   shape, the shape the kernels were tuned for) makes the graph again for them, from the lowered
   graph before any rewrite, with their values bound: each region then gets the config for its own
-  workload (this run's tuned winner, the database's, the heuristic: integrate.py) and the graph
+  workload (this run's tuned winner, the database's, the heuristic: integrate/__init__.py) and the graph
   its own CUDA-graph replay (stepgraphs.py). Making one costs the rewrite's matching (no dynamo
   recompile, no lowering); a length seen once (a prompt) does not pay it.
 """

@@ -45,7 +45,7 @@ calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off
 4. A replayed call returns copies of the graph's outputs, connected to autograd through one node.
    Its backward copies the incoming gradients into the captured buffers, replays the backward and
    hands each input its gradient:
-   - a parameter whose `.grad` may be added to in place (linears.accumulates_in_place: dense, same
+   - a parameter whose `.grad` may be added to in place (accumulate.accumulates_in_place: dense, same
      dtype, no hooks, AccumulateGrad runs in this backward) gets `.grad += g` here and autograd
      gets no gradient for it, as linears.py does;
    - any other input gets a copy (the captured gradient is overwritten by the next replay, and
@@ -359,7 +359,7 @@ class _Call:
 
     def _targets(self) -> list[torch.Tensor | None] | None:
         """The `.grad` of each input, where every input is a parameter and each one with a gradient
-        may have it added to its `.grad` in place now (linears.accumulates_in_place); else None."""
+        may have it added to its `.grad` in place now (accumulate.accumulates_in_place); else None."""
         targets: list[torch.Tensor | None] = []
         for x, g in zip(self.params, self.cap.grads, strict=True):
             if x is None:
