@@ -41,7 +41,7 @@ examples:
 
 # the kernel families, in matching order (plan._matchers(); listed here so --help needs no torch)
 _FAMILIES = ("rope", "add_rmsnorm", "rmsnorm", "add_layernorm", "layernorm", "swiglu", "gelu",
-             "linear_cross_entropy", "cross_entropy", "softmax")
+             "linear_cross_entropy", "cross_entropy", "softmax", "generated")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
