@@ -71,6 +71,7 @@ def test_region_counts(arch: str, dtype: torch.dtype) -> None:
     counts: Counter[str] = Counter()
     for g in groups:
         counts[g.workload.family] += g.count
+    counts.pop("generated", None)  # what the families leave goes to the generator (test_generated.py)
     assert dict(counts) == EXPECTED[arch]
     params = {g.workload.family: dict(g.workload.params) for g in groups}
     if "rope" in params:  # only Qwen3 has per-head q/k norms to fuse
@@ -108,7 +109,7 @@ def test_optimize_end_to_end(arch: str) -> None:
     opt, report = optimize(m, (_ids(0),), budget=1, max_candidates=1, make_inputs=lambda s: (_ids(s),))
     assert report.e2e is not None and report.e2e.passed
     want = {f for f, n in EXPECTED[arch].items() if n}
-    assert {r.family for r in report.regions} == want
+    assert {r.family for r in report.regions} - {"generated"} == want
     ids = _ids(7)
     with torch.no_grad():
         a, b = opt(ids).logits, m(ids).logits

@@ -32,7 +32,8 @@ def test_optimize_qwen3_tiny_writes_a_passing_report(tmp_path: Path, capsys: pyt
     assert {"torch", "triton", "python"} <= set(data["versions"])
     # qwen3-tiny: 2 layers -> 4 hidden norms + the final one (all but the first after a residual
     # add); 2 (q, k) pairs of norm + rope, fused; 2 MLPs -> 2 SwiGLUs
-    assert sorted((r["family"], r["count"]) for r in data["regions"]) == [
+    # (and what they leave, regions of the generator's: plan/generated.py, test_generated.py)
+    assert sorted((r["family"], r["count"]) for r in data["regions"] if r["family"] != "generated") == [
         ("add_rmsnorm", 4), ("rmsnorm", 1), ("rope", 2), ("swiglu", 2)]
     for r in data["regions"]:
         assert REGION_KEYS <= set(r)
@@ -47,7 +48,7 @@ def test_optimize_qwen3_tiny_writes_a_passing_report(tmp_path: Path, capsys: pyt
         assert any("means nothing" in n for n in data["notes"])
         assert all(r["candidates"] == r["timed"] == 1 for r in data["regions"])
     report = from_dict(Report, data)  # the file round-trips into the record
-    assert {r.family for r in report.regions} == {"add_rmsnorm", "rmsnorm", "rope", "swiglu"}
+    assert {r.family for r in report.regions} - {"generated"} == {"add_rmsnorm", "rmsnorm", "rope", "swiglu"}
     # the profile stage: baseline and optimized model, traces and the page
     assert report.profile is not None and report.profile.complete and report.profile_after is not None
     # the swapped-in solforge ops, profiled as regions of their own (no aten chain left)

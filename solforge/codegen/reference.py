@@ -68,3 +68,23 @@ def reference(ir: RegionIR, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tenso
         v = get(r)
         out.append(v.to(ir.out_meta(r).dtype))
     return tuple(out)
+
+
+def replay(ir: RegionIR, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The region's ops run as the graph ran them (its own dtypes, no widening): what autograd
+    differentiates for the first backward of a generated region (kernels/generated.py)."""
+    vals: list[Any] = []
+
+    def get(a: Any) -> Any:
+        if isinstance(a, Ref):
+            if a.src == "in":
+                return inputs[a.i]
+            v = vals[a.i]
+            return v[a.item] if a.item is not None else v
+        if isinstance(a, tuple):
+            return [get(x) for x in a]
+        return a
+
+    for op in ir.ops:
+        vals.append(resolve(op.target)(*[get(a) for a in op.args], **{k: get(v) for k, v in op.kwargs}))
+    return tuple(get(r) for r in ir.outputs)

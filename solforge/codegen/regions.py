@@ -21,7 +21,7 @@ views alone are dropped.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,8 +238,9 @@ def _settle(nodes: list[fx.Node]) -> tuple[list[fx.Node], Lowered] | None:
     return None
 
 
-def form_regions(graph: fx.Graph) -> list[Formed]:
-    """Every region of fusible nodes in `graph` (see the module docstring), in graph order."""
+def form_regions(graph: fx.Graph, exclude: Collection[fx.Node] = ()) -> list[Formed]:
+    """Every region of fusible nodes in `graph` (see the module docstring), in graph order.
+    `exclude`: nodes taken as anchors whatever they are (those a kernel family claimed)."""
     f = _Former(graph)
     for node in graph.nodes:
         if node.op != "call_function":
@@ -250,7 +251,7 @@ def form_regions(graph: fx.Graph) -> list[Formed]:
                 f.members[r].append(node)
                 f.region[node] = r
             continue
-        if anchor_reason(node) is None:
+        if node not in exclude and anchor_reason(node) is None:
             f.join(node)
     out: list[Formed] = []
     for nodes in f.members.values():

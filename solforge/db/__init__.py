@@ -53,6 +53,9 @@ from solforge.records import RunResult, TuningRecord, Workload, from_dict, to_di
 SCHEMA_VERSION = 3
 EXPORT_FORMAT = 2  # the "format" field of every exported JSON line (1: no settings among the parts)
 KERNELS = "solforge.kernels"
+# packages whose modules a family's template hash follows through imports: the generated family's
+# kernels are written by solforge.codegen, so a change there re-tunes its workloads
+_HASHED = (KERNELS, "solforge.codegen")
 
 # the tables as schema version 1 made them; _MIGRATIONS brings a new file up to SCHEMA_VERSION
 _SCHEMA = """
@@ -108,20 +111,21 @@ def _module_file(name: str) -> Path | None:
 
 
 def _kernel_imports(source: str) -> set[str]:
-    """Names of the solforge.kernels modules a source imports (any form of import statement)."""
+    """Names of the solforge.kernels and solforge.codegen modules a source imports (any form of
+    import statement)."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith(KERNELS + ".")}
+            found |= {a.name for a in node.names if a.name.startswith(tuple(p + "." for p in _HASHED))}
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level == 1:  # relative, from inside the kernels package
                 base = f"{KERNELS}.{base}" if base else KERNELS
             elif node.level > 1:
                 continue
-            if base == KERNELS:  # from solforge.kernels import rmsnorm (a module, or a package name)
-                found |= {f"{KERNELS}.{a.name}" for a in node.names}
-            elif base.startswith(KERNELS + "."):
+            if base in _HASHED:  # from solforge.kernels import rmsnorm (a module, or a package name)
+                found |= {f"{base}.{a.name}" for a in node.names}
+            elif base.startswith(tuple(p + "." for p in _HASHED)):
                 found.add(base)
     return {".".join(n.split(".")[:3]) for n in found}
 

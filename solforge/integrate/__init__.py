@@ -158,7 +158,9 @@ class Integrator:
                     continue
                 bucket = self.stats.stored
             elif config is None:
-                if self.untuned != "heuristic":
+                # a generated region never tuned is a kernel never verified (a family's heuristic
+                # config is one its tests proved): it stays as the model ran it
+                if self.untuned != "heuristic" or m.family == "generated":
                     continue
                 config = registry.heuristic(m.family, m.workload).encode()
                 bucket = self.stats.untuned

@@ -72,6 +72,8 @@ Optional (the accessors below give the default when a module leaves one out):
                           the family's edge cases (large magnitudes, zero rows, masked rows: the
                           helpers are in kernels/edges.py); default none
   VERIFY_STRIDED          False: the odd-shape trial passes contiguous inputs only; default True
+  SHAPE_FIXED             True: kernels built for the workload's exact sizes (make_inputs ignores
+                          `rows`); default False
 Conventions, not called through here: `workload_for(...)` (builds the Workload of one call; the
 matcher and tests use it), the `torch.ops.solforge.<name>` op with its fake and autograd formula.
 """
@@ -144,6 +146,10 @@ FAMILIES: tuple[Family, ...] = (
     _fwd("linear_cross_entropy", "gemm", None),
     _fwd("cross_entropy", "reduction", "cross_entropy_bwd"),
     _fwd("softmax", "reduction", "softmax_bwd"),
+    # last: solforge's own generator takes every memory-bound region no family claimed (its matcher
+    # also gets the nodes the families claimed: plan.find_matches); its backward is, for now, the
+    # vjp of the region's own ops (kernels/generated.py), so no backward family is tuned
+    _fwd("generated", "pointwise", None),
     _bwd("rope_bwd", "pointwise"),
     _bwd("rmsnorm_bwd", "normalization"),
     _bwd("layernorm_bwd", "normalization"),
@@ -308,6 +314,13 @@ def verify_strided(fam: FamilyLike) -> bool:
     return bool(getattr(module(fam), "VERIFY_STRIDED", True))
 
 
+def shape_fixed(fam: FamilyLike) -> bool:
+    """A family whose kernels are built for the workload's exact shapes (the generated family: the
+    sizes are literals of its source): `make_inputs(rows=)` keeps the workload's sizes, and the
+    verifier's odd shape is one more trial at them. Default False."""
+    return bool(getattr(module(fam), "SHAPE_FIXED", False))
+
+
 def baseline_grads(fam: FamilyLike, wl: Workload) -> tuple[int, ...]:
     """The region inputs a forward family's baseline is differentiated for (default none)."""
     hook = _hook(fam, "baseline_grads")
@@ -324,7 +337,7 @@ def baseline_leaves(fam: FamilyLike, wl: Workload, args: Sequence[Any]) -> tuple
 
 REQUIRED = ("FAMILY", "Config", "space", "is_valid", "heuristic", "make_inputs")
 OPTIONAL = ("backward_workload", "output_tolerance", "verify_rows", "baseline_grads", "baseline_leaves",
-            "norm_error_bound", "edge_inputs", "VERIFY_STRIDED")
+            "norm_error_bound", "edge_inputs", "VERIFY_STRIDED", "SHAPE_FIXED")
 
 
 def missing_hooks(fam: FamilyLike) -> list[str]:

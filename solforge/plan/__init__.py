@@ -165,7 +165,9 @@ def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list
     for family, matcher in _matchers().items():
         if families is not None and family not in families:
             continue
-        for m in matcher(graph):
+        # the generated matcher forms its regions over the nodes the families left (plan/generated.py)
+        found = matcher(graph, frozenset(claimed)) if family == "generated" else matcher(graph)
+        for m in found:
             # a node belongs to one region at most (kept ones too: one region stands for its time);
             # inner nodes read outside the region must be ones it may keep (plan/sharing.py)
             if claimed.isdisjoint(m.nodes) and sharing.allows(m.nodes, m.outputs, m.inputs):
@@ -301,7 +303,8 @@ def late_inputs(node: fx.Node, before: fx.Node, order: Mapping[fx.Node, int]) ->
 def _hoist(graph: fx.Graph, args: Sequence[Any], first: fx.Node, order: dict[fx.Node, int]) -> dict[fx.Node, int]:
     """Move the nodes that `args` need to before `first` (see `late_inputs`); returns the graph order,
     recomputed when anything moved."""
-    nodes = [a for a in args if isinstance(a, fx.Node)]
+    nodes: list[fx.Node] = []
+    fx.node.map_arg(tuple(args), nodes.append)  # (the generated op's inputs are one list argument)
     if all(order.get(a, -1) < order[first] for a in nodes):  # new nodes (earlier rewrites) sit early
         return order
     order = {n: i for i, n in enumerate(graph.nodes)}
@@ -336,7 +339,7 @@ def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]
     n = 0
     for m, config in zip(matches, configs, strict=True):
         first = min(m.outputs, key=order.__getitem__)
-        args = tuple(replaced.get(a, a) if isinstance(a, fx.Node) else a for a in m.args)
+        args = tuple(fx.node.map_arg(tuple(m.args), lambda a: replaced.get(a, a)))
         order = _hoist(graph, args, first, order)
         with graph.inserting_before(first):
             if m.views:

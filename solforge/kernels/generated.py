@@ -1,0 +1,197 @@
+"""The "generated" family: a kernel solforge's own generator (solforge/codegen/) writes for any region.
+
+Unlike the hand-written families, one module serves every region: the region travels as its key
+(codegen.ir.RegionIR.key, sha256 of its canonical text; codegen/store.py turns a key back into the
+region in any process). Everything else is the family contract:
+
+  Config        codegen.schedule.Schedule (its text form: "rows:b=64:r=4:w=2:c=1")
+  space / is_valid / heuristic   codegen/schedule.py's, on the workload's region
+  make_inputs   random inputs with the region's input shapes, dtypes AND strides
+  generated_ref the region's own ATen ops in fp64 (codegen/reference.py), cast to the output dtypes
+  generated     the launcher: generated(*inputs, key=..., config=None, out=None) -> tuple of outputs
+
+A Workload is family "generated", the region's input shapes and dtypes, params (("key", key),)
+and the device; the key already holds the input strides, the ops, their constants and the output
+dtypes, so it is all the database needs (db keys it with a hash of the codegen sources too).
+
+One torch.library op for every region, `solforge::generated(Tensor[] inputs, str key, str config)
+-> Tensor[]`: its fake implementation makes the outputs from the region's recorded output metas,
+its implementation runs the kernel of `key` under `config` ("" = the heuristic; in training
+"FWD|BWD", of which only FWD is read). Its backward, for now, is the vjp of the region's own ATen
+ops: they run again from the saved inputs under torch.autograd, which differentiates them (right
+for any region; a generated backward kernel is the next step, issue 32 item 4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from solforge.codegen import reference as REF
+from solforge.codegen import runtime as RT
+from solforge.codegen import schedule as SC
+from solforge.codegen import store
+from solforge.codegen.ir import Ref, RegionIR
+from solforge.codegen.lower import Lowered
+from solforge.numerics import dtype_name, input_generator
+from solforge.records import Workload
+
+FAMILY = "generated"
+Config = SC.Schedule
+# the sizes are literals of a region's source (its key holds them): make_inputs ignores `rows`
+SHAPE_FIXED = True
+
+
+def region(workload: Workload) -> Lowered:
+    key = workload.param("key")
+    if not key:
+        raise ValueError(f"solforge generated: workload {workload.key} names no region key")
+    return store.lowered(key)
+
+
+def workload_for(ir: RegionIR) -> Workload:
+    """The Workload of a region (kept by key: codegen/store.py saves the region first)."""
+    key = store.save(ir)
+    return Workload(family=FAMILY, shapes=tuple(m.shape for m in ir.inputs),
+                    dtypes=tuple(dtype_name(m.dtype) for m in ir.inputs), params=(("key", key),),
+                    device=ir.device)
+
+
+def space(workload: Workload) -> list[SC.Schedule]:
+    return SC.space(region(workload))
+
+
+def is_valid(config: SC.Schedule, workload: Workload) -> bool:
+    return SC.is_valid(config, region(workload))
+
+
+def heuristic(workload: Workload) -> SC.Schedule:
+    return SC.heuristic(region(workload))
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs and reference
+
+# ops whose (first) operand must be positive for a finite result, and ops that stop the walk back
+# from such an operand to the inputs it comes from (a reduction's value is not an input's sign:
+# LayerNorm's rsqrt(var + eps) keeps x signed)
+_DOMAIN = {"aten.sqrt.default", "aten.rsqrt.default", "aten.log.default", "aten.log2.default",
+           "aten.log10.default", "aten.reciprocal.default"}
+_REDUCE = ("sum", "mean", "amax", "amin", "var", "std", "var_mean", "_softmax", "_log_softmax", "logsumexp",
+           "linalg_vector_norm")
+
+
+def positive_inputs(ir: RegionIR) -> set[int]:
+    """Inputs drawn positive: those a sqrt/rsqrt/log/reciprocal, a fractional power or a division's
+    denominator reads through pointwise ops and views (BatchNorm's running variance), so the random
+    trials test finite values, not NaN against NaN."""
+    starts: list[Ref] = []
+    for op in ir.ops:
+        refs = [a for a in op.args if isinstance(a, Ref)]
+        if op.target in _DOMAIN and refs:
+            starts.append(refs[0])
+        elif op.target == "aten.pow.Tensor_Scalar" and refs and float(op.args[1]) != int(float(op.args[1])):
+            starts.append(refs[0])
+        elif op.target in ("aten.div.Tensor",) and len(op.args) > 1 and isinstance(op.args[1], Ref):
+            starts.append(op.args[1])
+    out: set[int] = set()
+    seen: set[Ref] = set()
+    while starts:
+        r = starts.pop()
+        if r in seen:
+            continue
+        seen.add(r)
+        if r.src == "in":
+            out.add(r.i)
+            continue
+        op = ir.ops[r.i]
+        if op.target.split(".")[1] in _REDUCE:
+            continue
+        starts += [a for a in (*op.args, *(v for _, v in op.kwargs)) if isinstance(a, Ref)]
+    return out
+
+
+def _draw(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype, positive: bool,
+          g: torch.Generator, where: torch.device, device: torch.device) -> torch.Tensor:
+    """A tensor of `shape` laid out with `stride` over a storage drawn whole (on `where`, then moved)."""
+    size = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
+    if dtype.is_floating_point:
+        flat = torch.randn(size, generator=g, device=where)
+        flat = flat.abs() + 0.5 if positive else flat
+    else:
+        flat = torch.randint(0, 2, (size,), generator=g, device=where)
+    return flat.to(device=device, dtype=dtype).as_strided(tuple(shape), tuple(stride))
+
+
+def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
+                device: str | torch.device | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Fresh random inputs for `generated` / `generated_ref`, laid out with the region's strides
+    (a permuted or sliced input is read as the model hands it over). `rows` (verify's odd shape) is
+    ignored: a region's shapes are part of its key, and every tail of its kernels is masked."""
+    ir = region(workload).ir
+    device = torch.device(device or workload.device)
+    pos = positive_inputs(ir)
+    g, where = input_generator(sum(m.numel for m in ir.inputs), device, seed)
+    xs = tuple(_draw(m.shape, m.stride, m.dtype, i in pos, g, where, device) for i, m in enumerate(ir.inputs))
+    return xs, {"key": workload.param("key")}
+
+
+def generated_ref(*inputs: torch.Tensor, key: str) -> tuple[torch.Tensor, ...]:
+    return REF.reference(store.load(key), inputs)
+
+
+def generated(*inputs: torch.Tensor, key: str, config: SC.Schedule | None = None,
+              out: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+    """The kernel of region `key` under `config` (None: the heuristic) on `inputs`."""
+    return RT.run(store.lowered(key), config, inputs, out)
+
+
+# ----------------------------------------------------------------------------------------------
+# The custom op (Library API, as the other families: cheaper per call than @custom_op)
+
+_LIB = torch.library.Library("solforge", "FRAGMENT")
+_LIB.define("generated(Tensor[] inputs, str key, str config) -> Tensor[]")
+
+
+def _op(inputs: list[torch.Tensor], key: str, config: str) -> list[torch.Tensor]:
+    fwd = config.partition("|")[0]
+    return list(RT.run(store.lowered(key), SC.Schedule.decode(fwd) if fwd else None, inputs))
+
+
+_LIB.impl("generated", _op, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("solforge::generated")
+def _fake(inputs: list[torch.Tensor], key: str, config: str) -> list[torch.Tensor]:
+    low = store.lowered(key)
+    device = inputs[0].device if inputs else torch.device(low.ir.device)
+    return list(RT.empty_outputs(low, device))
+
+
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ins, key, _config = inputs
+    ctx.key = key
+    ctx.save_for_backward(*ins)
+
+
+def _backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[Any, ...]:
+    """The vjp of the region's own ATen ops, recomputed from the saved inputs."""
+    ins = ctx.saved_tensors
+    ir = store.load(ctx.key)
+    with torch.enable_grad():
+        xs = [x.detach().requires_grad_(x.is_floating_point()) for x in ins]
+        outs = REF.replay(ir, xs)
+    pairs = [(o, g) for o, g in zip(outs, grads, strict=True) if g is not None and o.requires_grad]
+    wrt = [x for x in xs if x.requires_grad]
+    got: tuple[torch.Tensor | None, ...] = ()
+    if pairs and wrt:
+        got = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
+    it = iter(got)
+    dx = [next(it, None) if x.requires_grad else None for x in xs]
+    return dx, None, None
+
+
+torch.library.register_autograd("solforge::generated", _backward, setup_context=_setup)
+generated_op = torch.ops.solforge.generated.default

@@ -1,0 +1,224 @@
+"""The "generated" family end to end: regions no hand-written family claims get a generated, tuned,
+verified kernel swapped into the model (KernelBench level-1/2 shapes, tiny), forward and training;
+the op's backward against eager; regions found again by key in a fresh registry; the database hit
+for the same region in another model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from codegen_helpers import trace
+from conftest import DEVICE
+
+from solforge import optimize
+from solforge.codegen import regions as RG
+from solforge.codegen import store
+from solforge.kernels import generated as G
+from solforge.numerics import compare
+
+
+@pytest.fixture(autouse=True)
+def _private_codegen_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SOLFORGE_CODEGEN_DIR", str(tmp_path / "codegen"))
+
+
+def _r(*shape: int, seed: int = 0, grad: bool = False) -> torch.Tensor:
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    return x.requires_grad_(grad)
+
+
+def _generated(opt: object) -> int:
+    stats = opt.solforge_stats  # type: ignore[attr-defined]
+    return sum(n for k, n in {**stats.replaced, **stats.untuned, **stats.stored}.items() if k.startswith("generated["))
+
+
+def _run(model: nn.Module, *xs: torch.Tensor, mode: str = "inference", families: tuple[str, ...] | None = None,
+         db: object = False, expect: int = 1) -> tuple[object, object]:
+    model = model.to(DEVICE)
+    opt, report = optimize(model, xs, mode=mode, budget=1, max_candidates=1, db=db, profile="off",
+                           families=families, make_inputs=lambda s: tuple(
+                               _r(*x.shape, seed=s, grad=x.requires_grad) for x in xs))
+    assert report.e2e is not None and report.e2e.passed, (report.e2e, report.notes)
+    assert _generated(opt) == expect, (opt.solforge_stats, report.notes)  # type: ignore[attr-defined]
+    fresh = tuple(_r(*x.shape, seed=7) for x in xs)
+    with torch.no_grad():
+        got, want = opt(*fresh), model(*fresh)
+    c = compare(got, want)
+    assert c.ok, c.reason
+    return opt, report
+
+
+class _L2(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / torch.norm(x, p=2, dim=1, keepdim=True)
+
+
+class _MSE(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(a, b)
+
+
+class _LogSoftmax(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(x, dim=1)
+
+
+class _GemmGelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(24, 40, bias=False)
+        self.bias = nn.Parameter(torch.randn(40))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.lin(x) + self.bias, approximate="tanh") * 0.75
+
+
+class _ConvAddSigmoid(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.bias = nn.Parameter(torch.randn(8, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.conv(x) + self.bias) * 2.0
+
+
+class _PostNorm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(48, 48)
+        self.norm = nn.LayerNorm(48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + 0.5 * self.lin(x))
+
+
+def test_group_norm() -> None:
+    _run(nn.GroupNorm(4, 8), _r(2, 8, 6, 7))
+
+
+def test_batch_norm_eval() -> None:
+    m = nn.BatchNorm2d(8)
+    m.running_mean.uniform_(-1, 1)
+    m.running_var.uniform_(0.5, 2)
+    _run(m.eval(), _r(2, 8, 6, 7))
+
+
+def test_mse_loss_and_log_softmax_and_l2() -> None:
+    _run(_MSE(), _r(8, 161), _r(8, 161, seed=1))
+    _run(_LogSoftmax(), _r(8, 161))
+    _run(_L2(), _r(8, 161))
+
+
+def test_gemm_bias_gelu_scale_chain() -> None:
+    # the gelu family claims the bias add and the gelu; the generator the whole chain when it alone runs
+    _run(_GemmGelu(), _r(37, 24), families=("generated",))
+
+
+def test_conv_add_sigmoid_conv_stays() -> None:
+    _run(_ConvAddSigmoid(), _r(2, 3, 9, 9))
+
+
+def test_scaled_residual_post_layernorm() -> None:
+    # alone, the generator takes the scaled residual add with the LayerNorm (decomposed) as one region
+    _run(_PostNorm(), _r(3, 5, 48), families=("generated",))
+
+
+def test_training_gradients_match() -> None:
+    """Train mode: the conv's add, sigmoid and scale, the GroupNorm and the loss after it are one
+    generated region (the pointwise ops are recomputed in the norm's passes); validate compares every
+    parameter's gradient with eager's."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = _ConvAddSigmoid()
+            self.norm = nn.GroupNorm(2, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(self.conv(x)).sin().sum()
+
+    _, report = _run(Net(), _r(2, 3, 9, 9), mode="train")
+    assert report.e2e.grads_compared == 5, report.e2e  # type: ignore[attr-defined]
+
+
+def test_batch_norm_train_stays_whole() -> None:
+    """BatchNorm in training updates its running statistics in place: its decomposition's copy_ is an
+    anchor, so no region takes the op (it runs as the model ran it), and the statistics still move."""
+    m = nn.BatchNorm2d(8).to(DEVICE)
+    x = _r(2, 8, 6, 7)
+    opt, report = optimize(m, (x,), mode="train", budget=1, max_candidates=1, db=False, profile="off")
+    assert all(r.family != "generated" for r in report.regions)
+    before = m.running_mean.clone()
+    opt(_r(2, 8, 6, 7, seed=3)).sum().backward()
+    assert not torch.equal(before, m.running_mean)
+
+
+@pytest.mark.parametrize("case", ["norm_div", "softmax_mul", "var_mean"])
+def test_op_backward_matches_eager(case: str) -> None:
+    fns = {
+        "norm_div": lambda x, w: F.gelu(x.t() * w[:, None]) / torch.norm(x.t(), dim=1, keepdim=True),  # strided
+        "softmax_mul": lambda x, w: torch.softmax(x * w, -1) * x,
+        "var_mean": lambda x, w: (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True) + 1e-5) * w,
+    }
+    f = fns[case]
+    x, w = _r(13, 24), _r(24, seed=1)
+    (fr,) = RG.form_regions(trace(f, x, w).graph)
+    key = G.workload_for(fr.lowered.ir).param("key")
+    xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
+    (out,) = torch.ops.solforge.generated.default([xa, wa], key, "")
+    dy = _r(*out.shape, seed=2)
+    out.backward(dy)
+    xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
+    f(xe, we).backward(dy)
+    for a, b in ((xa.grad, xe.grad), (wa.grad, we.grad)):
+        c = compare(a, b)
+        assert c.ok, c.reason
+
+
+def test_region_from_key_alone(tmp_path: Path) -> None:
+    """Another process has only the key: the region comes back from the file, checked against its key."""
+    x = _r(6, 40).t()  # strided input: the key holds the strides
+    (fr,) = RG.form_regions(trace(lambda t: torch.sigmoid(t) * t.amax(-1, keepdim=True), x).graph)
+    wl = G.workload_for(fr.lowered.ir)
+    key = wl.param("key")
+    store._IRS.clear()
+    store._LOWERED.clear()
+    ir = store.load(key)
+    assert ir == fr.lowered.ir and ir.key == key
+    (xs, kw) = G.make_inputs(wl, seed=0)
+    assert xs[0].stride() == x.stride()
+    (got,) = G.generated(*xs, **kw)
+    (ref,) = G.generated_ref(*xs, **kw)
+    assert compare(got, ref).ok
+    path = store.path_of(key)
+    path.write_text(path.read_text().replace("aten.sigmoid", "aten.tanh"))
+    store._IRS.clear()
+    store._LOWERED.clear()
+    with pytest.raises(ValueError, match="another region"):
+        store.load(key)
+
+
+def test_same_region_in_two_models_hits_the_database(tmp_path: Path) -> None:
+    class A(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return _L2()(x) * 3.0
+
+    class B(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = 3.0
+
+        def forward(self, y: torch.Tensor) -> torch.Tensor:
+            return y / y.norm(dim=1, keepdim=True) * self.scale
+
+    db = tmp_path / "k.db"
+    _, first = _run(A(), _r(8, 161), db=db)
+    _, second = _run(B(), _r(8, 161, seed=5), db=db)
+    (r1,), (r2,) = first.regions, second.regions  # type: ignore[attr-defined]
+    assert r1.family == r2.family == "generated" and r1.workload == r2.workload
+    assert r1.source == "tuned" and r2.source == "database" and r2.candidates == 0
