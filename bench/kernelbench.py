@@ -122,8 +122,9 @@ def variant(path: str, name: str, dtype: str, budget: float, device: str, scale:
         out = fn(*inputs)  # compiles, captures and warms up
         row["max_rel_err_vs_eager"] = float(f"{_rel_err(out, ref):.3g}")
         us = _time_us(lambda: fn(*inputs), device)
-        if name == "solforge":  # how each graph runs: replayed from a CUDA graph or not, and why
-            row["step_graphs"] = [s.summary() for s in fn.solforge_stats.step_graphs]
+        stats = getattr(fn, "solforge_stats", None)  # None: optimize returned the original model
+        if name == "solforge" and stats is not None:  # how each graph runs: replayed or not, and why
+            row["step_graphs"] = [s.summary() for s in stats.step_graphs]
         if device == "cuda":
             row["loop_us"] = round(loop_us(lambda: fn(*inputs), 200), 2)
             if profile:
