@@ -49,7 +49,8 @@ MIN_BYTES = 4096
 
 _COMPOSITES = (aten.native_layer_norm, aten.native_group_norm, aten.native_batch_norm,
                aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
-               aten._native_batch_norm_legit_functional, aten.cudnn_batch_norm, aten.mse_loss, aten.smooth_l1_loss, aten.huber_loss,
+               aten._native_batch_norm_legit_functional, aten.cudnn_batch_norm, aten.mse_loss,
+               aten.smooth_l1_loss, aten.huber_loss,
                aten.binary_cross_entropy, aten.binary_cross_entropy_with_logits, aten.kl_div,
                aten.hinge_embedding_loss, aten.soft_margin_loss, aten.norm, aten.addcmul, aten.addcdiv, aten.lerp)
 _CASTS = {"aten._to_copy.default", "prims.convert_element_type.default", "aten.clone.default",
