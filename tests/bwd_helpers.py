@@ -33,3 +33,25 @@ def assert_sampled_configs_verify(fwd: Workload, device: str) -> None:
     for c in [fam.heuristic(wl), *space[:: max(1, len(space) // 6)]]:
         v = verify(fam, wl, with_config(fam, c), device=device)
         assert v.passed, f"{c.encode()} on {wl.key}: {v.reason}"
+
+
+def hashed_modules(fam: ModuleType) -> set[str]:
+    """The solforge.kernels modules the database's template hash of `fam` reads: its own and every
+    kernels module it imports, transitively (what db._source_hash walks)."""
+    from solforge import db
+
+    seen: set[str] = set()
+    todo = [fam.__name__]
+    while todo:
+        name = todo.pop()
+        path = db._module_file(name)
+        if name in seen or path is None:
+            continue
+        seen.add(name)
+        todo += db._kernel_imports(path.read_text())
+    return seen
+
+
+def defined_in(fn: Any) -> str:
+    """The module that defines `fn`, a function or a @triton.jit one (compiled or interpreted)."""
+    return str(getattr(fn, "fn", fn).__module__)

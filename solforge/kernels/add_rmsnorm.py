@@ -24,8 +24,9 @@ from solforge.kernels import rmsnorm as _rms
 from solforge.kernels.interp import round_bf16
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
-from solforge.kernels.rmsnorm import Config, _load_weight, _st, _tile_load, _tile_store
+from solforge.kernels.rmsnorm import Config
 from solforge.kernels.rmsnorm_bwd import rmsnorm_bwd_call, workload_from
+from solforge.kernels.rowtile import _load_weight, _st, _tile_load, _tile_store
 from solforge.kernels.torch_order import sum_meta
 from solforge.numerics import Tolerance, input_generator
 from solforge.records import Workload

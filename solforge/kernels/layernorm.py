@@ -1,9 +1,10 @@
 """LayerNorm family: y = (x - mean) * rstd [* weight] [+ bias] over the last dim, rstd = 1/sqrt(var + eps).
 
-In order: reference, Triton kernels, launcher, backward (kernels/layernorm_bwd.py, re-exported),
-custom ops, config triad (+ workload_for, make_inputs). Every kernel loads the native dtype,
-computes in fp32 and casts on store (the interpreter cannot do bf16 arithmetic; it is what a
-memory-bound kernel should do).
+In order: Triton kernels, launcher, backward (kernels/layernorm_bwd.py, re-exported), custom ops,
+config triad (+ workload_for, make_inputs); the reference and the random inputs are in
+kernels/layernorm_base.py, the tile helpers in kernels/rowtile.py (both re-exported). Every kernel
+loads the native dtype, computes in fp32 and casts on store (the interpreter cannot do bf16
+arithmetic; it is what a memory-bound kernel should do).
 
 The kernels take an optional residual (HAS_RES): s = x + residual is rounded to x's dtype (as the
 model's own add), stored, and normalized. The `add_layernorm` family (kernels/add_layernorm.py) is
@@ -41,33 +42,17 @@ from solforge.kernels import layernorm_split as _split
 from solforge.kernels.interp import round_bf16
 from solforge.kernels.launch import Meta
 from solforge.kernels.launch import launch as _launch
-from solforge.kernels.rmsnorm import _ld, _load_weight, _st
-from solforge.numerics import dtype_name, input_generator, parse_dtype
+from solforge.kernels.layernorm_base import FAMILY, _dims, _live, draw, layernorm_ref  # noqa: F401  (re-exported)
+from solforge.kernels.rowtile import _ld, _load_weight, _st
+from solforge.numerics import dtype_name, parse_dtype
 from solforge.records import Workload
 from solforge.runtime.shapes import hint
-
-FAMILY = "layernorm"
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
 
 
 # ----------------------------------------------------------------------------------------------
-# Reference
-
-
-def layernorm_ref(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, *,
-                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The function every kernel must compute, in fp32 (fp64 for fp32/fp64 inputs), cast once."""
-    acc = torch.float64 if x.dtype in (torch.float32, torch.float64) else torch.float32
-    xf = x.to(acc)
-    mean = xf.mean(dim=-1, keepdim=True)
-    d = xf - mean
-    y = d * torch.rsqrt((d * d).mean(dim=-1, keepdim=True) + eps)
-    if weight is not None:
-        y = y * weight.to(acc)
-    if bias is not None:
-        y = y + bias.to(acc)
-    return y.to(out_dtype or x.dtype)
+# Reference: layernorm_ref, in kernels/layernorm_base.py (the backward differentiates it too)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -365,21 +350,8 @@ class Config(config_text.Text):
     _always = ("block_h", "num_warps")  # text form, e.g. "rows:bh=512:bt=256:r=4:w=8"
 
 
-
 def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
-
-
-def _dims(workload: Workload) -> tuple[int, int]:
-    rows = 1
-    for d in workload.shapes[0][:-1]:
-        rows *= d
-    return rows, workload.shapes[0][-1]
-
-
-def _live(workload: Workload) -> int:
-    """Row tiles held in registers at once: x, and the residual in the fused form."""
-    return 2 if workload.param("residual", False) else 1
 
 
 def is_valid(config: Config, workload: Workload) -> bool:
@@ -501,35 +473,6 @@ def workload_for(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tenso
                  out_dtype: torch.dtype | None = None) -> Workload:
     """The Workload record of one layernorm call (x seen as (rows, H))."""
     return _workload(x, weight, bias, eps, out_dtype, x.device.type, residual=False)
-
-
-def draw(workload: Workload, *, seed: int, rows: int | None, device: str | torch.device | None
-         ) -> tuple[list[torch.Tensor], torch.Tensor | None, torch.Tensor | None, dict[str, Any]]:
-    """Fresh random inputs of either family: (x [, residual]), weight, bias, kwargs.
-
-    Rows get different means and scales (x = a * randn + b per row), so a kernel that skips the
-    centering or mixes up rows fails. Small inputs are drawn on the CPU from `seed` (the same
-    numbers on any device), large ones on the device (numerics.input_generator)."""
-    n_rows, H = _dims(workload)
-    n_rows = n_rows if rows is None else rows
-    device = device or workload.device
-    n_x = _live(workload)
-    g, where = input_generator(n_x * n_rows * H, device, seed)
-    dtype = parse_dtype(workload.dtypes[0])
-    xs = []
-    for _ in range(n_x):
-        t = torch.randn(n_rows, H, generator=g, device=where) * (0.5 + torch.rand(n_rows, 1, generator=g, device=where))
-        xs.append((t + 2 * torch.randn(n_rows, 1, generator=g, device=where)).to(dtype).to(device))
-    i = n_x
-    params = []
-    for name, scale, offset in (("weight", 0.1, 1.0), ("bias", 0.1, 0.0)):
-        p = None
-        if workload.param(name, False):
-            p = (offset + scale * torch.randn(H, generator=g, device=where)).to(parse_dtype(workload.dtypes[i]))
-            p = p.to(device)
-            i += 1
-        params.append(p)
-    return xs, params[0], params[1], {"out_dtype": parse_dtype(workload.param("out_dtype", workload.dtypes[0]))}
 
 
 def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,

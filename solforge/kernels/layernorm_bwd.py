@@ -35,11 +35,13 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from solforge.kernels import direct
+from solforge.kernels import layernorm_base as _ln
 from solforge.kernels.launch import Meta, pdl, sm_count
 from solforge.kernels.launch import launch as _launch
+from solforge.kernels.layernorm_base import layernorm_ref
 from solforge.kernels.reduce import fold, sum3, sum_rows
-from solforge.kernels.rmsnorm import _ld, _load_weight, _st, _tile_load
 from solforge.kernels.rmsnorm_bwd import _vec, layout_tail, sum_tolerance
+from solforge.kernels.rowtile import _ld, _load_weight, _st, _tile_load
 from solforge.numerics import Tolerance, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 
@@ -53,8 +55,6 @@ def layernorm_bwd_ref(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | 
     """(dx[, dw][, db]) by autograd through the forward reference in fp32 (fp64 for fp32 inputs),
     as the launcher returns them: dx in x's dtype; dw with a weight, db with `bias_grad`, in fp32
     (db = the column sums of dy: it does not depend on the bias's value)."""
-    from solforge.kernels.layernorm import layernorm_ref
-
     acc = torch.float64 if x.dtype in (torch.float32, torch.float64) else torch.float32
     bias = x.new_zeros(x.shape[-1]) if bias_grad else None
     leaves = [t.detach().to(acc).requires_grad_(True) for t in (x, weight, bias) if t is not None]
@@ -532,8 +532,6 @@ def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
     weight (its `draw`: rows with different means and scales; `rows` replaces the row count), a
     random dy of out_dtype and, with `ds`, a random ds of x's dtype, both contiguous (the next op's
     backward hands over fresh tensors)."""
-    from solforge.kernels import layernorm as _ln
-
     has_w = bool(workload.param("weight", False))
     fwd = Workload(_ln.FAMILY, workload.shapes, workload.dtypes,
                    (("bias", False), ("eps", workload.param("eps", 1e-5)),

@@ -89,7 +89,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch.fx as fx
 
-    from solforge.plan import Match
+    from solforge.plan.match import Match
     from solforge.records import Workload
 
 

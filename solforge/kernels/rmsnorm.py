@@ -1,8 +1,9 @@
 """RMSNorm family: y = x * rsqrt(mean(x^2 over the last dim) + eps) [* weight].
 
-In order: reference, Triton kernels, launcher, config triad (+ workload_for, make_inputs), custom
-op. Every kernel loads the native dtype, computes in fp32 and casts on store (the
-interpreter cannot do bf16 arithmetic, and it is what a memory-bound kernel should do anyway).
+In order: reference, Triton kernels, launcher, config triad (+ workload_for), custom op; the tile
+helpers are in kernels/rowtile.py, make_inputs in kernels/rmsnorm_base.py (both re-exported).
+Every kernel loads the native dtype, computes in fp32 and casts on store (the interpreter cannot do
+bf16 arithmetic, and it is what a memory-bound kernel should do anyway).
 
 Variants (all read x once and write y once; RMSNorm is purely memory bound):
   row      one row per program, the whole row in registers.
@@ -31,18 +32,17 @@ import triton.language as tl
 from solforge.kernels import config_text, direct
 from solforge.kernels import edges as _edges
 from solforge.kernels import rmsnorm_cols as _cols
-from solforge.kernels.interp import cast_rne
 from solforge.kernels.launch import Meta, sm_count
 from solforge.kernels.launch import bind as _bind
 from solforge.kernels.launch import empty_strided as _empty_strided
 from solforge.kernels.launch import launch as _launch
+from solforge.kernels.rmsnorm_base import FAMILY, _dims, _inner, make_inputs  # noqa: F401  (re-exported)
 from solforge.kernels.rounding import as_stored
-from solforge.kernels.torch_order import row_sumsq, rstd_of, sum_meta
-from solforge.numerics import Tolerance, dtype_name, input_generator, parse_dtype, tolerance
+from solforge.kernels.rowtile import _ld, _load_weight, _st, _tile_load, _tile_store  # noqa: F401  (re-exported)
+from solforge.kernels.torch_order import rstd_of, sum_meta
+from solforge.numerics import Tolerance, dtype_name, parse_dtype, tolerance
 from solforge.records import Workload
 from solforge.runtime.shapes import hint
-
-FAMILY = "rmsnorm"
 
 _SUPPORTED = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -70,95 +70,6 @@ def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor | None, eps: float, *,
 
 # ----------------------------------------------------------------------------------------------
 # Triton kernels
-
-
-@triton.jit
-def _ld(ptrs, m, cols, H, COL_MASK: tl.constexpr, EVICT: tl.constexpr):
-    """Load under row mask `m`, adding a column mask only where a block pokes past H: a row-only
-    mask is constant along the row, so the compiler keeps 16-byte vector accesses."""
-    if COL_MASK:
-        m = m & (cols < H)
-    return tl.load(ptrs, mask=m, other=0.0, eviction_policy=EVICT)
-
-
-@triton.jit
-def _st(ptrs, v, m, cols, H, COL_MASK: tl.constexpr):
-    if COL_MASK:
-        m = m & (cols < H)
-    tl.store(ptrs, cast_rne(v, ptrs.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _load_weight(w_ptr, H, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr,
-                 HAS_WEIGHT: tl.constexpr):
-    """Weight as fp32 [1, BLOCK_H] and [1, BLOCK_T] rows (0.0 placeholders without weight)."""
-    w = 0.0
-    wt = 0.0
-    if HAS_WEIGHT:
-        on = tl.full([1, 1], 1, tl.int1)
-        cols = tl.arange(0, BLOCK_H)[None, :]
-        w = _ld(w_ptr + cols, on, cols, H, BLOCK_T == 0 and not EVEN_H, "evict_last").to(tl.float32)
-        if BLOCK_T > 0:
-            tcols = BLOCK_H + tl.arange(0, BLOCK_T)[None, :]
-            wt = _ld(w_ptr + tcols, on, tcols, H, not EVEN_H, "evict_last").to(tl.float32)
-    return w, wt
-
-
-@triton.jit
-def _tile_load(x_ptr, row0, n_rows, H, stride_x, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
-               BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr, EVICT: tl.constexpr):
-    """Rows [row0, row0 + ROWS) of x in its own dtype: main block [0, BLOCK_H) and tail block.
-    EVICT is a tuning knob: evict_first cost 1-2% at 16384 x 2560 and 32768 x 4096 on an H100 but
-    gained 3% at 4096 x 2560."""
-    rows = row0 + tl.arange(0, ROWS)
-    m = (rows < n_rows)[:, None]
-    # int64 row offsets: rows * stride overflows int32 past 2^31 elements (e.g. 1M x 4096).
-    ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_x
-    cols = tl.arange(0, BLOCK_H)[None, :]
-    x = _ld(ptrs + cols, m, cols, H, BLOCK_T == 0 and not EVEN_H, EVICT)
-    xt = 0.0
-    if BLOCK_T > 0:
-        tcols = BLOCK_H + tl.arange(0, BLOCK_T)[None, :]
-        xt = _ld(ptrs + tcols, m, tcols, H, not EVEN_H, EVICT)
-    return x, xt
-
-
-@triton.jit
-def _tile_store(x, xt, w, wt, y_ptr, row0, n_rows, H, stride_y, eps, ROWS: tl.constexpr,
-                BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, EVEN_H: tl.constexpr,
-                HAS_WEIGHT: tl.constexpr, ROUND: tl.constexpr, x_ptr, r_ptr, stride_x, stride_r,
-                W: tl.constexpr, K: tl.constexpr, ADD: tl.constexpr):
-    """Normalize a tile from `_tile_load` in fp32 and store it in y's dtype. With W > 0 the sum of
-    squares is taken in torch's order (kernels/torch_order.py), from the rows at x_ptr (with ADD:
-    of x + r rounded to the tile's dtype, add_rmsnorm's sum), else with tl.sum over the tile."""
-    rows = row0 + tl.arange(0, ROWS)
-    m = (rows < n_rows)[:, None]
-    ptrs = y_ptr + rows.to(tl.int64)[:, None] * stride_y
-    cols = tl.arange(0, BLOCK_H)[None, :]
-    xf = x.to(tl.float32)
-    if BLOCK_T > 0:
-        xtf = xt.to(tl.float32)
-    if W > 0:
-        ss = row_sumsq(x_ptr, r_ptr, row0, n_rows, H, stride_x, stride_r, ROWS, W, K, ADD, x.dtype)
-    else:
-        ss = tl.sum(xf * xf, axis=1)
-        if BLOCK_T > 0:
-            ss += tl.sum(xtf * xtf, axis=1)
-    rstd = rstd_of(ss, H, eps)[:, None]
-    y = xf * rstd
-    if ROUND:  # Hugging Face rounds to the input dtype before the weight multiply
-        y = as_stored(y, x.dtype)
-    if HAS_WEIGHT:
-        y = y * w
-    _st(ptrs + cols, y, m, cols, H, BLOCK_T == 0 and not EVEN_H)
-    if BLOCK_T > 0:
-        tcols = BLOCK_H + tl.arange(0, BLOCK_T)[None, :]
-        yt = xtf * rstd
-        if ROUND:
-            yt = as_stored(yt, x.dtype)
-        if HAS_WEIGHT:
-            yt = yt * wt
-        _st(ptrs + tcols, yt, m, tcols, H, not EVEN_H)
 
 
 @triton.jit
@@ -435,17 +346,8 @@ class Config(config_text.Text):
     _always = ("block_h", "num_warps")  # text form, e.g. "rows:bh=2048:bt=512:r=4:w=8"
 
 
-
 def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
-
-
-def _dims(workload: Workload) -> tuple[int, int]:
-    shape = workload.shapes[0]
-    rows = 1
-    for d in shape[:-1]:
-        rows *= d
-    return rows, shape[-1]
 
 
 def _blocks(H: int) -> list[tuple[int, int]]:
@@ -459,11 +361,6 @@ def _blocks(H: int) -> list[tuple[int, int]]:
         if main + tail < full:
             out.insert(0, (main, tail))
     return out
-
-
-def _inner(workload: Workload) -> int:
-    """The `inner` of a workload whose rows are columns (rmsnorm_cols.py), else 0."""
-    return int(workload.param("inner", 0))
 
 
 def is_valid(config: Config, workload: Workload) -> bool:
@@ -646,36 +543,6 @@ def output_tolerance(workload: Workload) -> Tolerance:
     return tol
 
 
-def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
-                device: str | torch.device | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Fresh random (args, kwargs) for `rmsnorm` / `rmsnorm_ref` on this workload.
-
-    Small inputs are drawn on the CPU from `seed` (the same numbers on any device), large ones on
-    the device (numerics.input_generator).
-    """
-    n_rows, H = _dims(workload)
-    n_rows = n_rows if rows is None else rows
-    device = device or workload.device
-    g, where = input_generator(n_rows * H, device, seed)
-    inner = _inner(workload)
-    if inner:  # columns of an (outer, H, inner) array; another row count: one outer index of that many
-        inner = inner if rows is None else n_rows
-        x = torch.randn(n_rows // inner, H, inner, generator=g, device=where).movedim(1, -1)
-        x = x.to(parse_dtype(workload.dtypes[0])).to(device)
-    else:
-        x = torch.randn(n_rows, H, generator=g, device=where).to(parse_dtype(workload.dtypes[0])).to(device)
-    weight = None
-    if len(workload.shapes) > 1:
-        w = 1.0 + 0.1 * torch.randn(H, generator=g, device=where)
-        weight = w.to(parse_dtype(workload.dtypes[1])).to(device)
-    kwargs = {
-        "out_dtype": parse_dtype(workload.param("out_dtype", workload.dtypes[0])),
-        "round_before_weight": bool(workload.param("round_before_weight", False)),
-    }
-    return (x, weight, float(workload.param("eps", 1e-6))), kwargs
-
-
-
 def edge_inputs(workload: Workload, *, seed: int, rows: int | None = None, device: str | torch.device | None = None
                 ) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
     """Rows the verifier adds to its random ones (tune/verify.py; kernels/edges.py)."""
@@ -794,8 +661,8 @@ def _rmsnorm_fake(x: torch.Tensor, weight: torch.Tensor | None, eps: float, out_
 rmsnorm_op = torch.ops.solforge.rmsnorm
 
 
-# the module, not its op: rmsnorm_bwd imports this file's tile helpers, so whichever of the two is
-# imported first, the other is only partly initialized while this line runs
+# the backward (kernels/rmsnorm_bwd.py), imported here where its op is wired in; it does not import
+# this file (what both use is in rowtile.py and rmsnorm_base.py), so the dependency runs one way
 from solforge.kernels import rmsnorm_bwd as _bwd  # noqa: E402
 
 

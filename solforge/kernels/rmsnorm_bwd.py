@@ -36,11 +36,11 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from solforge.kernels import direct
-from solforge.kernels import rmsnorm as _rms
+from solforge.kernels import rmsnorm_base as _rms
 from solforge.kernels.launch import Meta, pdl, sm_count
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.reduce import fold, sum2, sum_rows
-from solforge.kernels.rmsnorm import _load_weight, _st, _tile_load
+from solforge.kernels.rowtile import _load_weight, _st, _tile_load
 from solforge.numerics import Tolerance, input_generator, parse_dtype, tolerance
 from solforge.records import Workload
 

@@ -12,18 +12,21 @@ The pattern (swiglu_bwd.py and gelu_bwd.py follow it; wire another family the sa
   returning the same tuple, no None items. Optional: output_tolerance(wl) (one per output; a
   reduction such as a weight gradient needs a wider atol), verify_rows(wl) (which size the odd
   shape replaces), baseline_leaves(wl) (which of the region's tensor inputs eager's backward is
-  timed for; default every floating-point one). Import the forward module, so the database's
-  template hash covers its kernel source.
+  timed for; default every floating-point one). Import the module that holds the code the kernel
+  runs (the forward's, or a base module both import, as rope_base.py here), so the database's
+  template hash covers it; never the forward module where the forward imports this one (no
+  import cycles: tests/test_layout.py).
   kernels/<family>.py: backward_workload(wl) -> Workload | None (family "<family>_bwd" and
   everything the backward kernel depends on); the op impl decodes config.partition("|")[0];
   setup_context keeps config.partition("|")[2]; the backward passes it to the <family>_bwd op.
   Nothing else: plan.backward_groups, api.optimize (train mode) and integrate.Integrator(train=
   True) find families by `backward_workload`.
 
-The kernel, its config, space and heuristic live in kernels/rope.py (its template hash covers
-that file: importing it makes it part of this family's source). Here: the fp32 reference (autograd
-through `rope_ref`), random inputs with the incoming gradients laid out as the model hands them
-over, and the launcher with `out=`.
+The config, space and heuristic and the helpers the kernel calls live in kernels/rope_base.py
+(its template hash covers that file: importing it makes it part of this family's source). Here: the
+fp32 reference (autograd through `rope_ref`), random inputs with the incoming gradients laid out as
+the model hands them over, the kernel and its launcher `grads` (which rope.py's op calls), and the
+family's launcher with `out=`.
 
 Gradients: dq, dk (B, S, H, D) like q and k, and with norm weights dq_weight, dk_weight (D,).
 """
@@ -38,11 +41,11 @@ import torch
 import triton
 import triton.language as tl
 
-from solforge.kernels import rope as _rope
+from solforge.kernels import rope_base as _rope
 from solforge.kernels.launch import launch as _launch
 from solforge.kernels.launch import sm_count
 from solforge.kernels.reduce import sum2, sum_rows
-from solforge.kernels.rope import (
+from solforge.kernels.rope_base import (
     _DEFAULT_PROGS,
     Config,
     _bad,
@@ -105,10 +108,10 @@ def rope_bwd(grad_q: torch.Tensor, grad_k: torch.Tensor, q: torch.Tensor, k: tor
              sin: torch.Tensor, q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None,
              eps: float = 1e-6, *, norm: bool = False, round_before_weight: bool = False, heads_first: bool = True,
              config: Config | None = None, out: tuple[torch.Tensor, ...] | None = None) -> tuple[torch.Tensor, ...]:
-    """The launcher: rope.rope_bwd's gradients as `rope_bwd_ref` returns them (no None items)."""
-    dq, dk, dqw, dkw = _rope.rope_bwd(grad_q, grad_k, q, k, cos, sin, q_weight, k_weight, eps, norm=norm,
-                                      round_before_weight=round_before_weight, heads_first=heads_first,
-                                      config=config, out=out)
+    """The launcher: `grads` (what rope.rope_bwd runs) as `rope_bwd_ref` returns them (no None items)."""
+    dq, dk, dqw, dkw = grads(grad_q, grad_k, q, k, cos, sin, q_weight, k_weight, eps, norm=norm,
+                             round_before_weight=round_before_weight, heads_first=heads_first, config=config,
+                             out=out)
     return (dq, dk) if dqw is None else (dq, dk, dqw, dkw)
 
 

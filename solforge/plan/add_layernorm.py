@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match, late_inputs, viewed
 from solforge.plan import layernorm as _ln
+from solforge.plan.match import Match, late_inputs, viewed
 
 aten = torch.ops.aten
 

@@ -28,7 +28,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match
+from solforge.plan.match import Match
 from solforge.plan.sharing import Sharing
 from solforge.plan.softmax import _val, cast_of, live_users
 

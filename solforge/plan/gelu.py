@@ -31,7 +31,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from solforge.plan import Match
+from solforge.plan.match import Match
 from solforge.plan.sharing import Sharing
 
 aten = torch.ops.aten

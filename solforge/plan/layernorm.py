@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match, merged_dims, static_dims, viewed
+from solforge.plan.match import Match, merged_dims, static_dims, viewed
 
 aten = torch.ops.aten
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match
 from solforge.plan import cross_entropy as ce
+from solforge.plan.match import Match
 from solforge.plan.sharing import Sharing
 from solforge.plan.softmax import _val
 

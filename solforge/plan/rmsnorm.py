@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match, merged_dims, moved_dim, static_dims, viewed
+from solforge.plan.match import Match, merged_dims, moved_dim, static_dims, viewed
 from solforge.plan.sharing import dead_detach
 
 aten = torch.ops.aten

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match
 from solforge.plan import rmsnorm as rmsnorm_plan
+from solforge.plan.match import Match
 from solforge.plan.sharing import kept_nodes
 
 aten = torch.ops.aten

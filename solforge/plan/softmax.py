@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match
+from solforge.plan.match import Match
 from solforge.plan.sharing import Sharing
 
 aten = torch.ops.aten

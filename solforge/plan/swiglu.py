@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.plan import Match
+from solforge.plan.match import Match
 
 aten = torch.ops.aten
 

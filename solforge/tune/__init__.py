@@ -7,23 +7,28 @@ Every candidate ends as a TuningRecord; a failure is a record with its reason, n
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import TYPE_CHECKING
 
 from solforge.kernels import registry
-from solforge.records import BuildResult, Candidate, RunResult, TuneResult, TuningRecord, Workload
-from solforge.tune.timing import confirm, time_kernel
-from solforge.tune.verify import verify
+from solforge.records import Candidate, RunResult, TuneResult, TuningRecord, Workload
+from solforge.tune.measuring import (  # noqa: F401  (re-exported: the package's interface)
+    BACKEND,
+    _config,
+    candidates,
+    confirm_times,
+    family_module,
+    launcher_of,
+    measure,
+)
+from solforge.tune.timing import confirm, time_kernel  # noqa: F401  (as before: tune.verify is the function)
+from solforge.tune.verify import verify  # noqa: F401
 
 if TYPE_CHECKING:
     from solforge.db import KernelDB
     from solforge.tune.runners import Runner
 
-BACKEND = "triton"
 Progress = Callable[[TuningRecord], None]
 # Candidates proposed per worker at a time: enough to keep a worker and its builders busy,
 # few enough that the wall budget is checked often.
@@ -36,84 +41,6 @@ PATIENCE = 48
 # runs): close configs are ranked only when timed together.
 FINALISTS = 4
 FINALIST_SPREAD = 0.10
-
-
-def family_module(name: str) -> ModuleType:
-    """The family's kernel module, from the registry (kernels/registry.py); a dotted name outside
-    its table is a module path (fake families in tests)."""
-    return registry.module(name)
-
-
-def launcher_of(family: ModuleType) -> Callable[..., Any]:
-    """The family's launcher (registry.launcher: the function named like the family)."""
-    return registry.launcher(family)
-
-
-def candidates(family: ModuleType, workload: Workload) -> list[Candidate]:
-    """The heuristic config first (so even a tiny budget yields a verified default), then the space."""
-    configs = [registry.heuristic(family, workload)]
-    configs += [c for c in registry.space(family, workload) if c != configs[0]]
-    return [Candidate(workload, BACKEND, c.variant, c.items()) for c in configs]
-
-
-def _config(family: ModuleType, cand: Candidate) -> Any:
-    return registry.config_class(family)(**cand.config_dict)
-
-
-def measure(family: ModuleType, cand: Candidate, *, device: str, seed: int = 0,
-            on_stage: Callable[[str], None] | None = None, build_only: bool = False) -> TuningRecord:
-    """Build, verify and (if verified) time one candidate. `on_stage("build"|"verify"|"time")` is
-    called as each stage starts (a worker process reports it, so a hang is blamed on its stage).
-    `build_only`: stop after the build (a compile-only builder worker)."""
-    stage = on_stage or (lambda _: None)
-    config = _config(family, cand)
-    launcher = launcher_of(family)
-
-    def launch(*args: Any, **kwargs: Any) -> torch.Tensor:
-        return launcher(*args, config=config, **kwargs)
-
-    # build: Triton compiles on first launch, so a launch at the workload's shape is the build
-    t = time.perf_counter()
-    stage("build")
-    try:
-        args, kwargs = registry.make_inputs(family, cand.workload, seed=seed, device=device)
-        launch(*args, **kwargs)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        build = BuildResult(True, time.perf_counter() - t)
-    except Exception as e:
-        msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
-        return TuningRecord(cand, BuildResult(False, time.perf_counter() - t, msg))
-    if build_only:
-        return TuningRecord(cand, build)
-    stage("verify")
-    verdict = verify(family, cand.workload, launch, seed=seed + 1, device=device)
-    if not verdict.passed:
-        return TuningRecord(cand, build, verdict)
-    stage("time")
-    run = time_kernel(lambda: launch(*args, **kwargs), device)
-    return TuningRecord(cand, build, verdict, run)
-
-
-def confirm_times(cands: Sequence[Candidate], *, device: str, seed: int = 0) -> list[RunResult]:
-    """Time candidates of one workload side by side (timing.confirm: rounds, each timing every
-    candidate in turn, on one set of inputs). What a runner does for `Runner.confirm`; a candidate
-    that cannot run gets a RunResult with its error."""
-    fns: list[Callable[[], Any]] = []
-    inputs: dict[Workload, tuple[Any, Any]] = {}
-    for cand in cands:
-        family = family_module(cand.workload.family)
-        try:
-            if cand.workload not in inputs:
-                inputs[cand.workload] = registry.make_inputs(family, cand.workload, seed=seed, device=device)
-            args, kwargs = inputs[cand.workload]
-            launcher, config = launcher_of(family), _config(family, cand)
-            fns.append(lambda launcher=launcher, config=config, args=args, kwargs=kwargs:
-                       launcher(*args, config=config, **kwargs))
-        except Exception as e:
-            msg = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-            fns.append(lambda msg=msg: (_ for _ in ()).throw(RuntimeError(msg)))
-    return confirm(fns, device)
 
 
 def finalists(pool: Sequence[TuningRecord]) -> list[TuningRecord]:
@@ -181,7 +108,7 @@ def tune(workload: Workload, baseline: RunResult, *, device: str, budget_s: floa
     run = runner or LocalRunner(device, seed=seed)
     done: list[bool] = []
 
-    def measure(cands: Sequence[Candidate]) -> Iterator[TuningRecord]:
+    def measure_stored(cands: Sequence[Candidate]) -> Iterator[TuningRecord]:
         for rec in run.measure(cands):
             if db is not None:
                 db.add(workload, rec, run_id=run_id)
@@ -192,7 +119,7 @@ def tune(workload: Workload, baseline: RunResult, *, device: str, budget_s: floa
             progress(rec)
 
     try:
-        records = search(strat, measure, budget_s=budget_s, max_candidates=max_candidates,
+        records = search(strat, measure_stored, budget_s=budget_s, max_candidates=max_candidates,
                          batch=_batch(run),
                          patience=PATIENCE if strat.name == "evolutionary" else None,
                          progress=report, on_done=done.append)

@@ -300,7 +300,7 @@ class LocalRunner:
         self.device, self.builder, self.seed = device, builder, seed
 
     def measure(self, cands: Sequence[Candidate]) -> Iterator[TuningRecord]:
-        from solforge.tune import family_module, measure
+        from solforge.tune.measuring import family_module, measure
 
         built: Iterator[TuningRecord] = self.builder.build(cands) if self.builder else \
             (TuningRecord(c, BuildResult(True)) for c in cands)
@@ -312,7 +312,7 @@ class LocalRunner:
             yield _with_build_time(rec, b if self.builder else None)
 
     def confirm(self, cands: Sequence[Candidate]) -> list[RunResult]:
-        from solforge.tune import confirm_times
+        from solforge.tune.measuring import confirm_times
 
         return confirm_times(cands, device=self.device, seed=self.seed)
 
@@ -374,13 +374,13 @@ class _RayMeasurer:
         self.device, self.seed = device, seed
 
     def measure(self, cand: dict[str, Any]) -> dict[str, Any]:
-        from solforge.tune import family_module, measure
+        from solforge.tune.measuring import family_module, measure
 
         c = from_dict(Candidate, cand)
         return to_dict(measure(family_module(c.workload.family), c, device=self.device, seed=self.seed))
 
     def confirm(self, cands: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        from solforge.tune import confirm_times
+        from solforge.tune.measuring import confirm_times
 
         got = confirm_times([from_dict(Candidate, c) for c in cands], device=self.device, seed=self.seed)
         return [to_dict(r) for r in got]

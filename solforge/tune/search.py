@@ -33,10 +33,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from solforge import tune as _tune
 from solforge.errors import UserError
 from solforge.kernels import registry
 from solforge.records import Candidate, TuningRecord, Workload
+from solforge.tune import measuring
 from solforge.tune.cost_model import CostModel
 
 # Above this many configs "auto" searches evolutionarily. 64 configs at ~1-2 s each (compile,
@@ -219,7 +219,7 @@ def make_strategy(name: str, family: ModuleType, workload: Workload, *, seed: in
     first and never proposed again."""
     if name not in STRATEGIES:
         raise UserError(f"unknown search strategy {name!r}; use one of {', '.join(STRATEGIES)}")
-    cands = _tune.candidates(family, workload)
+    cands = measuring.candidates(family, workload)
     if name == "auto":
         name = "exhaustive" if len(cands) <= EXHAUSTIVE_MAX else "evolutionary"
 
