@@ -49,6 +49,7 @@ def capture_notes(captured: SolforgeBackend, cache: LoweringCache | None) -> lis
         notes += [f"lowering cache: {p}" for p in dict.fromkeys(cache.problems)]
     restored = sum(g.attention_restored for g in captured.graphs)
     if restored:
-        notes.append(f"attention: {restored} SDPA call(s) traced with a materialized causal mask run as "
-                     "is_causal SDPA again, as in eager (no K/V repeat copies)")
+        notes.append(f"attention: {restored} SDPA call(s) traced with a mask computed from sizes alone run as "
+                     "eager runs them: is_causal where the mask is causal, without a mask where it allows every "
+                     "key (no K/V repeat copies)")
     return notes
