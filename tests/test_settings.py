@@ -102,7 +102,8 @@ def test_the_table_in_the_module_doc_lists_every_switch() -> None:
             if line.startswith("| SOLFORGE_")]
     assert [r[0] for r in rows] == [env_of(f) for f in settings.switches()]
     assert [r[2] == "yes" for r in rows] == [f.metadata["kernels"] for f in settings.switches()]
-    assert [r[1] for r in rows] == ["1" if f.type == "bool" else "unset" for f in settings.switches()]
+    assert [r[1] for r in rows] == [("1" if f.default else "0") if f.type == "bool" else "unset"
+                                    for f in settings.switches()]
 
 
 # ----------------------------------------------------------------------------------------------
