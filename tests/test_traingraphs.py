@@ -500,19 +500,19 @@ def test_a_faster_capture_that_raises_peak_reserved_memory_past_a_tenth_is_dropp
     assert "".join(kinds) == "PPPR" + "RRPPRRPP" + "P" * 4, kinds
     assert t.peaks == (14 * GiB, 11 * GiB) and t._cap is None and t.settled
     assert t.declined == ("a replay raises the step's peak reserved memory by more than 10%: peak reserved "
-                          "14.00 GiB replayed against 11.00 GiB run as it is (SOLFORGE_TRAIN_GRAPHS_MEMORY=1 keeps it)")
+                          "14.00 GiB replayed against 11.00 GiB run as it is (SOLFORGE_TRAIN_MEMORY_RULE=0 keeps it)")
 
 
 @pytest.mark.parametrize("after", [13.0, 11.0], ids=["3-GiB-capture-allowed", "1-GiB-capture"])
 def test_a_capture_within_the_memory_rule_or_allowed_more_is_kept(monkeypatch: pytest.MonkeyPatch,
                                                                   after: float) -> None:
     """1 GiB on a 14 GiB peak (7.7% over the 13 GiB a step run as it is needs) is within the rule;
-    3 GiB is kept only with SOLFORGE_TRAIN_GRAPHS_MEMORY=1. The summary says both peaks."""
+    3 GiB is kept only with SOLFORGE_TRAIN_MEMORY_RULE=0. The summary says both peaks."""
     from solforge import settings
 
     _memory(monkeypatch, 10, after, 14)
     step = _wrapped(_graph())
-    with settings.override(train_graphs_memory=after == 13.0):
+    with settings.override(train_memory_rule=after != 13.0):
         kinds = _clocked_steps(monkeypatch, step, _params(), 16, 0.0085, 0.0643)
     t = step.training
     assert t is not None and t.declined is None, t.summary()

@@ -36,7 +36,7 @@ calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off
    Memory is judged too: a capture whose replayed step's peak reserved memory is more than
    TRAIN_MEMORY times the step run as it is without the capture (the peak of the run steps less
    what the capture reserved: its pool, and its warm-up run on a stream of its own) is dropped,
-   unless SOLFORGE_TRAIN_GRAPHS_MEMORY=1 (settings.train_graphs_memory): on two held-out
+   unless SOLFORGE_TRAIN_MEMORY_RULE=0 (settings.train_memory_rule): on two held-out
    decoders the replayed step's peak reserved memory was 35-45% above torch.compile's. A capture
    kept unjudged for want of room is held to the same rule at once, on the memory reserved then. (Until 2026-11-26 the
    host's enqueue time was compared with the span, and the capture kept without a judgement: a
@@ -92,20 +92,21 @@ from torch.utils import _pytree as pytree
 from solforge import settings
 from solforge.runtime.accumulate import accumulates_in_place
 
-# settings.train_graphs, .train_accumulate and .train_graphs_memory, kept here: read on every step.
+# settings.train_graphs, .train_accumulate and .train_memory_rule, kept here: read on every step.
 # ACCUMULATE: the accumulating backward (module doc, 5); SOLFORGE_TRAIN_ACCUMULATE=0 leaves every
-# backward to the regular one. MORE_MEMORY: captures are kept whatever memory they add (module doc, 2)
+# backward to the regular one. MEMORY_RULE: captures that add too much memory are dropped (module
+# doc, 2); SOLFORGE_TRAIN_MEMORY_RULE=0 keeps them whatever memory they add
 ENABLED = True
 ACCUMULATE = True
-MORE_MEMORY = False
+MEMORY_RULE = True
 
 
 def _follow(s: settings.Settings) -> None:
-    global ENABLED, ACCUMULATE, MORE_MEMORY
-    ENABLED, ACCUMULATE, MORE_MEMORY = s.train_graphs, s.train_accumulate, s.train_graphs_memory
+    global ENABLED, ACCUMULATE, MEMORY_RULE
+    ENABLED, ACCUMULATE, MEMORY_RULE = s.train_graphs, s.train_accumulate, s.train_memory_rule
 
 
-settings.follow(_follow, "train_graphs", "train_accumulate", "train_graphs_memory")
+settings.follow(_follow, "train_graphs", "train_accumulate", "train_memory_rule")
 # the share of a timed forward's span (events around it, idle gaps included) that the GPU sat idle
 # (span - its busy time behind a sleep, stepgraphs.cuda_busy) at or above which it is captured:
 # only the idle time is what a replay can take out, and a capture holds memory for good
@@ -131,7 +132,7 @@ _clock = time.perf_counter  # the host's clock for whole steps (the CPU tests pu
 # capture is kept as the screen found it (a run that does not fit would end the caller's training)
 TRAIN_JUDGE_ROOM = 1.25
 # a kept capture's step may reserve at most this many times the memory of a step run as it is
-# without the capture (module doc, 2; SOLFORGE_TRAIN_GRAPHS_MEMORY=1 lifts it)
+# without the capture (module doc, 2; SOLFORGE_TRAIN_MEMORY_RULE=0 lifts it)
 TRAIN_MEMORY = 1.10
 
 # captures of the accumulating backward a graph gets, in all, before .grad tensors that keep moving
@@ -616,12 +617,12 @@ class TrainGraph:
     def _too_much_memory(self) -> bool:
         """Once the capture is judged (or kept unjudged): whether it raises the step's peak
         reserved memory past TRAIN_MEMORY times that of a step run as it is; if so (and
-        SOLFORGE_TRAIN_GRAPHS_MEMORY is off) it is dropped, its pool given back."""
+        SOLFORGE_TRAIN_MEMORY_RULE is on) it is dropped, its pool given back."""
         self.peaks = self._memory()
-        if self.peaks is None or MORE_MEMORY or self.peaks[0] <= TRAIN_MEMORY * self.peaks[1]:
+        if self.peaks is None or not MEMORY_RULE or self.peaks[0] <= TRAIN_MEMORY * self.peaks[1]:
             return False
         self.declined = (f"a replay raises the step's peak reserved memory by more than "
-                         f"{TRAIN_MEMORY - 1:.0%}: {self._peaks_text()} (SOLFORGE_TRAIN_GRAPHS_MEMORY=1 keeps it)")
+                         f"{TRAIN_MEMORY - 1:.0%}: {self._peaks_text()} (SOLFORGE_TRAIN_MEMORY_RULE=0 keeps it)")
         self.release()
         give_back_pool()
         return True
