@@ -248,7 +248,8 @@ def optimize(
         e2e=e2e, timings_meaningful=device == "cuda", notes=tuple(notes),
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), command=opts.command or " ".join(sys.argv),
         graphs=len(captured.graphs), profile=prof, profile_after=prof_after,
-        extra={"stage_seconds": rep.seconds, "wall_seconds": round(time.perf_counter() - started, 3)},
+        extra={"stage_seconds": rep.seconds, "wall_seconds": round(time.perf_counter() - started, 3),
+               "tune_peak_gb": None if tuned.peak_bytes is None else round(tuned.peak_bytes / 1e9, 3)},
     )
     if opts.out_dir is not None:
         write_report(report, opts.out_dir)
@@ -339,7 +340,9 @@ def _region_report(group: _plan.WorkloadGroup, res: TuneResult, keep: Collection
     built = sum(1 for r in res.records if r.build.ok)
     timed = sum(1 for r in res.records if r.run is not None and r.run.ok)
     note = None
-    if best is None:
+    if res.source == "untimed":
+        note = f"not tuned: the region could not be timed ({res.baseline.error})"
+    elif best is None:
         errs = [r.error for r in res.records if r.error]
         note = "no candidate passed: " + (errs[0] if errs else "none measured")
     return RegionReport(

@@ -137,7 +137,9 @@ class TuneResult:
     baseline: RunResult
     records: tuple[TuningRecord, ...] = ()  # measured by this run
     best: TuningRecord | None = None
-    source: str = "tuned"  # "database": the winner of an earlier, finished search, nothing measured
+    # "database": the winner of an earlier, finished search, nothing measured; "untimed": the region
+    # could not be timed for want of memory, so it was not tuned (left as the model ran it)
+    source: str = "tuned"
     known: int = 0  # earlier measurements (database) the search used instead of measuring again
 
     @property
@@ -165,7 +167,7 @@ class RegionReport:
     label: str = ""  # short shape/dtype name for tables
     config_text: str | None = None  # the config as the custom op receives it
     modules: tuple[str, ...] = ()  # module paths of the regions (first few)
-    source: str = "tuned"  # "tuned" (measured by this run) or "database" (an earlier run's winner)
+    source: str = "tuned"  # "tuned" (measured by this run), "database" (an earlier run's winner) or "untimed"
     built: int = 0  # candidates this run compiled ...
     timed: int = 0  # ... and timed (verified ones); `rejected` failed to build, verify or time
     known: int = 0  # earlier measurements from the database used instead of measuring again

@@ -35,6 +35,8 @@ def kept_out(groups: Sequence[_plan.WorkloadGroup], results: Sequence[TuneResult
     keep = set(slower) | (unverified - backward)
     notes = []
     for r in results:
+        if r.source == "untimed":  # the tune stage said why (its baseline did not fit)
+            continue
         if r.workload in unverified:
             what = "its backward" if r.workload in backward else "it"
             notes.append(f"{r.workload.key}: no kernel verified, so {what} stays as the model ran it")

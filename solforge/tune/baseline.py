@@ -10,10 +10,29 @@ from solforge.kernels import registry
 from solforge.records import RunResult
 from solforge.tune.timing import time_kernel
 
+OUT_OF_MEMORY = "OutOfMemoryError"  # how a baseline's error starts when the region did not fit
+
 
 def region_baseline(group: _plan.WorkloadGroup, device: str) -> RunResult:
     """Time the region exactly as the model ran it (the extracted ATen subgraph); for a backward
-    group, eager autograd's backward of that subgraph."""
+    group, eager autograd's backward of that subgraph. A region that does not fit beside the model
+    (its inputs drawn afresh, its outputs, eager's backward) gives a RunResult whose error starts
+    with OUT_OF_MEMORY (`untimed`), never an exception."""
+    try:
+        return _baseline(group, device)
+    except torch.OutOfMemoryError as e:
+        err = f"{OUT_OF_MEMORY}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+    if device == "cuda":
+        torch.cuda.empty_cache()  # what the attempt cached goes back before the next region's
+    return RunResult(error=err)
+
+
+def untimed(baseline: RunResult) -> bool:
+    """Whether the region could not be timed for want of memory (it is then left as it is)."""
+    return (baseline.error or "").startswith(OUT_OF_MEMORY)
+
+
+def _baseline(group: _plan.WorkloadGroup, device: str) -> RunResult:
     assert group.example is not None
     sub, metas = _plan.extract(group.example[1])
     gen = torch.Generator(device="cpu").manual_seed(0)

@@ -9,13 +9,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from solforge import plan as _plan
 from solforge.kernels import registry
 from solforge.options import Options
 from solforge.records import TuneResult
 from solforge.report.progress import Reporter
 from solforge.tune import candidates, tune
-from solforge.tune.baseline import region_baseline
+from solforge.tune.baseline import region_baseline, untimed
 
 if TYPE_CHECKING:
     from solforge.db import KernelDB
@@ -23,10 +25,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class TuneStage:
-    """What the tune stage produced: one TuneResult per group (in the groups' order) and notes."""
+    """What the tune stage produced: one TuneResult per group (in the groups' order), notes, and
+    the most memory torch allocated on the GPU during it (bytes; None off the GPU; a process or
+    Ray runner's workers allocate in their own processes, not counted here)."""
 
     results: list[TuneResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    peak_bytes: int | None = None
 
 
 def known(kdb: KernelDB, workload: Any, resume: bool) -> bool:
@@ -38,10 +43,13 @@ def known(kdb: KernelDB, workload: Any, resume: bool) -> bool:
 def tune_groups(groups: Sequence[_plan.WorkloadGroup], *, device: str, opts: Options, kdb: KernelDB | None,
                 cached: set[Any], run_id: str, reporter: Reporter) -> TuneStage:
     """Tune each group's workload (`cached`: those the database answers without a search); the
-    budget left is shared among the groups still to search."""
+    budget left is shared among the groups still to search. A region that cannot be timed for
+    want of memory is not tuned: it stays as the model ran it (source "untimed", with a note)."""
     from solforge.tune.runners import make_runner
 
     out = TuneStage()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     todo = [g for g in groups if g.workload not in cached]
     run = make_runner(opts.runner, device=device, gpus=opts.gpus, timeout_s=opts.timeout,
@@ -61,7 +69,11 @@ def tune_groups(groups: Sequence[_plan.WorkloadGroup], *, device: str, opts: Opt
                 baseline = region_baseline(group, device)
                 if kdb is not None and baseline.ok:
                     kdb.set_baseline(group.workload, sig, baseline)
-            if group.workload in cached:
+            if untimed(baseline):
+                res = TuneResult(group.workload, baseline, (), None, source="untimed")
+                out.notes.append(f"{group.workload.key}: the region as the model ran it could not be timed "
+                                 f"({baseline.error}): left as it is, not tuned")
+            elif group.workload in cached:
                 res = tune(group.workload, baseline, device=device, budget_s=0, db=kdb)
             else:
                 left = max(0.0, opts.budget - (time.perf_counter() - t0))
@@ -78,6 +90,8 @@ def tune_groups(groups: Sequence[_plan.WorkloadGroup], *, device: str, opts: Opt
     finally:
         if run is not None:
             run.close()
+    if device == "cuda":
+        out.peak_bytes = torch.cuda.max_memory_allocated()
     if stored_baselines:
         out.notes.append(f"the original time of {stored_baselines} region(s) came from the kernel database "
                          "(measured by an earlier run on this device; --retune measures everything again)")
