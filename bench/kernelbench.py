@@ -119,11 +119,13 @@ def variant(path: str, name: str, dtype: str, budget: float, device: str, scale:
                               for r in rep["regions"]]
             row["notes"] = rep["notes"]
             row["e2e"] = rep["e2e"]
+            row["returned"] = rep["returned"]  # optimized, subset, or original (the model itself: no graphs)
         out = fn(*inputs)  # compiles, captures and warms up
         row["max_rel_err_vs_eager"] = float(f"{_rel_err(out, ref):.3g}")
         us = _time_us(lambda: fn(*inputs), device)
         if name == "solforge":  # how each graph runs: replayed from a CUDA graph or not, and why
-            row["step_graphs"] = [s.summary() for s in fn.solforge_stats.step_graphs]
+            stats = getattr(fn, "solforge_stats", None)
+            row["step_graphs"] = [s.summary() for s in stats.step_graphs] if stats is not None else []
         if device == "cuda":
             row["loop_us"] = round(loop_us(lambda: fn(*inputs), 200), 2)
             if profile:

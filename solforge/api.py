@@ -16,19 +16,21 @@ import torch
 from solforge import capture as _capture
 from solforge import plan as _plan
 from solforge import settings
+from solforge.capture.backend import static_shapes
 from solforge.capture.stage import capture_model, capture_notes, lowering_cache
 from solforge.errors import UserError
-from solforge.integrate import Integrator, config_text, integrate_captured
+from solforge.integrate import IntegrationStats, Integrator, config_text, integrate, integrate_captured
 from solforge.integrate.select import integration_notes, kept_out, not_faster, winner_configs
 from solforge.kernels import registry
 from solforge.numerics import dtype_name
 from solforge.options import MODES, Options, check_families
-from solforge.records import E2EReport, Profile, RegionReport, Report, TuneResult
+from solforge.records import E2EReport, Profile, RegionReport, Report, TuneResult, Workload
 from solforge.report import TRACE_BASELINE, TRACE_OPTIMIZED, ensure_writable, write_report
 from solforge.report.progress import Reporter, Silent, Timed
 from solforge.runtime.stepgraphs import settled_since_now
 from solforge.tune.stage import known, tune_groups
 from solforge.validate import validate
+from solforge.validate.guarantee import OPTIMIZED, ORIGINAL, SUBSET, Choice, choose, failed_run, gains, release
 from solforge.validate.notes import host_time, random_ops
 
 if TYPE_CHECKING:
@@ -124,12 +126,20 @@ def optimize(
     resume: bool = False,
     profile: str = "auto",
     cuda_graphs: bool = True,
+    keep_slower: bool = False,
 ) -> tuple[Callable[..., Any], Report]:
     """Optimize `model` for inputs shaped like `example_inputs` (on the device the model is on).
 
-    Returns the optimized model (called exactly like `model`) and the Report. `budget` is the
-    tuning time in seconds across all workloads; every workload measures at least one candidate.
-    With `out_dir`, writes `out_dir/report.json`.
+    Returns a model (called exactly like `model`) and the Report. On a GPU the model returned
+    passed the end-to-end check and is not slower end to end than `model`; where the model with
+    every kernel is not so, one without the kernels that save least (a subset) or else `model`
+    itself is returned (validate/guarantee.py). Off the GPU speed is not judged, but a model that
+    fails the check gives `model` back. `report.returned` ("optimized", "subset", "original") and
+    `report.why` say which and why, `report.attempts` every model checked; `keep_slower` returns
+    the model with every kernel whatever its check or its speed (for analysis).
+
+    `budget` is the tuning time in seconds across all workloads; every workload measures at least
+    one candidate. With `out_dir`, writes `out_dir/report.json`.
 
     Tuning: `strategy` (auto, exhaustive, evolutionary) searches each workload's space on
     `runner` (local: in this process; process: one worker process per GPU in `gpus`, isolating
@@ -148,7 +158,7 @@ def optimize(
                    families=tuple(families) if families is not None else None, max_candidates=max_candidates,
                    command=command, db=db, runner=runner, gpus=tuple(gpus) if gpus else None, strategy=strategy,
                    build_workers=build_workers, timeout=timeout, retune=retune, resume=resume, profile=profile,
-                   cuda_graphs=cuda_graphs)
+                   cuda_graphs=cuda_graphs, keep_slower=keep_slower)
     opts.check()
     if opts.out_dir is not None:
         ensure_writable(opts.out_dir)
@@ -206,9 +216,9 @@ def optimize(
     keep, kept_notes = kept_out(groups, results, meaningful=device == "cuda")
     notes += kept_notes
     winners = winner_configs(results, keep)
-    optimized: Callable[..., Any] = model
-    e2e: E2EReport | None = None
     prof_after: Profile | None = None
+    choice = Choice(model, ORIGINAL, "no region of a known kernel family was found" if not groups else
+                    "no region got a kernel that is verified and (on the GPU) faster than the region", None)
     if winners:
         rep.stage("integrate", f"{len(winners)} kernel(s)")
         # the capture's own compiled model, rewritten in place: no second trace
@@ -217,43 +227,88 @@ def optimize(
         optimized, stats = integrate_captured(captured, winners, families=fams, train=opts.train, keep=keep,
                                               db=db_path, cuda_graphs=opts.cuda_graphs)
         rep.stage("validate", "original vs optimized on fresh inputs")
-        fresh = tuple(opts.make_inputs(1)) if opts.make_inputs is not None else _fresh(example_inputs)
-        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if opts.train else None
-        is_lm = opts.is_language_model
-        if is_lm is None:
-            is_lm = hasattr(getattr(model, "config", None), "vocab_size")
-        e2e = validate(model, optimized, fresh, dtype=dtype, device=device, is_language_model=is_lm, params=params,
-                       settled=settled_since_now(stats.step_graphs))
-        if device == "cuda" and e2e.speedup is not None and e2e.speedup < 1:
-            graphed = "" if opts.train else "; solforge.runtime.graphed replays a forward from a CUDA graph"
-            notes.append(f"the optimized model is slower end to end than the original ({e2e.speedup:.2f}x): "
-                         f"keep the original for these inputs ({host_time(stats.step_graphs)}{graphed})")
+        choice, stats = _deliver(model, example_inputs, (optimized, stats), opts, winners=winners, keep=keep,
+                                 groups=groups, results=results, device=device, dtype=dtype, db_path=db_path,
+                                 cache=cache, reporter=rep)
         drawn = random_ops(g.aten for g in captured.graphs)
         if drawn:
             notes.append(f"the model draws random numbers ({', '.join(drawn)}): the end-to-end check started "
                          "both models from the same seed")
-        notes += integration_notes(stats, groups, winners)
-        if prof is not None:
+        notes += integration_notes(stats, groups, {w: c for w, c in winners.items() if w not in choice.dropped})
+        if prof is not None and choice.returned != ORIGINAL:
             rep.stage("profile", "the optimized model, the same way")
             prof_after = _profile_stage(
                 model, example_inputs, device=device, name=name, families=fams,
-                rewrite=Integrator(dict(winners), fams, train=opts.train, keep=frozenset(keep), db=db_path),
+                rewrite=Integrator(dict(winners), fams, train=opts.train, keep=frozenset(keep | choice.dropped),
+                                   db=db_path),
                 trace=opts.out_dir / TRACE_OPTIMIZED if opts.out_dir is not None else None, lowering_cache=cache)
+    notes.append(f"{RETURNED[choice.returned]}: {choice.why}")
 
     rep.stop()
     report = Report(
         model=name, device=_device_name(device), dtype=dtype_name(dtype), mode=opts.mode,
         versions=versions(device), settings=settings.current().as_dict(),
-        regions=tuple(_region_report(g, r, keep) for g, r in zip(groups, results, strict=True)),
-        e2e=e2e, timings_meaningful=device == "cuda", notes=tuple(notes),
+        regions=tuple(_region_report(g, r, keep | choice.dropped) for g, r in zip(groups, results, strict=True)),
+        e2e=choice.e2e, timings_meaningful=device == "cuda", notes=tuple(notes),
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), command=opts.command or " ".join(sys.argv),
         graphs=len(captured.graphs), profile=prof, profile_after=prof_after,
         extra={"stage_seconds": rep.seconds, "wall_seconds": round(time.perf_counter() - started, 3),
                "tune_peak_gb": None if tuned.peak_bytes is None else round(tuned.peak_bytes / 1e9, 3)},
+        returned=choice.returned, why=choice.why, attempts=tuple(choice.attempts),
     )
     if opts.out_dir is not None:
         write_report(report, opts.out_dir)
-    return optimized, report
+    return choice.model, report
+
+
+# the note that says what optimize returned, before its reason
+RETURNED = {OPTIMIZED: "returned the optimized model", SUBSET: "returned the optimized model without some kernels",
+            ORIGINAL: "returned the original model"}
+
+
+def _deliver(model: torch.nn.Module, example_inputs: tuple[Any, ...], full: tuple[Any, IntegrationStats],
+             opts: Options, *, winners: dict[Workload, str], keep: set[Any], groups: list[_plan.WorkloadGroup],
+             results: list[TuneResult], device: str, dtype: torch.dtype, db_path: Path | None,
+             cache: _capture.LoweringCache | None, reporter: Timed) -> tuple[Choice, IntegrationStats]:
+    """The validate stage and the guarantee (validate/guarantee.py): the full model checked, subsets
+    integrated again and checked where it is not acceptable, the choice made; every model not
+    returned has its CUDA graphs released. Returns the choice and the returned model's stats (the
+    full model's when the original comes back)."""
+    fresh = tuple(opts.make_inputs(1)) if opts.make_inputs is not None else _fresh(example_inputs)
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if opts.train else None
+    is_lm = opts.is_language_model
+    if is_lm is None:
+        is_lm = hasattr(getattr(model, "config", None), "vocab_size")
+    stats_of: dict[int, IntegrationStats] = {id(full[0]): full[1]}
+
+    def check(optimized: Any) -> E2EReport:
+        try:
+            return validate(model, optimized, fresh, dtype=dtype, device=device, is_language_model=is_lm,
+                            params=params, settled=settled_since_now(stats_of[id(optimized)].step_graphs))
+        except Exception as e:  # noqa: BLE001 - a model that cannot run is one that failed its check
+            return failed_run(e)
+
+    def retry(dropped: frozenset[Workload]) -> tuple[Any, E2EReport]:
+        reporter.stage("validate", f"without the kernels of {len(dropped)} workload(s)")
+        optimized, stats = integrate(model, winners, families=check_families(opts.families), train=opts.train,
+                                     keep=keep | dropped, db=db_path, cuda_graphs=opts.cuda_graphs, cache=cache)
+        stats_of[id(optimized)] = stats
+        try:  # compiled for the example inputs as the capture was: static graphs
+            with static_shapes(), torch.set_grad_enabled(opts.train):
+                optimized(*example_inputs)
+        except Exception as e:  # noqa: BLE001 - said by its check
+            return optimized, failed_run(e)
+        return optimized, check(optimized)
+
+    integrated = {g.workload for g in groups if g.forward is None and g.workload in winners}
+    graphed = "" if opts.train else "; solforge.runtime.graphed replays a forward from a CUDA graph"
+    choice = choose(model, (full[0], check(full[0])), retry, gains(groups, results, integrated),
+                    meaningful=device == "cuda", keep_slower=opts.keep_slower,
+                    hint=f"{host_time(full[1].step_graphs)}{graphed}")
+    for optimized, _ in choice.runs:
+        if optimized is not choice.model:
+            release(stats_of[id(optimized)])
+    return choice, stats_of.get(id(choice.model), full[1])
 
 
 def profile(

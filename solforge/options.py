@@ -37,6 +37,7 @@ class Options:
     resume: bool = False
     profile: str = "auto"
     cuda_graphs: bool = True
+    keep_slower: bool = False
 
     @property
     def train(self) -> bool:

@@ -205,6 +205,20 @@ class E2EReport:
 
 
 @dataclass(frozen=True)
+class Attempt:
+    """One model `optimize` validated before choosing what to return (validate/guarantee.py): the
+    forward workloads it left out against the full set of winners, and its end-to-end result."""
+
+    dropped: tuple[str, ...]  # workload keys left as the model ran them; () for the full set
+    regions: int  # forward workloads whose kernels it ran
+    passed: bool
+    speedup: float | None
+    baseline_ms: float | None = None
+    optimized_ms: float | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
 class Ceilings:
     """A device's measured limits (profile/ceilings.py): what "speed of light" means on it."""
 
@@ -295,6 +309,12 @@ class Report:
     # every SOLFORGE_* switch the run had (solforge.settings.Settings.as_dict); {} in reports written
     # before it was recorded
     settings: dict[str, Any] = field(default_factory=dict)
+    # what optimize returned (validate/guarantee.py): "optimized" (every verified, faster kernel),
+    # "subset" (some left out: faster so), "original" (the model itself); "" before it was recorded.
+    # `why` says why, with the numbers; `attempts` holds every model validated on the way
+    returned: str = ""
+    why: str = ""
+    attempts: tuple[Attempt, ...] = ()
 
 
 # ----------------------------------------------------------------------------------------------
