@@ -290,6 +290,8 @@ def _deliver(model: torch.nn.Module, example_inputs: tuple[Any, ...], full: tupl
 
     def retry(dropped: frozenset[Workload]) -> tuple[Any, E2EReport]:
         reporter.stage("validate", f"without the kernels of {len(dropped)} workload(s)")
+        for stats in stats_of.values():  # the models tried before are not returned: their graphs' memory goes
+            release(stats)
         optimized, stats = integrate(model, winners, families=check_families(opts.families), train=opts.train,
                                      keep=keep | dropped, db=db_path, cuda_graphs=opts.cuda_graphs, cache=cache)
         stats_of[id(optimized)] = stats

@@ -219,6 +219,36 @@ def test_optimize_returns_a_faster_subset_integrated_again(monkeypatch: pytest.M
         torch.testing.assert_close(opt(x), m(x), rtol=1e-5, atol=1e-5)
 
 
+def test_train_mode_returns_a_faster_subset_whose_gradients_are_eagers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Train mode: the same rule on whole training steps. The subset is integrated again with its
+    forward ops' backward kernels (FWD|BWD) and checked on gradients too; a training step through
+    it gives the original's gradients."""
+    from solforge import api
+
+    real_validate, real_choose = api.validate, api.choose
+
+    def validate(original: Any, optimized: Any, *args: Any, **kwargs: Any) -> E2EReport:
+        e2e = real_validate(original, optimized, *args, **kwargs)
+        assert e2e.grads_compared > 0
+        replaced = sum(optimized.solforge_stats.replaced.values())
+        return E2EReport(**{**e2e.__dict__, "speedup": 0.8 if replaced == 2 else 1.1})
+
+    monkeypatch.setattr(api, "validate", validate)
+    monkeypatch.setattr(api, "choose", lambda *a, **k: real_choose(*a, **{**k, "meaningful": True}))
+    m = TwoNorms().to(DEVICE)
+    opt, report = _optimize(m, mode="train")
+    assert report.returned == "subset" and [a.speedup for a in report.attempts] == [0.8, 1.1], report.why
+    assert report.e2e is not None and report.e2e.passed and report.e2e.grads_compared > 0
+    assert sum(opt.solforge_stats.replaced.values()) == 1
+    ref = TwoNorms().to(DEVICE)
+    ref.load_state_dict(m.state_dict())
+    x = torch.randn(3, 32, device=DEVICE)
+    opt(x).square().sum().backward()
+    ref(x).square().sum().backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
 def test_a_model_that_raises_while_checked_is_a_failed_check() -> None:
     e = guarantee.failed_run(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert not e.passed
