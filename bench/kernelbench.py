@@ -119,6 +119,7 @@ def variant(path: str, name: str, dtype: str, budget: float, device: str, scale:
                               for r in rep["regions"]]
             row["notes"] = rep["notes"]
             row["e2e"] = rep["e2e"]
+            row["returned"] = rep["returned"]  # optimized, subset, or original (the model itself: no graphs)
         out = fn(*inputs)  # compiles, captures and warms up
         row["max_rel_err_vs_eager"] = float(f"{_rel_err(out, ref):.3g}")
         us = _time_us(lambda: fn(*inputs), device)

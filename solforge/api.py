@@ -2,83 +2,44 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
-import math
-import os
 import platform
 import sys
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from solforge import capture as _capture
 from solforge import plan as _plan
 from solforge import settings
+from solforge.capture.backend import static_shapes
+from solforge.capture.stage import capture_model, capture_notes, lowering_cache
 from solforge.errors import UserError
-from solforge.integrate import Integrator, config_text, integrate_captured
+from solforge.integrate import IntegrationStats, Integrator, config_text, integrate, integrate_captured
+from solforge.integrate.select import integration_notes, kept_out, not_faster, winner_configs
 from solforge.kernels import registry
 from solforge.numerics import dtype_name
-from solforge.records import E2EReport, Profile, RegionReport, Report, RunResult, TuneResult, TuningRecord
+from solforge.options import MODES, Options, check_families, check_interpreter, check_seconds  # noqa: F401  (check_seconds: the CLI's)
+from solforge.records import E2EReport, Profile, RegionReport, Report, TuneResult, Workload
 from solforge.report import TRACE_BASELINE, TRACE_OPTIMIZED, ensure_writable, write_report
+from solforge.report.progress import Reporter, Silent, Timed
 from solforge.runtime.stepgraphs import settled_since_now
-from solforge.tune import candidates, tune
-from solforge.tune.timing import time_kernel
+from solforge.tune.stage import known, tune_groups
 from solforge.validate import validate
+from solforge.validate.guarantee import OPTIMIZED, ORIGINAL, SUBSET, Choice, choose, failed_run, gains, release
+from solforge.validate.notes import host_time, random_ops
 
 if TYPE_CHECKING:
     from solforge.db import KernelDB
 
-MODES = ("inference", "train")
-
-
-class Reporter(Protocol):
-    """What optimize() tells the outside world as it goes (the CLI draws progress bars with it)."""
-
-    def stage(self, name: str, detail: str = "") -> None: ...
-    def tune_start(self, workload_key: str, n_candidates: int) -> None: ...
-    def tune_step(self, record: TuningRecord) -> None: ...
-    def tune_end(self, result: TuneResult) -> None: ...
-
-
-class _Timed:
-    """Passes every call on to a Reporter and keeps the wall seconds of each stage (report.json's
-    `extra.stage_seconds`: what a cold and a warm run spend where)."""
-
-    def __init__(self, inner: Reporter) -> None:
-        self.inner = inner
-        self.seconds: dict[str, float] = {}
-        self._current: tuple[str, float] | None = None
-
-    def stage(self, name: str, detail: str = "") -> None:
-        self.stop()
-        self._current = (name, time.perf_counter())
-        self.inner.stage(name, detail)
-
-    def stop(self) -> None:
-        if self._current is not None:
-            name, t = self._current
-            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t, 3)
-            self._current = None
-
-    def tune_start(self, workload_key: str, n_candidates: int) -> None:
-        self.inner.tune_start(workload_key, n_candidates)
-
-    def tune_step(self, record: TuningRecord) -> None:
-        self.inner.tune_step(record)
-
-    def tune_end(self, result: TuneResult) -> None:
-        self.inner.tune_end(result)
-
-
-class _Silent:
-    def stage(self, name: str, detail: str = "") -> None: ...
-    def tune_start(self, workload_key: str, n_candidates: int) -> None: ...
-    def tune_step(self, record: TuningRecord) -> None: ...
-    def tune_end(self, result: TuneResult) -> None: ...
+# names other modules and tests import from here
+__all__ = ["MODES", "Reporter", "check_device", "host_time", "kept_out", "not_faster", "optimize", "profile",
+           "random_ops", "versions"]
 
 
 def versions(device: str) -> dict[str, str]:
@@ -107,37 +68,6 @@ def _version() -> str:
         return "unknown"
 
 
-def check_seconds(flag: str, value: object) -> float:
-    """A time limit (--budget, --timeout) as a positive finite number of seconds, or a UserError:
-    nan compares false with everything, so `value <= 0` alone lets it (and inf) through."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    if not ok:
-        raise UserError(f"{flag} must be a positive, finite number of seconds (got {value!r})")
-    return float(value)  # type: ignore[arg-type]
-
-
-def check_interpreter() -> None:
-    """A model on the CPU: solforge's kernels run there only in Triton's interpreter, which is
-    decided when they are defined (`import solforge` switches it on where there is no GPU). Refused
-    in one line where it is off, rather than every candidate failing."""
-    from triton.language import standard
-
-    from solforge.kernels.interp import INTERPRETED
-
-    setting = os.environ.get("TRITON_INTERPRET")
-    if not INTERPRETED:
-        raise UserError("the model is on the CPU, where solforge's kernels run only in Triton's interpreter, and it "
-                        f"is off (TRITON_INTERPRET={setting if setting is not None else 'unset'}): set "
-                        "TRITON_INTERPRET=1 in the environment before solforge is imported, or put the model on a GPU")
-    # Triton's own library (tl.cdiv, tl.sigmoid, ...) is made when triton is imported: imported
-    # before the switch, it is compiled code the interpreted kernels cannot call
-    probe = getattr(standard, "cdiv", None)
-    if probe is not None and type(probe).__name__ != "InterpretedFunction":
-        raise UserError("the model is on the CPU, where solforge's kernels run in Triton's interpreter, but triton "
-                        "was imported before it was switched on: import solforge before triton, or set "
-                        "TRITON_INTERPRET=1 in the environment")
-
-
 def check_device(device: str) -> str:
     """'cuda' or 'cpu', or a UserError saying what to do (one check for loaders and optimize)."""
     from solforge.zoo.base import resolve_device
@@ -158,17 +88,6 @@ def _model_dtype(model: torch.nn.Module, inputs: Sequence[Any]) -> torch.dtype:
     return torch.float32
 
 
-def host_time(step_graphs: Sequence[Any]) -> str:
-    """What the graphs' timed calls (stepgraphs.py: host time to enqueue a call against its GPU
-    time) say about a slow end-to-end result."""
-    timed = [s for s in step_graphs if s.host_s is not None and s.gpu_s is not None]
-    if not timed:
-        return "a step this small may be bound by the host's launches"
-    host, gpu = sum(s.host_s for s in timed) * 1e6, sum(s.gpu_s for s in timed) * 1e6
-    bound = ": bound by the host" if host >= gpu else ""
-    return f"its timed call took {host:.0f} us of host time for {gpu:.0f} us on the GPU{bound}"
-
-
 def _check_trainable(model: torch.nn.Module, inputs: Sequence[Any]) -> None:
     """--mode train differentiates the outputs with respect to the parameters and the inputs that
     require grad: with neither (a KernelBench operator: no parameters, plain input tensors) there
@@ -182,48 +101,6 @@ def _check_trainable(model: torch.nn.Module, inputs: Sequence[Any]) -> None:
     raise UserError("--mode train: the model has no parameter that requires grad and no example input that "
                     "does, so there is no backward to optimize; use --mode inference (or, from Python, pass "
                     "inputs with requires_grad=True)")
-
-
-def _baseline(group: _plan.WorkloadGroup, device: str) -> RunResult:
-    """Time the region exactly as the model ran it (the extracted ATen subgraph); for a backward
-    group, eager autograd's backward of that subgraph."""
-    assert group.example is not None
-    sub, metas = _plan.extract(group.example[1])
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    # integer inputs (cross-entropy targets, indices) as 0/1: valid for any class count or size
-    args = [torch.randn(tuple(m.shape), generator=gen, dtype=torch.float32).to(device=device, dtype=m.dtype)
-            if m.dtype.is_floating_point else
-            torch.randint(0, 2, tuple(m.shape), generator=gen).to(device=device, dtype=m.dtype) for m in metas]
-    if group.forward is not None:
-        return _backward_baseline(group, sub, args, gen, device)
-    # a family whose kernel also computes its region's gradients (linear_cross_entropy) names the
-    # inputs they are for: its region is then timed with their backward, as the kernel is
-    wants = registry.baseline_grads(group.workload.family, group.workload)
-    if wants:
-        leaves = [args[i].requires_grad_(True) for i in wants]
-        return time_kernel(lambda: torch.autograd.grad(sub(*args), leaves), device)
-    with torch.no_grad():
-        return time_kernel(lambda: sub(*args), device)
-
-
-def _backward_baseline(group: _plan.WorkloadGroup, sub: torch.fx.GraphModule, args: list[torch.Tensor],
-                       gen: torch.Generator, device: str) -> RunResult:
-    """Eager's backward of the region: the subgraph run forward once with the inputs the backward
-    kernel differentiates as requires_grad leaves (the bwd family's `baseline_leaves(workload)`,
-    default every floating-point input), then `torch.autograd.grad` of its outputs timed alone,
-    with random incoming gradients in the outputs' own layout (what the next op hands over)."""
-    idx = registry.baseline_leaves(group.workload.family, group.workload, args)
-    # a leaf the region reads only through ops left outside it (a transpose): the value it reads
-    read = [bool(n.users) for n in sub.graph.nodes if n.op == "placeholder"]
-    derived = _plan.derived_inputs(group.example[1])
-    via = {i: [k for k, src in derived.items() if src == i and read[k]] for i in idx}
-    idx = tuple(dict.fromkeys(j for i in idx if i < len(args) for j in ((i,) if read[i] else via[i])))
-    leaves = [args[i].requires_grad_(True) for i in idx]
-    with torch.enable_grad():
-        out = sub(*args)
-    outs = tuple(o for o in (out if isinstance(out, tuple) else (out,)) if o.requires_grad)
-    grads = tuple(torch.empty_like(o).copy_(torch.randn(tuple(o.shape), generator=gen)) for o in outs)
-    return time_kernel(lambda: torch.autograd.grad(outs, leaves, grads, retain_graph=True), device)
 
 
 def optimize(
@@ -250,18 +127,26 @@ def optimize(
     resume: bool = False,
     profile: str = "auto",
     cuda_graphs: bool = True,
+    keep_slower: bool = False,
 ) -> tuple[Callable[..., Any], Report]:
     """Optimize `model` for inputs shaped like `example_inputs` (on the device the model is on).
 
-    Returns the optimized model (called exactly like `model`) and the Report. `budget` is the
-    tuning time in seconds across all workloads; every workload measures at least one candidate,
-    at most `max_candidates` (None: the whole space on a GPU; off it, the heuristic config alone).
-    With `out_dir`, writes `out_dir/report.json`.
+    Returns a model (called exactly like `model`) and the Report. On a GPU the model returned
+    passed the end-to-end check and is not slower end to end than `model`; where the model with
+    every kernel is not so, one without the kernels that save least (a subset) or else `model`
+    itself is returned (validate/guarantee.py). Off the GPU speed is not judged, but a model that
+    fails the check gives `model` back. `report.returned` ("optimized", "subset", "original") and
+    `report.why` say which and why, `report.attempts` every model checked; `keep_slower` returns
+    the model with every kernel whatever its check or its speed (for analysis).
+
+    `budget` is the tuning time in seconds across all workloads; every workload measures at least
+    one candidate. With `out_dir`, writes `out_dir/report.json`.
 
     Tuning: `strategy` (auto, exhaustive, evolutionary) searches each workload's space on
     `runner` (local: in this process, without isolation: `timeout` does not apply, a candidate that
     hangs stalls the call and one that crashes the process ends it; process: one worker process per
-    GPU in `gpus`, isolating crashes and hangs past `timeout` seconds; ray[:ADDRESS]), with `build_workers` processes
+    GPU in `gpus`, isolating
+    crashes and hangs past `timeout` seconds; ray[:ADDRESS]), with `build_workers` processes
     compiling ahead. `db` is the kernel database (True: ~/.cache/solforge/kernels.db or
     $SOLFORGE_DB; a path; False: none): a workload it knows is not tuned again unless `retune`
     (from the start) or `resume` (searches an earlier budget cut short go on where they stopped).
@@ -271,187 +156,172 @@ def optimize(
     torch.no_grad (stepgraphs.py), and a small model's training step, forward and backward
     (traingraphs.py; SOLFORGE_TRAIN_GRAPHS=0 turns that part off).
     """
-    if mode not in MODES:
-        raise UserError(f"mode {mode!r} is not supported: use --mode inference or --mode train")
-    check_seconds("--budget", budget)
-    if profile not in ("auto", "on", "off"):
-        raise UserError(f"--profile must be auto, on or off (got {profile!r})")
-    check_seconds("--timeout", timeout)
-    from solforge.tune.runners import check_spec
-
-    check_spec(runner)
-    if out_dir is not None:
-        ensure_writable(Path(out_dir))
-    rep = _Timed(reporter or _Silent())
+    opts = Options(mode=mode, budget=budget, out_dir=Path(out_dir) if out_dir is not None else None,
+                   make_inputs=make_inputs, is_language_model=is_language_model, name=name,
+                   families=tuple(families) if families is not None else None, max_candidates=max_candidates,
+                   command=command, db=db, runner=runner, gpus=tuple(gpus) if gpus else None, strategy=strategy,
+                   build_workers=build_workers, timeout=timeout, retune=retune, resume=resume, profile=profile,
+                   cuda_graphs=cuda_graphs, keep_slower=keep_slower)
+    opts.check()
+    if opts.out_dir is not None:
+        ensure_writable(opts.out_dir)
+    rep = Timed(reporter or Silent())
     started = time.perf_counter()
     example_inputs = tuple(example_inputs)
     device = check_device(_model_device(model, example_inputs))
     if device == "cpu":
         check_interpreter()
     dtype = _model_dtype(model, example_inputs)
-    fams = _check_families(families)
-    if is_language_model is None:
-        is_language_model = hasattr(getattr(model, "config", None), "vocab_size")
+    fams = check_families(opts.families)
+    name = opts.name or type(model).__name__
     notes: list[str] = []
     if device != "cuda":
         notes.append("no GPU: kernels ran in Triton's interpreter; every timing here means nothing")
-        if max_candidates is None:
+        if opts.max_candidates is None:
             # the interpreter's times rank nothing (tune._winner keeps the heuristic config there
             # anyway): each workload's heuristic config is built, verified and run once, no more
-            max_candidates = 1
-
-    train = mode == "train"
-    if train:
+            opts = dataclasses.replace(opts, max_candidates=1)
+    if opts.train:
         _check_trainable(model, example_inputs)
+
     rep.stage("capture", "torch.compile backend -> ATen graphs")
-    model.train(train)
-    lowering_cache = _lowering_cache(db)
-    try:
-        # train: captured with autograd on, as training runs it; the fused ops carry their backward
-        captured = _capture.capture(model, example_inputs, grad=train, cache=lowering_cache)
-    except Exception as e:
-        raise UserError(f"the model failed to run on its example inputs: {type(e).__name__}: "
-                        f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
-    notes += captured.errors
-    if lowering_cache is not None:
-        if lowering_cache.hits:
-            notes.append(f"capture: {lowering_cache.hits} ATen graph(s) read from the lowering cache "
-                         f"({lowering_cache.directory}) instead of traced again")
-        notes += [f"lowering cache: {p}" for p in dict.fromkeys(lowering_cache.problems)]
-    restored = sum(g.attention_restored for g in captured.graphs)
-    if restored:
-        notes.append(f"attention: {restored} SDPA call(s) traced with a materialized causal mask run as "
-                     "is_causal SDPA again, as in eager (no K/V repeat copies)")
+    model.train(opts.train)
+    cache = lowering_cache(opts.db)
+    captured = capture_model(model, example_inputs, train=opts.train, cache=cache)
+    notes += capture_notes(captured, cache)
 
     rep.stage("plan", f"{len(captured.graphs)} graph(s)")
     groups = _plan.plan(captured.graphs, fams)
     if not groups:
-        known = ", ".join(registry.forward_names())
-        notes.append(f"nothing to optimize: no region of a known kernel family ({known}) was found")
-    if train:  # the fused ops' backward kernels are tuned too, as workloads of family <family>_bwd
+        names = ", ".join(registry.forward_names())
+        notes.append(f"nothing to optimize: no region of a known kernel family ({names}) was found")
+    if opts.train:  # the fused ops' backward kernels are tuned too, as workloads of family <family>_bwd
         groups += _plan.backward_groups(groups)
 
-    kdb = _open_db(db)
-    run_id = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S") + f"-{uuid.uuid4().hex[:6]}"
-    cached = {g.workload for g in groups if kdb is not None and not retune and _known(kdb, g.workload, resume)}
-    prof: Profile | None = None
-    if profile == "on" or (profile == "auto" and len(cached) < len(groups)):
-        rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
-        prof = _profile_stage(model, example_inputs, device=device, name=name or type(model).__name__,
-                              families=fams, trace=Path(out_dir) / TRACE_BASELINE if out_dir is not None else None,
-                              lowering_cache=lowering_cache)
-        # tune where the end-to-end time is: the largest Amdahl saving first (the budget may run out);
-        # the profile is of the forward, so a backward group ranks with its forward, right after it
-        saving = _ranking(prof)
-        groups.sort(key=lambda g: -saving((g.forward or g.workload).key))
-    elif profile == "auto" and groups:
-        notes.append("profile skipped: every kernel came from the kernel database (--profile on to profile anyway)")
-
-    results: list[TuneResult] = []
-    t0 = time.perf_counter()
-    from solforge.tune.runners import make_runner
-
-    todo = [g for g in groups if g.workload not in cached]
-    run = make_runner(runner, device=device, gpus=gpus, timeout_s=timeout, build_workers=build_workers) \
-        if todo else None
-    stored_baselines = 0
+    kdb = _open_db(opts.db)
     try:
-        for group in groups:
-            rep.stage("tune", group.workload.key)
-            assert group.example is not None
-            sig = _plan.region_signature(group.example[1])
-            # a known kernel's region was timed by an earlier run on this device and software: a
-            # warm run reuses that time rather than timing every region again
-            baseline = kdb.baseline(group.workload, sig) if kdb is not None and group.workload in cached else None
-            if baseline is not None:
-                stored_baselines += 1
-            else:
-                baseline = _baseline(group, device)
-                if kdb is not None and baseline.ok:
-                    kdb.set_baseline(group.workload, sig, baseline)
-            if group.workload in cached:
-                res = tune(group.workload, baseline, device=device, budget_s=0, db=kdb)
-            else:
-                left = max(0.0, budget - (time.perf_counter() - t0))
-                n = len(candidates(registry.module(group.workload.family), group.workload))
-                rep.tune_start(group.workload.key, min(n, max_candidates or n))
-                res = tune(group.workload, baseline, device=device, budget_s=left / (len(todo) - todo.index(group)),
-                           max_candidates=max_candidates, progress=rep.tune_step, runner=run, strategy=strategy,
-                           db=kdb, run_id=run_id, retune=retune, resume=resume)
-            rep.tune_end(res)
-            results.append(res)
-            if res.source == "database" and res.best is not None and not dict(res.best.provenance).get("complete"):
-                notes.append(f"{group.workload.key}: the database's search was cut short by its budget "
-                             f"({res.known} candidates measured); --resume goes on with it")
+        run_id = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S") + f"-{uuid.uuid4().hex[:6]}"
+        cached = {g.workload for g in groups
+                  if kdb is not None and not opts.retune and known(kdb, g.workload, opts.resume)}
+        prof: Profile | None = None
+        if opts.profile == "on" or (opts.profile == "auto" and len(cached) < len(groups)):
+            rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
+            prof = _profile_stage(model, example_inputs, device=device, name=name, families=fams,
+                                  trace=opts.out_dir / TRACE_BASELINE if opts.out_dir is not None else None,
+                                  lowering_cache=cache)
+            # tune where the end-to-end time is: the largest Amdahl saving first (the budget may run out);
+            # the profile is of the forward, so a backward group ranks with its forward, right after it
+            saving = _ranking(prof)
+            groups.sort(key=lambda g: -saving((g.forward or g.workload).key))
+        elif opts.profile == "auto" and groups:
+            notes.append("profile skipped: every kernel came from the kernel database (--profile on to profile anyway)")
+        tuned = tune_groups(groups, device=device, opts=opts, kdb=kdb, cached=cached, run_id=run_id, reporter=rep)
     finally:
-        if run is not None:
-            run.close()
         if kdb is not None:
             kdb.close()
-
+    notes += tuned.notes
     if kdb is not None:  # a corrupt or read-only file: the run went on, the report says how
         notes += [f"kernel database: {p}" for p in kdb.problems]
-    if stored_baselines:
-        notes.append(f"the original time of {stored_baselines} region(s) came from the kernel database "
-                     "(measured by an earlier run on this device; --retune measures everything again)")
+    results = tuned.results
+
     keep, kept_notes = kept_out(groups, results, meaningful=device == "cuda")
     notes += kept_notes
-    winners = {r.workload: _encode(r) for r in results if r.best is not None and r.workload not in keep}
-    optimized: Callable[..., Any] = model
-    e2e: E2EReport | None = None
+    winners = winner_configs(results, keep)
     prof_after: Profile | None = None
+    choice = Choice(model, ORIGINAL, "no region of a known kernel family was found" if not groups else
+                    "no region got a kernel that is verified and (on the GPU) faster than the region", None)
     if winners:
         rep.stage("integrate", f"{len(winners)} kernel(s)")
         # the capture's own compiled model, rewritten in place: no second trace
         # a shape the model is called with later is compiled then: the database's winner for it, if any
         db_path = kdb.path if kdb is not None else None
-        optimized, stats = integrate_captured(captured, winners, families=fams, train=train, keep=keep, db=db_path,
-                                              cuda_graphs=cuda_graphs)
+        optimized, stats = integrate_captured(captured, winners, families=fams, train=opts.train, keep=keep,
+                                              db=db_path, cuda_graphs=opts.cuda_graphs)
         rep.stage("validate", "original vs optimized on fresh inputs")
-        fresh = tuple(make_inputs(1)) if make_inputs is not None else _fresh(example_inputs)
-        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if train else None
-        e2e = validate(model, optimized, fresh, dtype=dtype, device=device,
-                       is_language_model=bool(is_language_model), params=params,
-                       settled=settled_since_now(stats.step_graphs))
-        if device == "cuda" and e2e.speedup is not None and e2e.speedup < 1:
-            graphed = "" if train else "; solforge.runtime.graphed replays a forward from a CUDA graph"
-            notes.append(f"the optimized model is slower end to end than the original ({e2e.speedup:.2f}x): "
-                         f"keep the original for these inputs ({host_time(stats.step_graphs)}{graphed})")
+        choice, stats = _deliver(model, example_inputs, (optimized, stats), opts, winners=winners, keep=keep,
+                                 groups=groups, results=results, device=device, dtype=dtype, db_path=db_path,
+                                 cache=cache, reporter=rep)
         drawn = random_ops(g.aten for g in captured.graphs)
         if drawn:
             notes.append(f"the model draws random numbers ({', '.join(drawn)}): the end-to-end check started "
                          "both models from the same seed")
-        planned = sum(g.count for g in groups if g.workload in winners and g.forward is None)
-        if stats.total < planned:
-            notes.append(f"integration replaced {stats.total} of {planned} planned regions")
-        if stats.grouped:
-            notes.append(f"{stats.grouped} linear layers run through linears.py: their backward sums sibling "
-                         "input gradients and adds weight gradients to an existing .grad inside the GEMMs "
-                         "(SOLFORGE_LINEARS=0 turns this off)")
-        if stats.embeddings:
-            notes.append(f"{stats.embeddings} embedding(s) run through embeddings.py: their backward adds the gradient "
-                         "to an existing .grad only in the rows of the tokens present, with eager's values "
-                         "(SOLFORGE_EMBEDDING=0 turns this off)")
-        if prof is not None:
+        notes += integration_notes(stats, groups, {w: c for w, c in winners.items() if w not in choice.dropped})
+        if prof is not None and choice.returned != ORIGINAL:
             rep.stage("profile", "the optimized model, the same way")
             prof_after = _profile_stage(
-                model, example_inputs, device=device, name=name or type(model).__name__, families=fams,
-                rewrite=Integrator(dict(winners), fams, train=train, keep=frozenset(keep), db=db_path),
-                trace=Path(out_dir) / TRACE_OPTIMIZED if out_dir is not None else None, lowering_cache=lowering_cache)
+                model, example_inputs, device=device, name=name, families=fams,
+                rewrite=Integrator(dict(winners), fams, train=opts.train, keep=frozenset(keep | choice.dropped),
+                                   db=db_path),
+                trace=opts.out_dir / TRACE_OPTIMIZED if opts.out_dir is not None else None, lowering_cache=cache)
+    notes.append(f"{RETURNED[choice.returned]}: {choice.why}")
 
     rep.stop()
     report = Report(
-        model=name or type(model).__name__, device=_device_name(device), dtype=dtype_name(dtype), mode=mode,
+        model=name, device=_device_name(device), dtype=dtype_name(dtype), mode=opts.mode,
         versions=versions(device), settings=settings.current().as_dict(),
-        regions=tuple(_region_report(g, r, keep) for g, r in zip(groups, results, strict=True)),
-        e2e=e2e, timings_meaningful=device == "cuda", notes=tuple(notes),
-        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), command=command or " ".join(sys.argv),
+        regions=tuple(_region_report(g, r, keep | choice.dropped) for g, r in zip(groups, results, strict=True)),
+        e2e=choice.e2e, timings_meaningful=device == "cuda", notes=tuple(notes),
+        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), command=opts.command or " ".join(sys.argv),
         graphs=len(captured.graphs), profile=prof, profile_after=prof_after,
-        extra={"stage_seconds": rep.seconds, "wall_seconds": round(time.perf_counter() - started, 3)},
+        extra={"stage_seconds": rep.seconds, "wall_seconds": round(time.perf_counter() - started, 3),
+               "tune_peak_gb": None if tuned.peak_bytes is None else round(tuned.peak_bytes / 1e9, 3)},
+        returned=choice.returned, why=choice.why, attempts=tuple(choice.attempts),
     )
-    if out_dir is not None:
-        write_report(report, Path(out_dir))
-    return optimized, report
+    if opts.out_dir is not None:
+        write_report(report, opts.out_dir)
+    return choice.model, report
+
+
+# the note that says what optimize returned, before its reason
+RETURNED = {OPTIMIZED: "returned the optimized model", SUBSET: "returned the optimized model without some kernels",
+            ORIGINAL: "returned the original model"}
+
+
+def _deliver(model: torch.nn.Module, example_inputs: tuple[Any, ...], full: tuple[Any, IntegrationStats],
+             opts: Options, *, winners: dict[Workload, str], keep: set[Any], groups: list[_plan.WorkloadGroup],
+             results: list[TuneResult], device: str, dtype: torch.dtype, db_path: Path | None,
+             cache: _capture.LoweringCache | None, reporter: Timed) -> tuple[Choice, IntegrationStats]:
+    """The validate stage and the guarantee (validate/guarantee.py): the full model checked, subsets
+    integrated again and checked where it is not acceptable, the choice made; every model not
+    returned has its CUDA graphs released. Returns the choice and the returned model's stats (the
+    full model's when the original comes back)."""
+    fresh = tuple(opts.make_inputs(1)) if opts.make_inputs is not None else _fresh(example_inputs)
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if opts.train else None
+    is_lm = opts.is_language_model
+    if is_lm is None:
+        is_lm = hasattr(getattr(model, "config", None), "vocab_size")
+    stats_of: dict[int, IntegrationStats] = {id(full[0]): full[1]}
+
+    def check(optimized: Any) -> E2EReport:
+        try:
+            return validate(model, optimized, fresh, dtype=dtype, device=device, is_language_model=is_lm,
+                            params=params, settled=settled_since_now(stats_of[id(optimized)].step_graphs))
+        except Exception as e:  # noqa: BLE001 - a model that cannot run is one that failed its check
+            return failed_run(e)
+
+    def retry(dropped: frozenset[Workload]) -> tuple[Any, E2EReport]:
+        reporter.stage("validate", f"without the kernels of {len(dropped)} workload(s)")
+        for stats in stats_of.values():  # the models tried before are not returned: their graphs' memory goes
+            release(stats)
+        optimized, stats = integrate(model, winners, families=check_families(opts.families), train=opts.train,
+                                     keep=keep | dropped, db=db_path, cuda_graphs=opts.cuda_graphs, cache=cache)
+        stats_of[id(optimized)] = stats
+        try:  # compiled for the example inputs as the capture was: static graphs
+            with static_shapes(), torch.set_grad_enabled(opts.train):
+                optimized(*example_inputs)
+        except Exception as e:  # noqa: BLE001 - said by its check
+            return optimized, failed_run(e)
+        return optimized, check(optimized)
+
+    integrated = {g.workload for g in groups if g.forward is None and g.workload in winners}
+    graphed = "" if opts.train else "; solforge.runtime.graphed replays a forward from a CUDA graph"
+    choice = choose(model, (full[0], check(full[0])), retry, gains(groups, results, integrated),
+                    meaningful=device == "cuda", keep_slower=opts.keep_slower,
+                    hint=f"{host_time(full[1].step_graphs)}{graphed}")
+    for optimized, _ in choice.runs:
+        if optimized is not choice.model:
+            release(stats_of[id(optimized)])
+    return choice, stats_of.get(id(choice.model), full[1])
 
 
 def profile(
@@ -472,14 +342,14 @@ def profile(
     holds the result (no tuning: `regions` is empty)."""
     if out_dir is not None:
         ensure_writable(Path(out_dir))
-    rep = reporter or _Silent()
+    rep = reporter or Silent()
     example_inputs = tuple(example_inputs)
     device = check_device(_model_device(model, example_inputs))
     dtype = _model_dtype(model, example_inputs)
     model.eval()
     rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
     prof = _profile_stage(model, example_inputs, device=device, name=name or type(model).__name__,
-                          families=_check_families(families),
+                          families=check_families(families),
                           trace=Path(out_dir) / TRACE_BASELINE if out_dir is not None else None,
                           ceilings_cache=ceilings_cache)
     report = Report(
@@ -510,70 +380,6 @@ def _ranking(prof: Profile) -> Callable[[str], float]:
     return ranking(prof)
 
 
-def not_faster(results: Sequence[TuneResult], *, meaningful: bool) -> set[Any]:
-    """Workloads whose verified best kernel is slower than the region as the model ran it (only
-    where times mean something: on the interpreter every kernel is "slower")."""
-    return {r.workload for r in results
-            if meaningful and r.best is not None and r.speedup is not None and r.speedup < 1.0}
-
-
-def kept_out(groups: Sequence[_plan.WorkloadGroup], results: Sequence[TuneResult], *,
-             meaningful: bool) -> tuple[set[Any], list[str]]:
-    """The forward workloads whose regions stay as the model ran them, and notes:
-    - a kernel that is not faster than the region as the model ran it (on the GPU, where times
-      mean something): never trade the original for a slower kernel;
-    - a workload with no verified kernel, and in training one whose backward has none: nothing
-      unproven enters a model (the heuristic config is not used in their place).
-    A backward that is merely slower is used (the fused forward op always runs its own backward
-    kernel, so the best backward config is used whatever eager's backward would cost): noted."""
-    backward = {g.workload for g in groups if g.forward is not None}
-    slower = not_faster([r for r in results if r.workload not in backward], meaningful=meaningful)
-    slow_bwd = not_faster([r for r in results if r.workload in backward], meaningful=meaningful)
-    unverified = {r.workload for r in results if r.best is None}
-    keep = set(slower) | (unverified - backward)
-    notes = []
-    for r in results:
-        if r.workload in unverified:
-            what = "its backward" if r.workload in backward else "it"
-            notes.append(f"{r.workload.key}: no kernel verified, so {what} stays as the model ran it")
-        elif r.workload in slower:
-            notes.append(f"kept the original {r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is "
-                         f"not faster than the region as the model ran it ({r.baseline.p50_us:,.1f} µs)")
-        elif r.workload in slow_bwd:
-            notes.append(f"{r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is slower than eager's "
-                         f"backward of the region ({r.baseline.p50_us:,.1f} µs); used anyway: the fused forward "
-                         "op runs its own backward")
-    # a forward whose backward has no verified kernel stays out too: its op would run that backward
-    for g in groups:
-        if g.forward is not None:
-            continue
-        bwl = registry.backward_workload(g.workload.family, g.workload)
-        if bwl is not None and bwl in unverified:
-            keep.add(g.workload)
-    return keep, notes
-
-
-def random_ops(graphs: Iterable[torch.fx.GraphModule]) -> list[str]:
-    """The seeded-random ATen ops (dropout, rand, bernoulli, ...) the graphs call, by name; not an
-    attention or dropout call whose dropout probability is 0 (or whose `train` is False): those are
-    tagged as random but draw nothing."""
-    names = {n.target._overloadpacket.__name__ for gm in graphs for n in gm.graph.nodes
-             if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-             and torch.Tag.nondeterministic_seeded in n.target.tags and _draws(n)}
-    return sorted(names)
-
-
-def _draws(node: torch.fx.Node) -> bool:
-    schema = node.target._schema  # type: ignore[union-attr]
-    args = {a.name: (node.args[i] if i < len(node.args) else node.kwargs.get(a.name, a.default_value))
-            for i, a in enumerate(schema.arguments)}
-    if "dropout_p" in args:
-        return args["dropout_p"] not in (0, 0.0, None)
-    if schema.name in ("aten::native_dropout", "aten::dropout"):
-        return args.get("p") not in (0, 0.0) and args.get("train") is not False
-    return True
-
-
 def _open_db(db: str | Path | bool) -> KernelDB | None:
     if db is False:
         return None
@@ -582,43 +388,10 @@ def _open_db(db: str | Path | bool) -> KernelDB | None:
     return KernelDB(None if db is True else db)
 
 
-def _lowering_cache(db: str | Path | bool) -> _capture.LoweringCache | None:
-    """The ATen lowering cache beside the kernel database (`lowered/` in its directory): a run that
-    keeps no database keeps no lowerings either. SOLFORGE_LOWERING_CACHE=0 (settings.lowering_cache)
-    turns it off alone."""
-    if db is False or not settings.current().lowering_cache:
-        return None
-    from solforge.db import default_path
-
-    path = default_path() if db is True else Path(db).expanduser()
-    return _capture.LoweringCache(path.parent / "lowered")
-
-
-def _known(kdb: KernelDB, workload: Any, resume: bool) -> bool:
-    """The database holds a winner for this workload (with `resume`: of a search that finished)."""
-    win = kdb.winner(workload)
-    return win is not None and (bool(dict(win.provenance).get("complete")) or not resume)
-
-
-def _check_families(families: Sequence[str] | None) -> tuple[str, ...] | None:
-    if families is None:
-        return None
-    known = registry.forward_names()
-    unknown = [f for f in families if f not in known]
-    if unknown or not families:
-        raise UserError(f"unknown kernel families {unknown or '(none given)'}: choose from {', '.join(known)}")
-    return tuple(families)
-
-
 def _fresh(inputs: Sequence[Any]) -> tuple[Any, ...]:
     from solforge.zoo import fresh_like
 
     return tuple(fresh_like(tuple(inputs), seed=1))
-
-
-def _encode(result: TuneResult) -> str:
-    assert result.best is not None
-    return config_text(result.best)
 
 
 def _device_name(device: str) -> str:
@@ -635,7 +408,9 @@ def _region_report(group: _plan.WorkloadGroup, res: TuneResult, keep: Collection
     built = sum(1 for r in res.records if r.build.ok)
     timed = sum(1 for r in res.records if r.run is not None and r.run.ok)
     note = None
-    if best is None:
+    if res.source == "untimed":
+        note = f"not tuned: the region could not be timed ({res.baseline.error})"
+    elif best is None:
         errs = [r.error for r in res.records if r.error]
         note = "no candidate passed: " + (errs[0] if errs else "none measured")
     return RegionReport(
@@ -647,7 +422,7 @@ def _region_report(group: _plan.WorkloadGroup, res: TuneResult, keep: Collection
         config=best.candidate.config_dict if best else None,
         verified=best is not None, max_rel_err=best.verdict.max_rel_err if best and best.verdict else None,
         candidates=len(res.records), rejected=rejected, note=note, label=group.workload.label,
-        config_text=_encode(res) if best else None,
+        config_text=config_text(best) if best else None,
         modules=tuple(dict.fromkeys(r.module for r in group.regions if r.module))[:8],
         source=res.source, built=built, timed=timed, known=res.known,
         strategy=dict(best.provenance).get("strategy") if best else None,

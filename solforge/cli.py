@@ -83,6 +83,10 @@ def _parser() -> argparse.ArgumentParser:
                         "config alone, its time meaning nothing)")
     o.add_argument("--out", default="solforge-out", metavar="DIR",
                    help="where report.json, report.html and the traces go (default ./solforge-out)")
+    o.add_argument("--keep-slower", action="store_true",
+                   help="keep the model with every verified kernel even when it fails the end-to-end check or "
+                        "is slower than the original (for analysis: the report and the profile after describe "
+                        "it); by default the original, or the faster subset of kernels, is what optimize returns")
     t = o.add_argument_group("tuning", "how candidates are searched, measured and remembered")
     t.add_argument("--search", default="auto", choices=["auto", "exhaustive", "evolutionary"],
                    help="auto (default): every config of a small space, an evolutionary search guided by a cost "
@@ -210,7 +214,7 @@ def _optimize(args: argparse.Namespace) -> int:
             max_candidates=max_cands, reporter=reporter, command="solforge " + " ".join(sys.argv[1:]),
             db=False if args.no_db else (args.db or True), runner=runner, gpus=gpus, strategy=args.search,
             build_workers=args.build_workers, timeout=args.timeout, retune=args.retune, resume=args.resume,
-            profile=args.profile,
+            profile=args.profile, keep_slower=args.keep_slower,
         )
     if report.profile is not None:
         print_profile(report.profile, _stdout_console(), top=8)

@@ -139,7 +139,9 @@ class TuneResult:
     baseline: RunResult
     records: tuple[TuningRecord, ...] = ()  # measured by this run
     best: TuningRecord | None = None
-    source: str = "tuned"  # "database": the winner of an earlier, finished search, nothing measured
+    # "database": the winner of an earlier, finished search, nothing measured; "untimed": the region
+    # could not be timed for want of memory, so it was not tuned (left as the model ran it)
+    source: str = "tuned"
     known: int = 0  # earlier measurements (database) the search used instead of measuring again
 
     @property
@@ -167,7 +169,7 @@ class RegionReport:
     label: str = ""  # short shape/dtype name for tables
     config_text: str | None = None  # the config as the custom op receives it
     modules: tuple[str, ...] = ()  # module paths of the regions (first few)
-    source: str = "tuned"  # "tuned" (measured by this run) or "database" (an earlier run's winner)
+    source: str = "tuned"  # "tuned" (measured by this run), "database" (an earlier run's winner) or "untimed"
     built: int = 0  # candidates this run compiled ...
     timed: int = 0  # ... and timed (verified ones); `rejected` failed to build, verify or time
     known: int = 0  # earlier measurements from the database used instead of measuring again
@@ -205,6 +207,20 @@ class E2EReport:
     # "passed", "failed", or "nothing to validate" (the model returned no tensor to compare: never
     # "passed"); "" in reports written before it existed
     status: str = ""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One model `optimize` validated before choosing what to return (validate/guarantee.py): the
+    forward workloads it left out against the full set of winners, and its end-to-end result."""
+
+    dropped: tuple[str, ...]  # workload keys left as the model ran them; () for the full set
+    regions: int  # forward workloads whose kernels it ran
+    passed: bool
+    speedup: float | None
+    baseline_ms: float | None = None
+    optimized_ms: float | None = None
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -298,6 +314,12 @@ class Report:
     # every SOLFORGE_* switch the run had (solforge.settings.Settings.as_dict); {} in reports written
     # before it was recorded
     settings: dict[str, Any] = field(default_factory=dict)
+    # what optimize returned (validate/guarantee.py): "optimized" (every verified, faster kernel),
+    # "subset" (some left out: faster so), "original" (the model itself); "" before it was recorded.
+    # `why` says why, with the numbers; `attempts` holds every model validated on the way
+    returned: str = ""
+    why: str = ""
+    attempts: tuple[Attempt, ...] = ()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -29,6 +29,9 @@ Paths: the empty string is the default.
 |                           |         |         |           | place; 0: always handed back to autograd                 |
 | SOLFORGE_TRAIN_GRAPHS     | 1       | no      | import    | runtime/traingraphs.py: training steps as CUDA graphs    |
 | SOLFORGE_TRAIN_ACCUMULATE | 1       | no      | import    | runtime/traingraphs.py: the accumulating backward        |
+| SOLFORGE_TRAIN_MEMORY_RULE | 1      | no      | import    | runtime/traingraphs.py: a training capture that raises a |
+|                           |         |         |           | step's peak reserved memory by over 10% is dropped; 0:   |
+|                           |         |         |           | kept whatever memory it adds                             |
 | SOLFORGE_LOWERING_CACHE   | 1       | no      | use       | the ATen lowering cache (`lowered/` beside the database) |
 | SOLFORGE_DB               | unset   | no      | use       | the kernel database file (~/.cache/solforge/kernels.db)  |
 | SOLFORGE_CEILINGS_DIR     | unset   | no      | use       | the device ceilings' cache (~/.cache/solforge/ceilings)  |
@@ -96,6 +99,9 @@ class Settings:
     train_graphs: bool = _switch("SOLFORGE_TRAIN_GRAPHS", True, "training steps replayed as CUDA graphs")
     train_accumulate: bool = _switch("SOLFORGE_TRAIN_ACCUMULATE", True,
                                      "the training replays' accumulating backward")
+    train_memory_rule: bool = _switch("SOLFORGE_TRAIN_MEMORY_RULE", True,
+                                      "training replays dropped where they raise a step's peak reserved memory "
+                                      "by more than 10%")
     lowering_cache: bool = _switch("SOLFORGE_LOWERING_CACHE", True, "the ATen lowering cache beside the database")
     db: Path | None = _switch("SOLFORGE_DB", None, "the kernel database file (None: ~/.cache/solforge/kernels.db)")
     ceilings_dir: Path | None = _switch("SOLFORGE_CEILINGS_DIR", None,

@@ -119,19 +119,19 @@ def test_optimize_end_to_end(arch: str) -> None:
 
 @pytest.mark.parametrize("arch", list(EXPECTED))
 def test_every_backward_region_has_an_eager_baseline(arch: str) -> None:
-    """In training, each region's backward is timed as eager autograd runs it (api._baseline).
+    """In training, each region's backward is timed as eager autograd runs it (tune/baseline.py).
     Phi-3's q and k reach its rope region only through a slice of the fused projection and a
     transpose left outside the region: the baseline differentiates with respect to those values
     (plan.derived_inputs), where it once asked for the gradient of an input the region never
     reads, failed, and left the report without an original time."""
-    from solforge.api import _baseline
+    from solforge.tune.baseline import region_baseline
 
     m = _model(arch, torch.bfloat16).train()
     groups = plan.plan(capture.capture(m, (_ids(0),), grad=True).graphs)
     bwd = plan.backward_groups(groups)
     assert {g.workload.family for g in bwd} >= ({"rope_bwd"} if arch != "gpt2" else {"layernorm_bwd"})
     for g in bwd:
-        base = _baseline(g, DEVICE)
+        base = region_baseline(g, DEVICE)
         assert base.ok, (g.workload.key, base.error)
 
 

@@ -246,3 +246,122 @@ def test_qwen3_with_gradient_checkpointing_gets_is_causal_in_every_layer() -> No
     assert sum(g.attention_restored for g in b.graphs) == 2  # one per layer, inside its checkpoint
     ops = [op for g in b.graphs for op in _ops(g.aten)]
     assert ops.count("solforge_capture.checkpoint.default") == 2
+
+
+def _sdpa_calls(gm: torch.fx.GraphModule) -> tuple[int, int]:
+    """(SDPA calls with a mask, SDPA calls without one) in `gm`, whichever SDPA op the graph uses."""
+    from solforge.capture.canonical import _SDPA, _kwargs
+
+    masked = plain = 0
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in _SDPA:
+            kw = _kwargs(n) or {}
+            if isinstance(kw.get(_SDPA[n.target]), torch.fx.Node):
+                masked += 1
+            else:
+                plain += 1
+    return masked, plain
+
+
+def _bert(layers: int = 2) -> nn.Module:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(hidden_size=32, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=64,
+                     vocab_size=100, max_position_embeddings=64, attn_implementation="sdpa")
+    return BertModel(cfg).to(DEVICE).eval()
+
+
+def test_an_encoder_without_padding_runs_sdpa_without_a_mask_as_eager_does(monkeypatch) -> None:
+    """A BERT encoder called without an attention mask: the traced graph builds an all-allowed mask
+    from sizes (eager passes none), so SDPA took its masked kernel. The pass drops that mask: every
+    layer's call is maskless, as eager's, and the outputs are eager's."""
+    from solforge.capture import backend
+
+    m = _bert()
+    ids = torch.randint(0, 100, (2, 12), device=DEVICE)
+    with torch.no_grad():
+        ref = m(ids).last_hidden_state
+        monkeypatch.setattr(backend, "restore_causal_attention", lambda gm, known=None: 0)
+        traced = capture.capture(m, (ids,))
+        monkeypatch.undo()
+        torch.compiler.reset()
+        b = capture.capture(m, (ids,))
+        out = b.compiled(ids).last_hidden_state
+    assert sum(_sdpa_calls(g.aten)[0] for g in traced.graphs) == 2  # as traced: the mask in both layers
+    assert [_sdpa_calls(g.aten) for g in b.graphs] == [(0, 2)]
+    assert sum(g.attention_restored for g in b.graphs) == 2
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_an_encoder_with_a_padding_mask_keeps_it() -> None:
+    """A padding mask comes from an input: it is never dropped (nor taken for causal), and the
+    padded positions are masked as eager masks them."""
+    m = _bert()
+    ids = torch.randint(0, 100, (2, 12), device=DEVICE)
+    pad = torch.ones(2, 12, dtype=torch.long, device=DEVICE)
+    pad[1, 7:] = 0
+    with torch.no_grad():
+        ref = m(ids, attention_mask=pad).last_hidden_state
+        b = capture.capture(m, (ids, pad))
+        out = b.compiled(ids, pad).last_hidden_state
+    assert [_sdpa_calls(g.aten) for g in b.graphs] == [(2, 0)]
+    assert sum(g.attention_restored for g in b.graphs) == 0
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+class Unmasked(nn.Module):
+    """SDPA with a mask built from sizes that allows every key: a bool mask of ones, or an additive
+    mask of zeros (broadcast over batch and heads), on K/V repeated for grouped heads."""
+
+    def __init__(self, additive: bool) -> None:
+        super().__init__()
+        self.additive = additive
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        B, KV, S, D = k.shape
+        k, v = (x[:, :, None, :, :].expand(B, KV, 2, S, D).reshape(B, KV * 2, S, D) for x in (k, v))
+        L = q.shape[-2]
+        mask = torch.zeros(L, S, device=q.device) if self.additive else torch.ones(L, S, dtype=torch.bool,
+                                                                                    device=q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None])
+
+
+def test_all_allowed_masks_are_dropped_with_grouped_heads_and_a_cross_length() -> None:
+    """Bool ones and additive zeros, queries shorter than keys (no causal reading applies): the
+    call is made without a mask on un-repeated K/V (enable_gqa), and equals the module."""
+    for additive in (False, True):
+        torch.compiler.reset()
+        m = Unmasked(additive)
+        q = torch.randn(1, 4, 5, 8, device=DEVICE)
+        k, v = (torch.randn(1, 2, 9, 8, device=DEVICE) for _ in range(2))
+        with torch.no_grad():
+            b = capture.capture(m, (q, k, v))
+            out = b.compiled(q, k, v)
+        (g,) = b.graphs
+        assert g.attention_restored == 1 and _sdpa_calls(g.aten) == (0, 1), additive
+        (call,) = [n for n in g.aten.graph.nodes if n.target == torch.ops.aten.scaled_dot_product_attention.default]
+        assert call.kwargs.get("enable_gqa") and not call.kwargs.get("is_causal")
+        assert "aten.clone.default" not in _ops(g.aten)
+        torch.testing.assert_close(out, m(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def test_the_per_call_check_drops_a_mask_that_allows_every_key() -> None:
+    """The per-call op: a bool mask of ones or an additive one of zeros takes the maskless call on
+    un-repeated K/V (GQA), bit for bit that call, and equal to the masked call on repeated K/V."""
+    from solforge.capture.canonical import _mask_kind
+
+    q = torch.randn(1, 4, 3, 8, device=DEVICE)
+    k, v = (torch.randn(1, 2, 7, 8, device=DEVICE) for _ in range(2))
+    for mask in (torch.ones(3, 7, dtype=torch.bool, device=DEVICE), torch.zeros(3, 7, device=DEVICE)):
+        assert _mask_kind(mask, 3, 7) == "none"
+        got = torch.ops.solforge_capture.attention_if_causal(q, k, v, mask[None, None], 2, None)
+        plain = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        assert torch.equal(got, plain)
+        ref = F.scaled_dot_product_attention(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1),
+                                             attn_mask=mask[None, None])
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    one_blocked = torch.ones(3, 7, dtype=torch.bool, device=DEVICE)
+    one_blocked[2, 6] = False
+    assert _mask_kind(one_blocked, 3, 7) == "" and _mask_kind(torch.full((3, 7), -1.0, device=DEVICE), 3, 7) == ""
+    assert _mask_kind(torch.ones(4, 4, dtype=torch.bool, device=DEVICE).tril(), 4, 4) == "causal"

@@ -43,6 +43,8 @@ def test_optimize_qwen3_tiny_writes_a_passing_report(tmp_path: Path, capsys: pyt
     assert E2E_KEYS <= set(e2e)
     assert e2e["passed"] is True and e2e["argmax_agree"] >= 0.99
     assert e2e["max_rel_err"] < 0.05
+    # the guarantee: verified (and, on a GPU, not slower), so the optimized model is what was returned
+    assert data["returned"] == "optimized" and data["why"] and data["attempts"][0]["dropped"] == []
     if DEVICE == "cpu":
         assert data["timings_meaningful"] is False
         assert any("means nothing" in n for n in data["notes"])
@@ -99,7 +101,7 @@ def test_model_with_nothing_to_optimize_still_gets_a_report(tmp_path: Path) -> N
     rc = main(["optimize", str(f), "--device", DEVICE, "--dtype", "fp32", "--out", str(tmp_path / "o"), "--quiet"])
     assert rc == 0
     data = json.loads((tmp_path / "o" / "report.json").read_text())
-    assert data["regions"] == [] and data["e2e"] is None
+    assert data["regions"] == [] and data["e2e"] is None and data["returned"] == "original"
     assert any("nothing to optimize" in n for n in data["notes"])
 
 

@@ -100,6 +100,7 @@ def test_optimize_train_mode_reports_gradients(tmp_path) -> None:  # noqa: ANN00
     data = json.loads((tmp_path / "report.json").read_text())
     e2e = data["e2e"]
     assert data["mode"] == "train" and e2e["passed"] is True
+    assert data["returned"] == "optimized" and len(data["attempts"]) == 1  # the guarantee (validate/guarantee.py)
     assert e2e["grads_compared"] > 0 and e2e["grad_max_rel_err"] < 1e-3
     # the backward kernels of rope, swiglu and the norms are tuned as workloads of their own (rmsnorm's
     # and add_rmsnorm's backwards: one family, rmsnorm_bwd, two workloads)

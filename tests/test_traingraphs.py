@@ -476,6 +476,66 @@ def test_a_capture_is_not_judged_without_room_for_a_run_beside_it(monkeypatch: p
     assert "not judged: 1.2 GiB free for a run beside the capture's 1.0 GiB" in t.summary()
 
 
+GiB = 2**30
+
+
+def _memory(monkeypatch: pytest.MonkeyPatch, before: float, after: float, peak: float) -> None:
+    """Stand-ins for the allocator's readings: `before` and `after` reserved around the capture,
+    `peak` the peak reserved read at the end of every timed step (GiB)."""
+    reserved = iter([int(before * GiB), int(after * GiB)])
+    monkeypatch.setattr(traingraphs, "_reserved", lambda device: next(reserved))
+    monkeypatch.setattr(traingraphs, "_peak_reserved", lambda device: int(peak * GiB))
+
+
+def test_a_faster_capture_that_raises_peak_reserved_memory_past_a_tenth_is_dropped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture that reserved 3 GiB (its pool and its warm-up run) on a 14 GiB peak: a step run as
+    it is would peak at 11 GiB, so the replay costs 27% more memory. Faster or not, it goes, its pool
+    given back, and the summary gives both peaks."""
+    _memory(monkeypatch, 10, 13, 14)
+    step = _wrapped(_graph())
+    kinds = _clocked_steps(monkeypatch, step, _params(), 16, 0.0085, 0.0643)
+    t = step.training
+    assert t is not None and t.judged == pytest.approx((0.0085, 0.0643)), t.summary()
+    assert "".join(kinds) == "PPPR" + "RRPPRRPP" + "P" * 4, kinds
+    assert t.peaks == (14 * GiB, 11 * GiB) and t._cap is None and t.settled
+    assert t.declined == ("a replay raises the step's peak reserved memory by more than 10%: peak reserved "
+                          "14.00 GiB replayed against 11.00 GiB run as it is (SOLFORGE_TRAIN_MEMORY_RULE=0 keeps it)")
+
+
+@pytest.mark.parametrize("after", [13.0, 11.0], ids=["3-GiB-capture-allowed", "1-GiB-capture"])
+def test_a_capture_within_the_memory_rule_or_allowed_more_is_kept(monkeypatch: pytest.MonkeyPatch,
+                                                                  after: float) -> None:
+    """1 GiB on a 14 GiB peak (7.7% over the 13 GiB a step run as it is needs) is within the rule;
+    3 GiB is kept only with SOLFORGE_TRAIN_MEMORY_RULE=0. The summary says both peaks."""
+    from solforge import settings
+
+    _memory(monkeypatch, 10, after, 14)
+    step = _wrapped(_graph())
+    with settings.override(train_memory_rule=after != 13.0):
+        kinds = _clocked_steps(monkeypatch, step, _params(), 16, 0.0085, 0.0643)
+    t = step.training
+    assert t is not None and t.declined is None, t.summary()
+    assert "".join(kinds) == "PPPR" + "RRPPRRPP" + "R" * 4, kinds
+    assert t.peaks == (14 * GiB, int((24 - after) * GiB))
+    assert f"peak reserved 14.00 GiB replayed against {24 - after:.2f} GiB run as it is" in t.summary()
+
+
+def test_a_capture_kept_unjudged_for_want_of_room_is_held_to_the_memory_rule_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No room to judge it on steps: the memory reserved at the capture decides (14 GiB against
+    the 11 GiB without its 3), and the capture goes before its first replay."""
+    allocated = iter([0, 1000 * 2**20])
+    monkeypatch.setattr(traingraphs, "_allocated", lambda device: next(allocated))
+    monkeypatch.setattr(traingraphs, "_free", lambda device: 1200 * 2**20)
+    _memory(monkeypatch, 10, 13, 14)
+    step = _wrapped(_graph())
+    kinds = _clocked_steps(monkeypatch, step, _params(), 8, 0.190, 0.191)
+    t = step.training
+    assert t is not None and t.unjudged is not None and t.replays == 0 and t._cap is None, t.summary()
+    assert "".join(kinds) == "P" * 8 and "peak reserved 14.00 GiB" in (t.declined or "")
+
+
 def test_micro_batches_give_no_whole_steps_and_the_capture_stays(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two forwards summed into each backward: a call's time to the next is no step (no backward
     reached its outputs in between), so no step is timed, and after TRAIN_JUDGE_CALLS judged calls

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.capture import SolforgeBackend, compile_with
+from solforge.capture import LoweringCache, SolforgeBackend, compile_with
 from solforge.integrate.compact import recompose_linear
 from solforge.integrate.embeddings import rewrite_embeddings
 from solforge.integrate.linears import group_linears
@@ -222,15 +222,16 @@ class Integrator:
 
 def integrate(model: torch.nn.Module, winners: Mapping[Workload, str], *, families: tuple[str, ...] | None = None,
               train: bool = False, keep: Collection[Workload] = (),
-              db: str | Path | None = None, cuda_graphs: bool = True) -> tuple[Callable[..., Any], IntegrationStats]:
+              db: str | Path | None = None, cuda_graphs: bool = True,
+              cache: LoweringCache | None = None) -> tuple[Callable[..., Any], IntegrationStats]:
     """The optimized model (called like `model`) and the live stats of what it replaced.
     `cuda_graphs`: the optimized model replays launch-bound calls from CUDA graphs: calls made
     without autograd recording (its `generate`'s decode steps, a small model's forward under
     no_grad; stepgraphs.py), and a small model's training calls, forward and backward
-    (traingraphs.py)."""
+    (traingraphs.py). `cache`: the ATen lowering cache its graphs are lowered through."""
     integrator = Integrator(dict(winners), families, train=train, keep=frozenset(keep),
                             db=Path(db) if db is not None else None)
-    backend = SolforgeBackend(rewrite=integrator, auto_replay=cuda_graphs)
+    backend = SolforgeBackend(rewrite=integrator, auto_replay=cuda_graphs, cache=cache)
     integrator.stats.step_graphs = backend.step_graphs
     optimized = compile_with(model, backend)
     route_generate(optimized, model, backend, cuda_graphs=cuda_graphs)

@@ -32,7 +32,13 @@ calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off
    on. While judged, a run and the capture's pool are both in memory: a capture is judged only
    where the device has TRAIN_JUDGE_ROOM times its pool's size free, and kept unjudged (as the
    screen found it) where not. A dropped capture's pool goes back to the device at once
-   (`give_back_pool`). (Until 2026-11-26 the
+   (`give_back_pool`).
+   Memory is judged too: a capture whose replayed step's peak reserved memory is more than
+   TRAIN_MEMORY times the step run as it is without the capture (the peak of the run steps less
+   what the capture reserved: its pool, and its warm-up run on a stream of its own) is dropped,
+   unless SOLFORGE_TRAIN_MEMORY_RULE=0 (settings.train_memory_rule): on two held-out
+   decoders the replayed step's peak reserved memory was 35-45% above torch.compile's. A capture
+   kept unjudged for want of room is held to the same rule at once, on the memory reserved then. (Until 2026-11-26 the
    host's enqueue time was compared with the span, and the capture kept without a judgement: a
    GPU-bound forward of more launches than the launch queue holds makes the host wait for the
    GPU, so Qwen3-4B's host time read 0.94 of its span and it was captured.) A capture holds its
@@ -86,19 +92,21 @@ from torch.utils import _pytree as pytree
 from solforge import settings
 from solforge.runtime.accumulate import accumulates_in_place
 
-# settings.train_graphs and .train_accumulate, kept here: read on every step. ACCUMULATE: the
-# accumulating backward (module doc, 5); SOLFORGE_TRAIN_ACCUMULATE=0 leaves every backward to the
-# regular one
+# settings.train_graphs, .train_accumulate and .train_memory_rule, kept here: read on every step.
+# ACCUMULATE: the accumulating backward (module doc, 5); SOLFORGE_TRAIN_ACCUMULATE=0 leaves every
+# backward to the regular one. MEMORY_RULE: captures that add too much memory are dropped (module
+# doc, 2); SOLFORGE_TRAIN_MEMORY_RULE=0 keeps them whatever memory they add
 ENABLED = True
 ACCUMULATE = True
+MEMORY_RULE = True
 
 
 def _follow(s: settings.Settings) -> None:
-    global ENABLED, ACCUMULATE
-    ENABLED, ACCUMULATE = s.train_graphs, s.train_accumulate
+    global ENABLED, ACCUMULATE, MEMORY_RULE
+    ENABLED, ACCUMULATE, MEMORY_RULE = s.train_graphs, s.train_accumulate, s.train_memory_rule
 
 
-settings.follow(_follow, "train_graphs", "train_accumulate")
+settings.follow(_follow, "train_graphs", "train_accumulate", "train_memory_rule")
 # the share of a timed forward's span (events around it, idle gaps included) that the GPU sat idle
 # (span - its busy time behind a sleep, stepgraphs.cuda_busy) at or above which it is captured:
 # only the idle time is what a replay can take out, and a capture holds memory for good
@@ -123,6 +131,9 @@ _clock = time.perf_counter  # the host's clock for whole steps (the CPU tests pu
 # the same: judged only where the device has this many times the pool's size free, else the
 # capture is kept as the screen found it (a run that does not fit would end the caller's training)
 TRAIN_JUDGE_ROOM = 1.25
+# a kept capture's step may reserve at most this many times the memory of a step run as it is
+# without the capture (module doc, 2; SOLFORGE_TRAIN_MEMORY_RULE=0 lifts it)
+TRAIN_MEMORY = 1.10
 
 # captures of the accumulating backward a graph gets, in all, before .grad tensors that keep moving
 # (a new .grad each step) are left to the regular backward
@@ -140,6 +151,17 @@ TRAIN_TIMED = 2
 def _allocated(device: torch.device | None) -> int:
     """Bytes allocated on `device` by torch (0 off CUDA)."""
     return torch.cuda.memory_allocated(device) if device is not None and device.type == "cuda" else 0
+
+
+def _reserved(device: torch.device | None) -> int | None:
+    """Bytes torch's caching allocator holds from `device` now; None off CUDA."""
+    return torch.cuda.memory_reserved(device) if device is not None and device.type == "cuda" else None
+
+
+def _peak_reserved(device: torch.device | None) -> int | None:
+    """The most bytes torch's caching allocator has held from `device` (since its peak was last
+    reset); None off CUDA."""
+    return torch.cuda.max_memory_reserved(device) if device is not None and device.type == "cuda" else None
 
 
 def _free(device: torch.device | None) -> int | None:
@@ -414,11 +436,15 @@ class TrainGraph:
         # capture (None: not judging), the timed steps of each kind
         self._judge_calls: int | None = None
         self._steps: dict[str, list[float]] = {"replay": [], "run": []}
+        self._peaks: dict[str, list[int]] = {"replay": [], "run": []}  # peak reserved bytes at each timed step's end
         # (start, the kind timed or None, [a backward reached its outputs], the call before's had)
         self._last_start: tuple[float, str | None, list[bool], bool] | None = None
         self.judged: tuple[float, float] | None = None  # the fastest step replayed and run, once judged
         self.unjudged: str | None = None  # why the first capture was not judged (too little memory)
         self.pool_bytes = 0  # what the last capture added to the memory allocated (its pool)
+        self.pool_reserved: int | None = None  # ... and to the memory reserved (None off CUDA)
+        # the peak reserved bytes of a step replayed and of one run as it is without the capture, once judged
+        self.peaks: tuple[int, int] | None = None
         self.declined: str | None = None
         self._cap: TrainCapture | None = None
         self._key: tuple[Any, ...] | None = None
@@ -481,6 +507,8 @@ class TrainGraph:
                 if free is not None and free < TRAIN_JUDGE_ROOM * self.pool_bytes:
                     self.unjudged = (f"{free / 2**30:.1f} GiB free for a run beside the capture's "
                                      f"{self.pool_bytes / 2**30:.1f} GiB")
+                    if self._too_much_memory():  # judged on memory now: no steps will be
+                        return self.gm(*args)
                 else:
                     self._judge_calls = 0
         except TrainCaptureRefused as e:
@@ -546,6 +574,9 @@ class TrainGraph:
         self._last_start = None
         if kind is not None and seen[0] and after_backward:
             self._steps[kind].append(now - start)
+            peak = _peak_reserved(self._device)
+            if peak is not None:
+                self._peaks[kind].append(peak)
         return seen[0]
 
     def _judging_kind(self) -> str | None:
@@ -559,17 +590,47 @@ class TrainGraph:
                                           or min(runs) < TRAIN_CLEAR * min(replays))
         if n >= TRAIN_JUDGE_SAMPLES or clear or self._judge_calls >= TRAIN_JUDGE_CALLS:
             self._judge_calls = None
-            if n == 0:
-                return "replay"  # no whole steps to judge on: the screen's reading stands
+            if n == 0:  # no whole steps to judge on: the screen's reading stands, memory aside
+                return None if self._too_much_memory() else "replay"
             self.judged = (min(replays), min(runs))
             if self.judged[0] >= TRAIN_KEEP * self.judged[1]:
                 self.declined = f"a replay saves too little of a step: {self._judged_text()}"
                 self.release()
                 give_back_pool()
                 return None
-            return "replay"
+            return None if self._too_much_memory() else "replay"
         self._judge_calls += 1
         return "replay" if (self._judge_calls - 1) // TRAIN_BLOCK % 2 == 0 else "run"
+
+    def _memory(self) -> tuple[int, int] | None:
+        """(the peak reserved bytes of a step replayed, of a step run as it is without the
+        capture): the largest peaks read at the end of the timed steps of each kind (where none
+        was, the peak now), the run's less what the capture reserved; None off CUDA."""
+        if self.pool_reserved is None:
+            return None
+        now = _peak_reserved(self._device)
+        replay, run = max(self._peaks["replay"], default=now), max(self._peaks["run"], default=now)
+        if replay is None or run is None:
+            return None
+        return replay, max(0, run - self.pool_reserved)
+
+    def _too_much_memory(self) -> bool:
+        """Once the capture is judged (or kept unjudged): whether it raises the step's peak
+        reserved memory past TRAIN_MEMORY times that of a step run as it is; if so (and
+        SOLFORGE_TRAIN_MEMORY_RULE is on) it is dropped, its pool given back."""
+        self.peaks = self._memory()
+        if self.peaks is None or not MEMORY_RULE or self.peaks[0] <= TRAIN_MEMORY * self.peaks[1]:
+            return False
+        self.declined = (f"a replay raises the step's peak reserved memory by more than "
+                         f"{TRAIN_MEMORY - 1:.0%}: {self._peaks_text()} (SOLFORGE_TRAIN_MEMORY_RULE=0 keeps it)")
+        self.release()
+        give_back_pool()
+        return True
+
+    def _peaks_text(self) -> str:
+        assert self.peaks is not None
+        return (f"peak reserved {self.peaks[0] / 2**30:.2f} GiB replayed against {self.peaks[1] / 2**30:.2f} GiB "
+                "run as it is")
 
     def _judged_text(self) -> str:
         assert self.judged is not None
@@ -648,9 +709,11 @@ class TrainGraph:
                 # captured through it waits on that stream, which ends the capture
                 static[i] = args[i].detach().requires_grad_(True)
         device = next((x.device for x in args if isinstance(x, torch.Tensor) and x.is_cuda), None)
-        before = _allocated(device)
+        before, reserved = _allocated(device), _reserved(device)
         cap = self._capture(self.gm, static, needs, [i for i in written if isinstance(args[i], torch.Tensor)])
         self.pool_bytes = max(0, _allocated(device) - before)  # the tensors the capture left in its pool
+        after = _reserved(device)  # its pool, and what its warm-up run on a stream of its own cached
+        self.pool_reserved = None if reserved is None or after is None else max(0, after - reserved)
         leaves, spec = pytree.tree_flatten(cap.outputs)
         storages = {x.untyped_storage().data_ptr(): i for i, x in enumerate(static) if isinstance(x, torch.Tensor)}
         outs: list[tuple[str, Any]] = []
@@ -719,8 +782,9 @@ class TrainGraph:
         if self.declined is not None:
             return f"training calls not replayed: {self.declined}"
         timed = "" if self.busy_s is None else f" ({self._timed_text()}"
-        timed += "" if not timed else f"; {self._judged_text()})" if self.judged is not None else (
-            f"; not judged: {self.unjudged})" if self.unjudged is not None else ")")
+        timed += "" if not timed else f"; {self._judged_text()}" if self.judged is not None else (
+            f"; not judged: {self.unjudged}" if self.unjudged is not None else "")
+        timed += "" if not timed else f"; {self._peaks_text()})" if self.peaks is not None else ")"
         if self.captures:
             return (f"training: replayed {self.replays} forward(s) and {self.backward_replays} backward(s) "
                     f"from {self.captures} capture(s){timed}"

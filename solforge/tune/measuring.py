@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from solforge.kernels import registry
-from solforge.records import BuildResult, Candidate, RunResult, TuningRecord, Workload
+from solforge.records import BuildResult, Candidate, RunResult, TuningRecord, Verdict, Workload
 from solforge.tune.timing import confirm, time_kernel
 from solforge.tune.verify import verify
 
@@ -51,7 +51,12 @@ def measure(family: ModuleType, cand: Candidate, *, device: str, seed: int = 0,
             on_stage: Callable[[str], None] | None = None, build_only: bool = False) -> TuningRecord:
     """Build, verify and (if verified) time one candidate. `on_stage("build"|"verify"|"time")` is
     called as each stage starts (a worker process reports it, so a hang is blamed on its stage).
-    `build_only`: stop after the build (a compile-only builder worker)."""
+    `build_only`: stop after the build (a compile-only builder worker).
+
+    Memory: a candidate that runs out of it (torch.OutOfMemoryError, at any stage) is a failure
+    record. The build's inputs are not held while verification draws its own (the same inputs are
+    drawn again for the timing), so a workload whose tensors take gigabytes needs room for one set
+    of them at a time, not two."""
     stage = on_stage or (lambda _: None)
     config = _config(family, cand)
     launcher = launcher_of(family)
@@ -73,13 +78,25 @@ def measure(family: ModuleType, cand: Candidate, *, device: str, seed: int = 0,
         return TuningRecord(cand, BuildResult(False, time.perf_counter() - t, msg))
     if build_only:
         return TuningRecord(cand, build)
+    del args, kwargs
     stage("verify")
-    verdict = verify(family, cand.workload, launch, seed=seed + 1, device=device)
+    try:
+        verdict = verify(family, cand.workload, launch, seed=seed + 1, device=device)
+    except torch.OutOfMemoryError as e:  # outside verify's trials: comparing two large outputs, say
+        verdict = Verdict(False, reason=_oom(e))
     if not verdict.passed:
         return TuningRecord(cand, build, verdict)
     stage("time")
+    try:
+        args, kwargs = registry.make_inputs(family, cand.workload, seed=seed, device=device)  # the build's again
+    except torch.OutOfMemoryError as e:
+        return TuningRecord(cand, build, verdict, RunResult(error=_oom(e)))
     run = time_kernel(lambda: launch(*args, **kwargs), device)
     return TuningRecord(cand, build, verdict, run)
+
+
+def _oom(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
 
 
 def confirm_times(cands: Sequence[Candidate], *, device: str, seed: int = 0) -> list[RunResult]:

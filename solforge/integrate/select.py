@@ -1,0 +1,80 @@
+"""What enters the model: the workloads whose regions stay as the model ran them (`kept_out`),
+the winners' config strings, and the notes on what the integration did."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from solforge import plan as _plan
+from solforge.integrate import IntegrationStats, config_text
+from solforge.kernels import registry
+from solforge.records import TuneResult, Workload
+
+
+def not_faster(results: Sequence[TuneResult], *, meaningful: bool) -> set[Any]:
+    """Workloads whose verified best kernel is slower than the region as the model ran it (only
+    where times mean something: on the interpreter every kernel is "slower")."""
+    return {r.workload for r in results
+            if meaningful and r.best is not None and r.speedup is not None and r.speedup < 1.0}
+
+
+def kept_out(groups: Sequence[_plan.WorkloadGroup], results: Sequence[TuneResult], *,
+             meaningful: bool) -> tuple[set[Any], list[str]]:
+    """The forward workloads whose regions stay as the model ran them, and notes:
+    - a kernel that is not faster than the region as the model ran it (on the GPU, where times
+      mean something): never trade the original for a slower kernel;
+    - a workload with no verified kernel, and in training one whose backward has none: nothing
+      unproven enters a model (the heuristic config is not used in their place).
+    A backward that is merely slower is used (the fused forward op always runs its own backward
+    kernel, so the best backward config is used whatever eager's backward would cost): noted."""
+    backward = {g.workload for g in groups if g.forward is not None}
+    slower = not_faster([r for r in results if r.workload not in backward], meaningful=meaningful)
+    slow_bwd = not_faster([r for r in results if r.workload in backward], meaningful=meaningful)
+    unverified = {r.workload for r in results if r.best is None}
+    keep = set(slower) | (unverified - backward)
+    notes = []
+    for r in results:
+        if r.source == "untimed":  # the tune stage said why (its baseline did not fit)
+            continue
+        if r.workload in unverified:
+            what = "its backward" if r.workload in backward else "it"
+            notes.append(f"{r.workload.key}: no kernel verified, so {what} stays as the model ran it")
+        elif r.workload in slower:
+            notes.append(f"kept the original {r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is "
+                         f"not faster than the region as the model ran it ({r.baseline.p50_us:,.1f} µs)")
+        elif r.workload in slow_bwd:
+            notes.append(f"{r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is slower than eager's "
+                         f"backward of the region ({r.baseline.p50_us:,.1f} µs); used anyway: the fused forward "
+                         "op runs its own backward")
+    # a forward whose backward has no verified kernel stays out too: its op would run that backward
+    for g in groups:
+        if g.forward is not None:
+            continue
+        bwl = registry.backward_workload(g.workload.family, g.workload)
+        if bwl is not None and bwl in unverified:
+            keep.add(g.workload)
+    return keep, notes
+
+
+def winner_configs(results: Sequence[TuneResult], keep: set[Any]) -> dict[Workload, str]:
+    """Each verified winner's config string (as the custom ops take it), except those in `keep`."""
+    return {r.workload: config_text(r.best) for r in results if r.best is not None and r.workload not in keep}
+
+
+def integration_notes(stats: IntegrationStats, groups: Sequence[_plan.WorkloadGroup],
+                      winners: dict[Workload, str]) -> list[str]:
+    """What the integration did beyond the planned swaps, and what it did not do."""
+    notes = []
+    planned = sum(g.count for g in groups if g.workload in winners and g.forward is None)
+    if stats.total < planned:
+        notes.append(f"integration replaced {stats.total} of {planned} planned regions")
+    if stats.grouped:
+        notes.append(f"{stats.grouped} linear layers run through linears.py: their backward sums sibling "
+                     "input gradients and adds weight gradients to an existing .grad inside the GEMMs "
+                     "(SOLFORGE_LINEARS=0 turns this off)")
+    if stats.embeddings:
+        notes.append(f"{stats.embeddings} embedding(s) run through embeddings.py: their backward adds the gradient "
+                     "to an existing .grad only in the rows of the tokens present, with eager's values "
+                     "(SOLFORGE_EMBEDDING=0 turns this off)")
+    return notes
