@@ -177,11 +177,19 @@ def compare(out: Any, ref: Any, tol: float) -> dict[str, Any]:
 
 
 def _shrink(module: Any) -> None:
-    """--tiny: every integer global of a problem file above TINY_INT becomes TINY_INT (sizes, so
-    get_inputs and get_init_inputs make small tensors; small counts such as kernel sizes stay)."""
+    """--tiny: every integer global of a problem file above TINY_INT becomes TINY_INT, in tuples
+    and lists too (sizes and shapes, so get_inputs and get_init_inputs make small tensors; small
+    counts such as kernel sizes stay)."""
+    def small(v: Any) -> Any:
+        if type(v) is int:
+            return min(v, TINY_INT)
+        if isinstance(v, tuple | list) and all(type(x) is int for x in v):
+            return type(v)(min(x, TINY_INT) for x in v)
+        return v
+
     for k, v in list(vars(module).items()):
-        if type(v) is int and not k.startswith("_") and v > TINY_INT:
-            setattr(module, k, TINY_INT)
+        if not k.startswith("_"):
+            setattr(module, k, small(v))
 
 
 def _official_dtype(module: Any) -> str:

@@ -128,7 +128,8 @@ def test_compare_nans_infs_and_tolerance() -> None:
 
 def test_tiny_shrinks_integer_globals_and_loads_on_the_device(tmp_path: Path) -> None:
     f = tmp_path / "p.py"
-    f.write_text(OK.replace("rows = 37", "rows = 4000").replace("cols = 24", "cols = 3"))
+    f.write_text(OK.replace("rows = 37", "rows = 4000").replace("cols = 24", "cols = 3\nshape = (rows, cols)")
+                 .replace("torch.randn(rows, cols)", "torch.randn(shape)"))
     model, inputs, dt = suite.load_problem(str(f), "cpu", None, tiny=False)
     assert dt == "fp32" and inputs[0].shape == (4000, 3) and not model.training  # official: as the file says
     model, inputs, dt = suite.load_problem(str(f), "cpu", None, tiny=True)
