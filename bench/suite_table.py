@@ -123,7 +123,7 @@ def _summary_lines(title: str, s: dict[str, Any]) -> list[str]:
                    for k, (w, lo, t) in s["wins"].items())
     errs = ", ".join(f"{v} {n}" for v, n in sorted(s["errors"].items()) if n) or "none"
     nc = ", ".join(f"{v} {n}" for v, n in sorted(s["not_close"].items()) if n) or "none"
-    return [f"- **{title}** ({s['n']} rows): geomean {geo}.", f"  {wl}.",
+    return [f"- **{title}** ({s['n']} problems): geomean {geo}.", f"  {wl}.",
             f"  Errors (incl. timeouts): {errs}. Outside the tolerance vs eager: {nc}. "
             f"solforge matched nothing: {s['nothing']}."]
 
@@ -165,9 +165,13 @@ def render(all_rows: list[dict[str, Any]], source: str = "") -> str:
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for key, g in items:
             name = key[2] if suite == "kernelbench" else f"{key[2]} ({key[1]})"
-            peaks = "/".join(_f(g[v].get("peak_MiB"), 0) if v in g and not g[v].get("error") else "-"
+            peaks = "/".join(_f(g[v].get("peak_MiB"), 0) or "-" if v in g and not g[v].get("error") else "-"
                              for v in ("eager", "compile", "solforge"))
-            errs = "; ".join(f"{v}: {_short_error(r)}" for v, r in g.items() if r.get("error"))
+            by_msg: dict[str, list[str]] = defaultdict(list)  # one message, the variants that had it
+            for v, r in g.items():
+                if r.get("error"):
+                    by_msg[_short_error(r)].append(v)
+            errs = "; ".join(f"{', '.join(vs)}: {msg}" for msg, vs in by_msg.items())
             cells = [name] + [_us(g.get(c)) for c in present]
             cells += [_f(_ratio(g.get("solforge"), g.get("eager"))), _f(_ratio(g.get("compile"), g.get("eager"))),
                       _f(_ratio(g.get("solforge"), g.get("compile"))), _err(g.get("compile")),
