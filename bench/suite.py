@@ -147,9 +147,14 @@ def _tensors(x: Any) -> list[Any]:
     return [t for _, t in flatten_tensors(x)]
 
 
+CHUNK = 1 << 26  # compare() works through a tensor this many elements at a time (fp32 copies stay small)
+
+
 def compare(out: Any, ref: Any, tol: float) -> dict[str, Any]:
     """max |out - ref| / max |ref| (`err`), max |out - ref| and allclose(atol = rtol = tol), the
-    worst over the output tensors (NaNs where the reference has them count as equal)."""
+    worst over the output tensors. Equal values (infinities too) and NaN in both agree; a NaN in
+    one only is infinitely off. Large outputs are compared in chunks: KernelBench's largest are
+    several GB, and fp32 temporaries of their size would not fit beside them."""
     import torch
 
     worst, worst_abs, close = 0.0, 0.0, True
@@ -164,15 +169,16 @@ def compare(out: Any, ref: Any, tol: float) -> dict[str, Any]:
             close &= same
             worst = max(worst, 0.0 if same else 1.0)
             continue
-        o32, r32 = o.detach().float(), r.detach().float()
-        diff = (o32 - r32).abs()
-        # equal values (infinities included) and NaN in both agree; a NaN in one only is infinitely off
-        diff = torch.where((o32 == r32) | (o32.isnan() & r32.isnan()), 0.0, diff).nan_to_num(float("inf"))
-        scale = r32.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0).max().item() or 1.0
-        d = diff.max().item() if diff.numel() else 0.0
+        of, rf = o.detach().reshape(-1), r.detach().reshape(-1)
+        d, scale = 0.0, 0.0
+        for i in range(0, of.numel(), CHUNK):
+            o32, r32 = of[i:i + CHUNK].float(), rf[i:i + CHUNK].float()
+            diff = torch.where((o32 == r32) | (o32.isnan() & r32.isnan()), 0.0, (o32 - r32).abs())
+            d = max(d, diff.nan_to_num(float("inf")).max().item())
+            scale = max(scale, r32.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0).max().item())
+            close &= bool(torch.allclose(o32, r32, atol=tol, rtol=tol, equal_nan=True))
         worst_abs = max(worst_abs, d)
-        worst = max(worst, d / scale)
-        close &= bool(torch.allclose(o32, r32, atol=tol, rtol=tol, equal_nan=True))
+        worst = max(worst, d / (scale or 1.0))
     return {"err": float(f"{worst:.3g}"), "max_abs_err": float(f"{worst_abs:.3g}"), "allclose": close}
 
 

@@ -126,6 +126,18 @@ def test_compare_nans_infs_and_tolerance() -> None:
     assert suite.compare([ref, ref[:2]], [ref], 1e-2)["allclose"] is False
 
 
+def test_compare_in_chunks_matches_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(7, 13, generator=g)[:, ::2]  # strided
+    out = ref + 1e-3 * torch.randn(ref.shape, generator=g)
+    whole = suite.compare(out, ref, 1e-3)
+    monkeypatch.setattr(suite, "CHUNK", 5)
+    assert suite.compare(out, ref, 1e-3) == whole
+    d = (out - ref).abs().max().item()
+    assert whole["max_abs_err"] == pytest.approx(d, rel=1e-2)
+    assert whole["err"] == pytest.approx(d / ref.abs().max().item(), rel=1e-2)
+
+
 def test_tiny_shrinks_integer_globals_and_loads_on_the_device(tmp_path: Path) -> None:
     f = tmp_path / "p.py"
     f.write_text(OK.replace("rows = 37", "rows = 4000").replace("cols = 24", "cols = 3\nshape = (rows, cols)")
