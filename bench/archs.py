@@ -103,17 +103,25 @@ _TINY = {"GPT2Config": dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4),
 
 
 def build(arch: str, tiny: bool, device: str) -> torch.nn.Module:
-    import transformers
-
     a = ARCHS[arch]
     dims = {**a.dims, **((_TINY.get(a.config) or _TINY["*"]) if tiny else {})}
     if tiny and a.config == "Phi3Config":
         dims.pop("head_dim")  # Phi-3 derives it
-    cfg = getattr(transformers, a.config)(use_cache=False, **dims)
-    torch.manual_seed(0)
+    return from_dims(a.config, dims, device)
+
+
+def from_dims(config: str, dims: dict[str, Any], device: str, model_class: str = "AutoModelForCausalLM",
+              attn: str = "sdpa", seed: int = 0) -> torch.nn.Module:
+    """A transformers model of class `model_class` built from the config class `config` with `dims`,
+    seeded random bf16 weights, made on `device`."""
+    import transformers
+
+    cfg = getattr(transformers, config)(use_cache=False, **dims)
+    torch.manual_seed(seed)
+    cls = getattr(transformers, model_class)
     with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
-    return model
+        make = cls.from_config if model_class.startswith("Auto") else cls._from_config
+        return make(cfg, dtype=torch.bfloat16, attn_implementation=attn)
 
 
 def _time_ms(fn: Any, device: str, warmup: int, rep: int) -> list[float]:

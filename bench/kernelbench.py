@@ -91,11 +91,41 @@ def kernels_per_call(fn: Any, calls: int = 5) -> dict[str, Any]:
             "kernel_us_sum": round(sum(per.values()), 2)}
 
 
+def build_variant(name: str, model: torch.nn.Module, inputs: tuple[Any, ...], *, budget: float, label: str,
+                  max_candidates: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """The callable of one variant of `model` (eager: the model itself; compile: torch.compile's
+    default mode; compile-max-autotune: mode "max-autotune"; solforge: solforge.optimize with
+    `budget` seconds of tuning, in the caller's grad mode) and what its row records about it:
+    solforge's regions (family, workload, configs, verified), notes and end-to-end check."""
+    import solforge
+    from solforge.records import to_dict
+
+    if name == "eager":
+        return model, {}
+    if name == "compile":
+        return torch.compile(model), {}
+    if name == "compile-max-autotune":
+        return torch.compile(model, mode="max-autotune"), {}
+    if name != "solforge":
+        raise ValueError(f"unknown variant {name!r}")
+    fn, report = solforge.optimize(model, inputs, budget=budget, name=label, max_candidates=max_candidates)
+    rep = to_dict(report)
+    extra = {"regions": [{k: r.get(k) for k in ("family", "workload", "count", "baseline_us", "best_us",
+                                                "speedup", "config", "verified", "max_rel_err", "source",
+                                                "integrated", "note")}
+                         for r in rep["regions"]],
+             "notes": rep["notes"], "e2e": rep["e2e"]}
+    # whether optimize handed back the optimized model or the original (a report field newer
+    # solforge versions carry; absent before)
+    returned = rep.get("returned", rep.get("extra", {}).get("returned"))
+    if returned is not None:
+        extra["returned"] = returned
+    return fn, extra
+
+
 def variant(path: str, name: str, dtype: str, budget: float, device: str, scale: float,
             profile: bool = False) -> dict[str, Any]:
     """One file's one variant in this process: its row."""
-    import solforge
-    from solforge.records import to_dict
     from solforge.zoo import load_model
 
     row: dict[str, Any] = {"file": path, "variant": name, "dtype": dtype}
@@ -107,19 +137,8 @@ def variant(path: str, name: str, dtype: str, budget: float, device: str, scale:
                        for t in inputs)
     with torch.no_grad():
         ref = model(*inputs)
-        if name == "eager":
-            fn = model
-        elif name == "compile":
-            fn = torch.compile(model)
-        else:
-            fn, report = solforge.optimize(model, inputs, budget=budget, name=Path(path).name)
-            rep = to_dict(report)
-            row["regions"] = [{k: r.get(k) for k in ("family", "workload", "count", "baseline_us", "best_us",
-                                                    "speedup", "config", "verified", "max_rel_err", "source")}
-                              for r in rep["regions"]]
-            row["notes"] = rep["notes"]
-            row["e2e"] = rep["e2e"]
-            row["returned"] = rep["returned"]  # optimized, subset, or original (the model itself: no graphs)
+        fn, extra = build_variant(name, model, inputs, budget=budget, label=Path(path).name)
+        row.update(extra)
         out = fn(*inputs)  # compiles, captures and warms up
         row["max_rel_err_vs_eager"] = float(f"{_rel_err(out, ref):.3g}")
         us = _time_us(lambda: fn(*inputs), device)
