@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import functools
+import inspect
 import platform
 import sys
 import time
@@ -193,6 +196,40 @@ def _backward_baseline(group: _plan.WorkloadGroup, sub: torch.fx.GraphModule, ar
     return time_kernel(lambda: torch.autograd.grad(outs, leaves, grads, retain_graph=True), device)
 
 
+def _keeps_model(fn: Callable[..., tuple[Any, Report]]) -> Callable[..., tuple[Any, Report]]:
+    """optimize's contract with the user's model (runtime/inplace.py): a model optimized before is
+    restored first (its original call is what the new run captures and validates against); its
+    train/eval flags, and every submodule's, are put back however optimize ends (it runs the model
+    in eval for inference, in train for training); and the optimized call is installed in the
+    model, which is what optimize returns, unless `inplace=False` (the call is then returned as a
+    wrapper and the model is left as it was)."""
+    from solforge.runtime.inplace import SolforgeCall, install, installed, modes_kept, restore
+
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> tuple[Any, Report]:
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        model, inplace = bound.arguments["model"], bound.arguments["inplace"]
+        before = installed(model) if isinstance(model, torch.nn.Module) else None
+        if before is not None:
+            restore(model)
+        try:
+            with modes_kept(model) if isinstance(model, torch.nn.Module) else contextlib.nullcontext():
+                optimized, report = fn(*bound.args, **bound.kwargs)
+        except BaseException:
+            if before is not None:
+                install(model, before)
+            raise
+        if inplace and isinstance(optimized, SolforgeCall):
+            return install(model, optimized), report
+        return optimized, report
+
+    return wrapper
+
+
+@_keeps_model
 def optimize(
     model: torch.nn.Module,
     example_inputs: Sequence[Any],
@@ -217,10 +254,17 @@ def optimize(
     resume: bool = False,
     profile: str = "auto",
     cuda_graphs: bool = True,
+    inplace: bool = True,
 ) -> tuple[Callable[..., Any], Report]:
     """Optimize `model` for inputs shaped like `example_inputs` (on the device the model is on).
 
-    Returns the optimized model (called exactly like `model`) and the Report. `budget` is the
+    Returns the optimized model and the Report. The optimized model is `model` itself, optimized in
+    place as `model.compile()` does (runtime/inplace.py): its class, forward signature, state_dict
+    keys, train/eval flags, `save_pretrained` and `generate` are the model's own; a deepcopy,
+    pickle or `torch.save` of it is a plain, un-optimized copy; `solforge.restore(model)` takes the
+    optimization out again. Nothing is installed where nothing was integrated. `inplace=False`
+    leaves the model as it was and returns a wrapper running the optimized graphs (called like the
+    model, with its `generate`; other attributes are the model's). `budget` is the
     tuning time in seconds across all workloads; every workload measures at least one candidate.
     With `out_dir`, writes `out_dir/report.json`.
 
@@ -435,12 +479,15 @@ def profile(
     example_inputs = tuple(example_inputs)
     device = check_device(_model_device(model, example_inputs))
     dtype = _model_dtype(model, example_inputs)
-    model.eval()
+    from solforge.runtime.inplace import modes_kept
+
     rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
-    prof = _profile_stage(model, example_inputs, device=device, name=name or type(model).__name__,
-                          families=_check_families(families),
-                          trace=Path(out_dir) / TRACE_BASELINE if out_dir is not None else None,
-                          ceilings_cache=ceilings_cache)
+    with modes_kept(model):  # the user's train/eval flags are theirs
+        model.eval()
+        prof = _profile_stage(model, example_inputs, device=device, name=name or type(model).__name__,
+                              families=_check_families(families),
+                              trace=Path(out_dir) / TRACE_BASELINE if out_dir is not None else None,
+                              ceilings_cache=ceilings_cache)
     report = Report(
         model=name or type(model).__name__, device=_device_name(device), dtype=dtype_name(dtype), mode="inference",
         versions=versions(device), settings=settings.current().as_dict(), regions=(), e2e=None,
