@@ -10,7 +10,6 @@ dynamo reads when a name is not registered.
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import sys
 from types import ModuleType
@@ -32,8 +31,9 @@ def _register(registry: ModuleType) -> None:
         registry.register_backend(compiler_fn=_backend, name=NAME)
 
 
-class _OnImport(importlib.abc.MetaPathFinder):
-    """Registers the backend once dynamo's registry module has run."""
+class _OnImport:
+    """Registers the backend once dynamo's registry module has run (a meta path finder: only
+    `find_spec` is needed; importlib.abc is not imported for its base class)."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != REGISTRY:
