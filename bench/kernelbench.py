@@ -112,7 +112,7 @@ def variant(path: str, name: str, dtype: str, budget: float, device: str, scale:
         elif name == "compile":
             fn = torch.compile(model)
         else:
-            fn, report = solforge.optimize(model, inputs, budget=budget, name=Path(path).name)
+            fn, report = solforge.optimize(model, inputs, budget=budget, name=Path(path).name, inplace=False)
             rep = to_dict(report)
             row["regions"] = [{k: r.get(k) for k in ("family", "workload", "count", "baseline_us", "best_us",
                                                     "speedup", "config", "verified", "max_rel_err", "source")}
