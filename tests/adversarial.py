@@ -393,7 +393,7 @@ def _ln(x: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None, eps: fl
 
 
 LAYERNORM: list[tuple[str, Factory, str]] = [
-    ("drops eps", torch_kernel(lambda x, w, b, eps, **k: _ln(x, w, b, 0.0), _rms_out), "edge 'constant row'"),
+    ("drops eps", torch_kernel(lambda x, w, b, eps, **k: _ln(x, w, b, 0.0), _rms_out), "edge 'zero row'"),
     ("unbiased variance", torch_kernel(lambda x, w, b, eps, **k: _ln(x, w, b, eps, unbiased=True), _rms_out),
      "norm-relative"),
     ("ignores the bias", torch_kernel(lambda x, w, b, eps, **k: _ln(x, w, b, eps, drop_bias=True), _rms_out),

@@ -7,10 +7,14 @@ import pytest
 import torch
 
 from solforge import settings
+from solforge.kernels import registry
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# the hand-written families: tests of one family's matching leave solforge's generator out (it
+# takes whatever memory-bound region the families leave, which those tests do not count)
+HAND_WRITTEN = tuple(f for f in registry.forward_names() if f != "generated")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Under pytest-xdist each worker's torch would start a thread per core: N workers on N cores would
 # run N x N threads. Each gets its share of the cores instead.

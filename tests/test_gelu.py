@@ -383,12 +383,13 @@ def test_every_spelling_is_found_and_swapped(name: str, bias: str) -> None:
     want_shapes = ((15, FF), (FF,)) if bias == "add" else ((15, FF),)
     assert groups[0].workload.shapes == want_shapes
     opt, report = optimize(m, (x,), budget=1, max_candidates=1, make_inputs=lambda s: (_inputs(s),), db=False)
-    assert [r.family for r in report.regions] == ["gelu"]
+    assert [r.family for r in report.regions if r.family != "generated"] == ["gelu"]
     stats = None
     if report.regions[0].integrated:
         assert report.e2e is not None and report.e2e.passed, report.e2e
     else:  # on a GPU, a kernel not faster than eager's one aten.gelu at 15 rows is kept out: swap it anyway
-        assert DEVICE == "cuda" and any("kept the original" in n for n in report.notes), report.notes
+        assert DEVICE == "cuda" and (any("kept the original" in n for n in report.notes)
+                                     or report.returned in ("original", "subset")), report.notes
         from solforge.integrate import integrate
 
         opt, stats = integrate(m, {groups[0].workload: heuristic(groups[0].workload).encode()})

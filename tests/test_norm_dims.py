@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import DEVICE
+from conftest import DEVICE, HAND_WRITTEN
 
 from solforge import capture, plan
 from solforge.integrate import integrate
@@ -87,7 +87,7 @@ class Residual(nn.Module):
 
 def _families(m: nn.Module, inputs: tuple[torch.Tensor, ...]) -> dict[str, list]:
     with torch.no_grad():
-        groups = plan.plan(capture.capture(m, inputs).graphs)
+        groups = plan.plan(capture.capture(m, inputs).graphs, HAND_WRITTEN)
     out: dict[str, list] = {}
     for g in groups:
         out.setdefault(g.workload.family, []).extend([g.workload] * g.count)

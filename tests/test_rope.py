@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn as nn
-from conftest import DEVICE, covering, requires_gpu
+from conftest import DEVICE, HAND_WRITTEN, covering, requires_gpu
 
 from solforge import capture, plan
 from solforge.integrate import integrate
@@ -351,11 +351,11 @@ class Attention(nn.Module):
 
 def _families(m: nn.Module, x: torch.Tensor) -> list[tuple[str, int, Workload]]:
     with torch.no_grad():
-        groups = plan.plan(capture.capture(m, (x,)).graphs)
+        groups = plan.plan(capture.capture(m, (x,)).graphs, HAND_WRITTEN)
     return sorted(((g.workload.family, g.count, g.workload) for g in groups), key=lambda t: (t[0], t[1]))
 
 
-def _integrated(m: nn.Module, x: torch.Tensor, families: tuple[str, ...] | None = None):  # noqa: ANN202
+def _integrated(m: nn.Module, x: torch.Tensor, families: tuple[str, ...] | None = HAND_WRITTEN):  # noqa: ANN202
     with torch.no_grad():
         groups = plan.plan(capture.capture(m, (x,)).graphs, families)
     winners = {g.workload: family_module(g.workload.family).heuristic(g.workload).encode() for g in groups}

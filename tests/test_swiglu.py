@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import DEVICE, requires_gpu
+from conftest import DEVICE, HAND_WRITTEN, requires_gpu
 
 from solforge import capture, plan
 from solforge.integrate import integrate
@@ -436,7 +436,7 @@ def test_look_alikes_do_not_match() -> None:
     g, u = torch.randn(6, 24, device=DEVICE), torch.randn(6, 24, device=DEVICE)
     v = torch.randn(24, device=DEVICE)
     with torch.no_grad():
-        groups = plan.plan(capture.capture(LookAlikes(), (g, u, v)).graphs)
+        groups = plan.plan(capture.capture(LookAlikes(), (g, u, v)).graphs, HAND_WRITTEN)
     # nothing is swiglu's; the bare gelu in k (times a scalar, no gate) is the gelu family's
     assert [(grp.workload.family, grp.count) for grp in groups] == [("gelu", 1)]
 

@@ -134,6 +134,11 @@ TRAIN_JUDGE_ROOM = 1.25
 # a kept capture's step may reserve at most this many times the memory of a step run as it is
 # without the capture (module doc, 2; SOLFORGE_TRAIN_MEMORY_RULE=0 lifts it)
 TRAIN_MEMORY = 1.10
+# ... or this many bytes more, whichever is larger: the rule is for the multi-GB steps where a
+# replay's pool cost 35-45% (issue "Never worse"); a small model's step on the H100 (2026-11-27)
+# reserved 0.10 GiB run as it is and 0.17 GiB replayed, 70 MiB no user misses, and dropping its
+# replay would give up the launch-bound step's whole gain
+TRAIN_MEMORY_FLOOR = 256 * 2**20
 
 # captures of the accumulating backward a graph gets, in all, before .grad tensors that keep moving
 # (a new .grad each step) are left to the regular backward
@@ -616,10 +621,12 @@ class TrainGraph:
 
     def _too_much_memory(self) -> bool:
         """Once the capture is judged (or kept unjudged): whether it raises the step's peak
-        reserved memory past TRAIN_MEMORY times that of a step run as it is; if so (and
+        reserved memory past TRAIN_MEMORY times that of a step run as it is (and by more than
+        TRAIN_MEMORY_FLOOR); if so (and
         SOLFORGE_TRAIN_MEMORY_RULE is on) it is dropped, its pool given back."""
         self.peaks = self._memory()
-        if self.peaks is None or not MEMORY_RULE or self.peaks[0] <= TRAIN_MEMORY * self.peaks[1]:
+        if self.peaks is None or not MEMORY_RULE or \
+                self.peaks[0] <= max(TRAIN_MEMORY * self.peaks[1], self.peaks[1] + TRAIN_MEMORY_FLOOR):
             return False
         self.declined = (f"a replay raises the step's peak reserved memory by more than "
                          f"{TRAIN_MEMORY - 1:.0%}: {self._peaks_text()} (SOLFORGE_TRAIN_MEMORY_RULE=0 keeps it)")
