@@ -40,8 +40,7 @@ class SolforgeBackend:
     cache: LoweringCache | None = None  # ATen lowerings kept across processes (cache.py)
     graphs: list[CapturedGraph] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    compiled: Callable[..., Any] | None = None  # the model's call compiled with this backend (capture())
-    module: torch.nn.Module | None = None  # ... of this module (capture())
+    compiled: Callable[..., Any] | None = None  # the model compiled with this backend (capture())
     # each graph as dynamo calls it: replays launch-bound calls from a CUDA graph where that is
     # on (stepgraphs.py), runs the ATen graph as it is elsewhere
     step_graphs: list[StepGraph] = field(default_factory=list)
@@ -211,14 +210,6 @@ def compile_with(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[.
     return torch.compile(model, backend=backend, dynamic=None)
 
 
-def compile_call(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[..., Any]:
-    """The module's `_call_impl` compiled like `compile_with` compiles the module, as
-    `nn.Module.compile()` does: what runtime/inplace.py installs as the module's own call, so the
-    optimized model is the module itself (its state_dict keys, forward and class unchanged). The
-    graphs are those of `compile_with`: dynamo skips torch's own frames and compiles the model's."""
-    return torch.compile(model._call_impl, backend=backend, dynamic=None)
-
-
 def compile_forward(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[..., Any]:
     """The model's bound forward compiled like `compile_with` compiles the module: something to
     put in place of `model.forward` (generation.route_generate), where the compiled module itself
@@ -259,8 +250,7 @@ def capture(model: torch.nn.Module, inputs: Sequence[Any], *, grad: bool = False
     if cache is not None and not isinstance(cache, LoweringCache):
         cache = LoweringCache(Path(cache))
     backend = SolforgeBackend(cache=cache)
-    backend.module = model
-    compiled = backend.compiled = compile_call(model, backend)
+    compiled = backend.compiled = compile_with(model, backend)
     with static_shapes(), torch.set_grad_enabled(grad), few_full_collections():
         compiled(*inputs)
     return backend
