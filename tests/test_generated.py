@@ -6,6 +6,7 @@ for the same region in another model."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from codegen_helpers import trace
 from conftest import DEVICE
 
-from solforge import optimize
+from solforge import optimize, settings
 from solforge.codegen import regions as RG
 from solforge.codegen import store
 from solforge.kernels import generated as G
@@ -186,6 +187,12 @@ def test_region_from_key_alone(tmp_path: Path) -> None:
     (fr,) = RG.form_regions(trace(lambda t: torch.sigmoid(t) * t.amax(-1, keepdim=True), x).graph)
     wl = G.workload_for(fr.lowered.ir)
     key = wl.param("key")
+    with settings.override(codegen_dir=tmp_path):  # the damaged copy below stays in tmp_path
+        _key_alone(fr, wl, key, x)
+
+
+def _key_alone(fr: RG.Formed, wl: Any, key: str, x: torch.Tensor) -> None:
+    store.save(fr.lowered.ir)
     store._IRS.clear()
     store._LOWERED.clear()
     ir = store.load(key)

@@ -97,12 +97,19 @@ def path_of(key: str) -> Path:
     return cache_dir() / f"ir_{key}.json"
 
 
+def _holds(path: Path, key: str) -> bool:
+    try:
+        return from_json(path.read_text()).key == key
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, AssertionError):
+        return False
+
+
 def save(ir: RegionIR) -> str:
     """Keep `ir` in this process and on disk (written once, atomically); returns its key."""
     key = ir.key
     _IRS[key] = ir
     path = path_of(key)
-    if not path.exists():
+    if not _holds(path, key):  # absent, or damaged / foreign: (re)written
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as f:

@@ -100,9 +100,10 @@ def enabled() -> bool:
 
 def set_enabled(on: bool) -> bool:
     """Switch the direct path on or off (off: every launch through Triton); returns the previous
-    state. Switching on has no effect where it is not supported."""
+    switch (what was asked, not whether the path is supported, so that `set_enabled(prev)` restores
+    it on every machine). Switching on has no effect where it is not supported."""
     global _ON, _ENABLED
-    prev = _ON
+    prev = _ENABLED
     _ENABLED = bool(on)
     _ON = _SUPPORTED and _ENABLED
     return prev
