@@ -151,13 +151,16 @@ CHUNK = 1 << 26  # compare() works through a tensor this many elements at a time
 
 
 def compare(out: Any, ref: Any, tol: float) -> dict[str, Any]:
-    """max |out - ref| / max |ref| (`err`), max |out - ref| and allclose(atol = rtol = tol), the
-    worst over the output tensors. Equal values (infinities too) and NaN in both agree; a NaN in
-    one only is infinitely off. Large outputs are compared in chunks: KernelBench's largest are
-    several GB, and fp32 temporaries of their size would not fit beside them."""
+    """max |out - ref| / max |ref| over all the output tensors together (`err`), max |out - ref|
+    and allclose(atol = rtol = tol) over them all; with several tensors (a training step: the loss
+    and every gradient) also the worst tensor's own max |out - ref| / max |ref|
+    (`err_worst_tensor`: a tiny gradient's rounding can make it large). Equal values (infinities
+    too) and NaN in both agree; a NaN in one only is infinitely off. Large outputs are compared in
+    chunks: KernelBench's largest are several GB, and fp32 temporaries of their size would not fit
+    beside them."""
     import torch
 
-    worst, worst_abs, close = 0.0, 0.0, True
+    worst, worst_abs, top, close = 0.0, 0.0, 0.0, True
     outs, refs = _tensors(out), _tensors(ref)
     if len(outs) != len(refs):
         return {"err": None, "allclose": False, "compare_note": f"{len(outs)} outputs, eager has {len(refs)}"}
@@ -178,8 +181,13 @@ def compare(out: Any, ref: Any, tol: float) -> dict[str, Any]:
             scale = max(scale, r32.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0).max().item())
             close &= bool(torch.allclose(o32, r32, atol=tol, rtol=tol, equal_nan=True))
         worst_abs = max(worst_abs, d)
+        top = max(top, scale)
         worst = max(worst, d / (scale or 1.0))
-    return {"err": float(f"{worst:.3g}"), "max_abs_err": float(f"{worst_abs:.3g}"), "allclose": close}
+    row = {"err": float(f"{worst_abs / (top or 1.0):.3g}"), "max_abs_err": float(f"{worst_abs:.3g}"),
+           "allclose": close}
+    if len(outs) > 1:
+        row["err_worst_tensor"] = float(f"{worst:.3g}")
+    return row
 
 
 def _shrink(module: Any) -> None:

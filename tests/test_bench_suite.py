@@ -124,6 +124,10 @@ def test_compare_nans_infs_and_tolerance() -> None:
     nan_only_in_out[0] = float("nan")
     assert suite.compare(nan_only_in_out, ref, 1e-2)["err"] == float("inf")
     assert suite.compare([ref, ref[:2]], [ref], 1e-2)["allclose"] is False
+    # several tensors (a loss and gradients): err over them all, and the worst one's own
+    big, tiny = torch.full((4,), 10.0), torch.full((3,), 1e-3)
+    got = suite.compare([big, tiny + 1e-4], [big, tiny], 1e-2)
+    assert got["err"] == pytest.approx(1e-4 / 10, rel=1e-2) and got["err_worst_tensor"] == pytest.approx(0.1, rel=1e-2)
 
 
 def test_compare_in_chunks_matches_whole(monkeypatch: pytest.MonkeyPatch) -> None:
