@@ -452,9 +452,10 @@ def run_task(task: Task, opts: dict[str, Any], timeout: float, gpu: str | None) 
         why = (f"timed out after {timeout:.0f} s" if rc is None else
                f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}")
         tail = err.strip()[-1500:]
-        row = {**_ident(task), "error": f"{why}: {tail}" if tail else why}
-        if rc is None:
-            row["timed_out"] = True
+        if rc is None:  # the error says so; what it printed last goes beside it
+            row = {**_ident(task), "error": why, "timed_out": True, "stderr_tail": tail}
+        else:
+            row = {**_ident(task), "error": f"{why}: {tail}" if tail else why}
     row["wall_s"] = wall
     if gpu is not None:
         row["gpu"] = gpu
