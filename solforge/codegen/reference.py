@@ -33,7 +33,13 @@ def _round(t: torch.Tensor, dtype: Any) -> torch.Tensor:
 def reference(ir: RegionIR, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     if len(inputs) != len(ir.inputs):
         raise ValueError(f"solforge codegen reference: {len(inputs)} inputs for a region of {len(ir.inputs)}")
-    ins = [x.to(_ACC) if x.is_floating_point() else x for x in inputs]
+    wide = reference_wide(ir, [x.to(_ACC) if x.is_floating_point() else x for x in inputs])
+    return tuple(v.to(ir.out_meta(r).dtype) for v, r in zip(wide, ir.outputs, strict=True))
+
+
+def reference_wide(ir: RegionIR, ins: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """`reference` on inputs already widened, its outputs left in fp64 (what the backward's
+    reference differentiates: codegen/backward.py)."""
     vals: list[Any] = []
 
     def get(a: Any) -> Any:
@@ -63,11 +69,7 @@ def reference(ir: RegionIR, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tenso
         if "dtype" in kwargs:
             kwargs["dtype"] = _wide(kwargs["dtype"])
         vals.append(fn(*args, **kwargs))
-    out = []
-    for r in ir.outputs:
-        v = get(r)
-        out.append(v.to(ir.out_meta(r).dtype))
-    return tuple(out)
+    return tuple(get(r) for r in ir.outputs)
 
 
 def replay(ir: RegionIR, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:

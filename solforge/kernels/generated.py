@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from solforge.codegen import backward as BW
 from solforge.codegen import reference as REF
 from solforge.codegen import runtime as RT
 from solforge.codegen import schedule as SC
@@ -171,15 +172,34 @@ def _fake(inputs: list[torch.Tensor], key: str, config: str) -> list[torch.Tenso
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    ins, key, _config = inputs
-    ctx.key = key
-    ctx.save_for_backward(*ins)
+    ins, key, config = inputs
+    ctx.key, ctx.bwd_config = key, config.partition("|")[2]
+    ctx.need = tuple(bool(x.requires_grad) for x in ins)
+    ctx.save_for_backward(*ins)  # the schedule's default: recompute the forward from its inputs
 
 
 def _backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[Any, ...]:
-    """The vjp of the region's own ATen ops, recomputed from the saved inputs."""
+    """The generated backward kernel of the region (codegen/backward.py) when its vjp forms one
+    region; else the eager vjp of the region's own ATen ops, recomputed from the saved inputs."""
     ins = ctx.saved_tensors
-    ir = store.load(ctx.key)
+    plan = BW.plan(ctx.key, ctx.need, tuple(g is not None for g in grads))
+    if plan.ok:
+        return BW.input_grads(plan, _run_backward(plan, ins, grads, ctx.bwd_config), ins, grads), None, None
+    return eager_vjp(store.load(ctx.key), ins, grads), None, None
+
+
+def _run_backward(plan: BW.BackwardPlan, ins: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
+                  config: str) -> list[torch.Tensor]:
+    if plan.key is None:
+        return []
+    if config and not SC.is_valid(SC.Schedule.decode(config), store.lowered(plan.key)):
+        # tuned for the full masks' region (backward_workload); this call's masks give another
+        config = ""
+    return generated_op(BW.backward_inputs(plan, ins, grads), plan.key, config)
+
+
+def eager_vjp(ir: RegionIR, ins: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> list[Any]:
+    """The vjp of the region's own ATen ops run again under torch.autograd (the fallback backward)."""
     with torch.enable_grad():
         xs = [x.detach().requires_grad_(x.is_floating_point()) for x in ins]
         outs = REF.replay(ir, xs)
@@ -189,8 +209,7 @@ def _backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[Any, ...]
     if pairs and wrt:
         got = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
     it = iter(got)
-    dx = [next(it, None) if x.requires_grad else None for x in xs]
-    return dx, None, None
+    return [next(it, None) if x.requires_grad else None for x in xs]
 
 
 torch.library.register_autograd("solforge::generated", _backward, setup_context=_setup)
