@@ -46,18 +46,19 @@ def _lce() -> Workload:
 
 
 def _generated() -> Workload:
-    """A LayerNorm-like region written out (mean, var, scale, shift) over 45 columns, formed by
-    solforge's generator from a traced function."""
+    """A LayerNorm-like region written out (mean, var, normalize, a bias) over 45 columns, formed by
+    solforge's generator from a traced function. No weight: its gradient is a sum over the rows, a
+    second loop space, and the family's backward workload (generated_bwd) is of one-region vjps."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from solforge.codegen.regions import form_regions
 
-    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def f(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         m = x.float().mean(-1, keepdim=True)
         v = ((x.float() - m) ** 2).mean(-1, keepdim=True)
-        return ((x.float() - m) * torch.rsqrt(v + 1e-5) * w).to(x.dtype)
+        return ((x.float() - m) * torch.rsqrt(v + 1e-5) + b).to(x.dtype)
 
-    gm = make_fx(f, tracing_mode="fake")(torch.empty(13, 45, dtype=BF16), torch.empty(45))
+    gm = make_fx(f, tracing_mode="fake")(torch.empty(13, 45, dtype=BF16), torch.empty(13, 1))
     (region,) = form_regions(gm.graph)
     return registry.module("generated").workload_for(region.lowered.ir)
 

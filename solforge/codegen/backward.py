@@ -133,6 +133,7 @@ _ELEMENTWISE = {f"aten.{n}.{o}" for n in ("add", "sub", "mul", "div", "rsub", "e
     "aten.minimum.default", "aten.pow.Tensor_Scalar", "aten.neg.default", "aten.exp.default",
     "aten.sqrt.default", "aten.rsqrt.default", "aten.reciprocal.default", "aten.sigmoid.default",
     "aten.tanh.default", "aten.abs.default", "aten.sign.default", "prims.convert_element_type.default",
+    "aten._to_copy.default",
     "aten.masked_fill.Scalar", "aten.clamp_min.default", "aten.clamp_max.default", "aten.clamp.default"}
 _aten = torch.ops.aten
 

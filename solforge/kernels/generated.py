@@ -72,6 +72,20 @@ def heuristic(workload: Workload) -> SC.Schedule:
     return SC.heuristic(region(workload))
 
 
+def backward_workload(workload: Workload) -> Workload | None:
+    """The generated_bwd workload of the region's backward for the tuner's masks (every floating
+    input needs a gradient, every floating output receives one); None when its vjp does not form
+    one region (the op's backward is then the eager vjp: nothing to tune)."""
+    fwd = workload.param("key")
+    p = BW.plan(fwd, *BW.full_masks(store.load(fwd)))
+    if not p.ok or p.key is None:
+        return None
+    bir = store.load(p.key)
+    return Workload(family="generated_bwd", shapes=tuple(m.shape for m in bir.inputs),
+                    dtypes=tuple(dtype_name(m.dtype) for m in bir.inputs), params=(("key", p.key), ("fwd", fwd)),
+                    device=workload.device)
+
+
 # ----------------------------------------------------------------------------------------------
 # Inputs and reference
 
@@ -180,22 +194,30 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
 
 def _backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[Any, ...]:
     """The generated backward kernel of the region (codegen/backward.py) when its vjp forms one
-    region; else the eager vjp of the region's own ATen ops, recomputed from the saved inputs."""
+    region; else the eager vjp of the region's own ATen ops, recomputed from the saved inputs.
+    With a BWD config (tuned and verified as generated_bwd for the full masks) the full masks' kernel
+    runs whatever this call needs, so the kernel that runs is the verified one; without one ("" =
+    the heuristic), the kernel of this call's masks."""
     ins = ctx.saved_tensors
-    plan = BW.plan(ctx.key, ctx.need, tuple(g is not None for g in grads))
-    if plan.ok:
-        return BW.input_grads(plan, _run_backward(plan, ins, grads, ctx.bwd_config), ins, grads), None, None
-    return eager_vjp(store.load(ctx.key), ins, grads), None, None
+    ir = store.load(ctx.key)
+    grads = list(grads)
+    if ctx.bwd_config:
+        need_in, need_out = BW.full_masks(ir)
+        grads = [g if g is not None or not w else _zeros(ir, k, ins) for k, (g, w) in enumerate(
+            zip(grads, need_out, strict=True))]
+    else:
+        need_in, need_out = ctx.need, tuple(g is not None for g in grads)
+    plan = BW.plan(ctx.key, need_in, need_out)
+    if not plan.ok:
+        return eager_vjp(ir, ins, grads), None, None
+    outs = generated_op(BW.backward_inputs(plan, ins, grads), plan.key, ctx.bwd_config) if plan.key else []
+    dx = BW.input_grads(plan, outs, ins, grads)
+    return [d if need else None for d, need in zip(dx, ctx.need, strict=True)], None, None
 
 
-def _run_backward(plan: BW.BackwardPlan, ins: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None],
-                  config: str) -> list[torch.Tensor]:
-    if plan.key is None:
-        return []
-    if config and not SC.is_valid(SC.Schedule.decode(config), store.lowered(plan.key)):
-        # tuned for the full masks' region (backward_workload); this call's masks give another
-        config = ""
-    return generated_op(BW.backward_inputs(plan, ins, grads), plan.key, config)
+def _zeros(ir: RegionIR, k: int, ins: Sequence[torch.Tensor]) -> torch.Tensor:
+    m = ir.out_meta(ir.outputs[k])
+    return torch.zeros(m.shape, dtype=m.dtype, device=ins[0].device if ins else torch.device(ir.device))
 
 
 def eager_vjp(ir: RegionIR, ins: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> list[Any]:

@@ -147,9 +147,9 @@ FAMILIES: tuple[Family, ...] = (
     _fwd("cross_entropy", "reduction", "cross_entropy_bwd"),
     _fwd("softmax", "reduction", "softmax_bwd"),
     # last: solforge's own generator takes every memory-bound region no family claimed (its matcher
-    # also gets the nodes the families claimed: plan.find_matches); its backward is, for now, the
-    # vjp of the region's own ops (kernels/generated.py), so no backward family is tuned
-    _fwd("generated", "pointwise", None),
+    # also gets the nodes the families claimed: plan.find_matches); its backward is generated too,
+    # from the region's vjp (codegen/backward.py), where that forms one region
+    _fwd("generated", "pointwise", "generated_bwd"),
     _bwd("rope_bwd", "pointwise"),
     _bwd("rmsnorm_bwd", "normalization"),
     _bwd("layernorm_bwd", "normalization"),
@@ -157,6 +157,7 @@ FAMILIES: tuple[Family, ...] = (
     _bwd("gelu_bwd", "pointwise"),
     _bwd("cross_entropy_bwd", "reduction"),
     _bwd("softmax_bwd", "reduction"),
+    _bwd("generated_bwd", "pointwise"),
 )
 
 _BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}

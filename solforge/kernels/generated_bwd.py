@@ -1,0 +1,115 @@
+"""generated_bwd: the backward of a generated region as a tunable family (codegen/backward.py).
+
+The forward family's `backward_workload` (kernels/generated.py) derives the region's vjp for the
+tuner's masks (every floating input needs a gradient, every floating output receives one:
+backward.full_masks); when it forms one region, that region is this family's workload:
+
+  Workload      family "generated_bwd", the backward region's input shapes and dtypes, params
+                (("key", backward key), ("fwd", forward key)): the backward region's inputs are
+                the saved forward inputs and the output gradients it reads, its outputs the input
+                gradients the kernel computes (pass-through gradients are not its outputs)
+  Config        codegen.schedule.Schedule, on the backward region (space / is_valid / heuristic)
+  make_inputs   the backward region's inputs, each laid out with its strides; saved forward
+                inputs drawn positive where the forward's are (generated.positive_inputs)
+  generated_bwd_ref   eager autograd of the FORWARD region's ops in fp64 (backward.fp64_vjp), not
+                the traced vjp: a wrong trace, decomposition or expand rewrite shows up here
+  generated_bwd the launcher: the backward region's kernel under `config`
+
+The forward op's autograd backward runs the `solforge::generated` op with the backward key and the
+BWD part of its "FWD|BWD" config (integrate/__init__.py); with a BWD config it always runs the
+tuner's masks (the verified kernel), zeros standing for an output gradient autograd did not give.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from solforge.codegen import backward as BW
+from solforge.codegen import runtime as RT
+from solforge.codegen import schedule as SC
+from solforge.codegen import store
+from solforge.codegen.lower import Lowered
+from solforge.kernels import generated as G
+from solforge.numerics import input_generator
+from solforge.records import Workload
+
+FAMILY = "generated_bwd"
+Config = SC.Schedule
+SHAPE_FIXED = True  # a region's sizes are part of its key
+
+
+def region(workload: Workload) -> Lowered:
+    key = workload.param("key")
+    if not key:
+        raise ValueError(f"solforge generated_bwd: workload {workload.key} names no region key")
+    return store.lowered(key)
+
+
+def plan_of(fwd: str) -> BW.BackwardPlan:
+    """The backward plan the tuner's workload comes from (the forward region's full masks)."""
+    return BW.plan(fwd, *BW.full_masks(store.load(fwd)))
+
+
+def space(workload: Workload) -> list[SC.Schedule]:
+    return SC.space(region(workload))
+
+
+def is_valid(config: SC.Schedule, workload: Workload) -> bool:
+    return SC.is_valid(config, region(workload))
+
+
+def heuristic(workload: Workload) -> SC.Schedule:
+    return SC.heuristic(region(workload))
+
+
+def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
+                device: str | torch.device | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Fresh random inputs of the backward region (`rows` is ignored: its sizes are in its key)."""
+    fwd = workload.param("fwd")
+    p = plan_of(fwd)
+    bir = region(workload).ir
+    pos = G.positive_inputs(store.load(fwd))
+    device = torch.device(device or workload.device)
+    g, where = input_generator(sum(m.numel for m in bir.inputs), device, seed)
+    xs = tuple(G._draw(m.shape, m.stride, m.dtype, src[0] == "saved" and src[1] in pos, g, where, device)
+               for m, src in zip(bir.inputs, p.inputs, strict=True))
+    return xs, {"key": workload.param("key"), "fwd": fwd}
+
+
+def generated_bwd_ref(*inputs: torch.Tensor, key: str, fwd: str) -> tuple[torch.Tensor, ...]:
+    """The kernel's outputs (the input gradients it computes) by fp64 autograd of the forward region.
+    A forward input the backward does not read is ones (the gradients do not depend on it); an
+    output gradient it does not read is zeros."""
+    p = plan_of(fwd)
+    if p.key != key:
+        raise ValueError(f"solforge generated_bwd: {key[:16]}... is not the backward of {fwd[:16]}...")
+    ir = store.load(fwd)
+    dev = inputs[0].device if inputs else torch.device(ir.device)
+    saved: list[torch.Tensor] = [torch.ones(m.shape, dtype=m.dtype, device=dev) for m in ir.inputs]
+    wanted = [k for k, w in enumerate(p.need_out) if w]
+    grads: dict[int, torch.Tensor] = {}
+    for x, (src, i) in zip(inputs, p.inputs, strict=True):
+        if src == "saved":
+            saved[i] = x
+        else:
+            grads[i] = x
+    gs = [grads.get(k) if k in grads else torch.zeros(ir.out_meta(ir.outputs[k]).shape,
+                                                      dtype=ir.out_meta(ir.outputs[k]).dtype, device=dev)
+          for k in wanted]
+    ref = BW.fp64_vjp(ir, p.need_in, p.need_out, saved, gs)
+    bir = store.load(key)
+    outs: list[torch.Tensor | None] = [None] * len(bir.outputs)
+    for i, s in enumerate(p.grads):
+        if s is not None and s[0] == "out":
+            outs[s[1]] = ref[i]
+    assert all(o is not None for o in outs), "a backward kernel output is no input's gradient"
+    return tuple(o.to(bir.out_meta(r).dtype) for o, r in zip(outs, bir.outputs, strict=True))  # type: ignore[union-attr]
+
+
+def generated_bwd(*inputs: torch.Tensor, key: str, fwd: str, config: SC.Schedule | None = None,
+                  out: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
+    """The backward region's kernel under `config` (None: the heuristic)."""
+    return RT.run(store.lowered(key), config, inputs, out)
