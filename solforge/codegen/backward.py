@@ -26,6 +26,7 @@ once per process (`plan`).
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,11 +38,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from solforge.capture import op_name
+from solforge.codegen import ir as IRM
 from solforge.codegen import reference as REF
 from solforge.codegen import regions as RG
 from solforge.codegen import store
 from solforge.codegen.ir import RegionIR, TensorMeta
-from solforge.codegen.lower import LOWERINGS
+from solforge.codegen.lower import LOWERINGS, Lowered, LowerError, prepare
 
 # where one input gradient comes from: ("out", j) output j of the backward kernel; ("saved", i)
 # forward input i or ("grad", j) output gradient j passed through unchanged; None: no gradient
@@ -216,6 +218,25 @@ def _fail(base: BackwardPlan, why: str) -> BackwardPlan:
     return BackwardPlan(base.fwd_key, base.need_in, base.need_out, error=why)
 
 
+def whole(graph: fx.Graph) -> tuple[Lowered, list[fx.Node], list[fx.Node]] | str:
+    """Every op of `graph` as one region: (its lowering, input nodes in IR order, output nodes), or
+    why it cannot be one. Not the former's greedy growth, which may leave two regions of one loop
+    space apart (a vjp reading dy in two places: the first reader starts its own region before the
+    second joins another); the vjp should be one kernel or none."""
+    nodes = [n for n in graph.nodes if n.op == "call_function"]
+    anchors = sorted({f"{op_name(n.target)} ({why})" for n in nodes if n.target is not operator.getitem
+                      for why in (RG.anchor_reason(n),) if why is not None})
+    if anchors:
+        return f"the vjp holds ops no region takes: {', '.join(anchors)[:300]}"
+    outs = RG.outputs_of(nodes)
+    try:
+        ir, ins = IRM.build(nodes, outs)
+        low = prepare(ir)
+    except (LowerError, ValueError) as e:
+        return f"the vjp is not one region: {str(e)[:300]}"
+    return low, ins, outs
+
+
 def _plan_of(base: BackwardPlan, gm: fx.GraphModule, got_for: list[int], n_in: int) -> BackwardPlan:
     graph = gm.graph
     placeholders = [p for p in graph.nodes if p.op == "placeholder"]
@@ -223,34 +244,29 @@ def _plan_of(base: BackwardPlan, gm: fx.GraphModule, got_for: list[int], n_in: i
     source = {p: (("saved", i) if i < n_in else ("grad", wanted[i - n_in])) for i, p in enumerate(placeholders)}
     (out_node,) = [n for n in graph.nodes if n.op == "output"]
     results = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
-    try:
-        regions = RG.form_regions(graph)
-    except Exception as e:  # noqa: BLE001 - the former failing on a vjp graph is a fallback
-        return _fail(base, f"forming the vjp's regions failed: {type(e).__name__}: {str(e)[:200]}")
-    ops = [n for n in graph.nodes if n.op == "call_function"]
-    if len(regions) > 1:
-        return _fail(base, f"the vjp forms {len(regions)} regions")
-    inside = set(regions[0].nodes) if regions else set()
-    outside = [n for n in ops if n not in inside]
-    if outside:
-        reasons = sorted({f"{op_name(n.target)} ({RG.anchor_reason(n) or 'left out'})" for n in outside})
-        return _fail(base, f"{len(outside)} op(s) of the vjp outside one region: {', '.join(reasons)[:300]}")
     grads: list[Source] = [None] * n_in
-    key, ins = None, ()
-    if regions:
-        fr = regions[0]
-        if any(a.op != "placeholder" for a in fr.inputs):
-            return _fail(base, "the vjp's region reads a value computed outside it")
-        if any(o not in results for o in fr.outputs):
+    key: str | None = None
+    ins: tuple[tuple[str, int], ...] = ()
+    outs: list[fx.Node] = []
+    if any(n.op == "call_function" for n in graph.nodes):
+        got = whole(graph)
+        if isinstance(got, str):
+            return _fail(base, f"{got} (the former makes {_count(graph)} regions of it)")
+        low, in_nodes, outs = got
+        if any(o not in results for o in outs):
             return _fail(base, "the vjp's region stores a value that is no gradient")
-        key = store.save(fr.lowered.ir)
-        ins = tuple(source[a] for a in fr.inputs)
+        key = store.save(low.ir)
+        ins = tuple(source[a] for a in in_nodes)
     for i, r in zip(got_for, results, strict=True):
-        if r.op == "placeholder":
-            grads[i] = source[r]
-        else:
-            grads[i] = ("out", regions[0].outputs.index(r))
+        grads[i] = source[r] if r.op == "placeholder" else ("out", outs.index(r))
     return BackwardPlan(base.fwd_key, base.need_in, base.need_out, key, ins, tuple(grads))
+
+
+def _count(graph: fx.Graph) -> int | str:
+    try:
+        return len(RG.form_regions(graph))
+    except Exception as e:  # noqa: BLE001 - only a count for the message
+        return f"? ({type(e).__name__})"
 
 
 _PLANS: dict[tuple[str, tuple[bool, ...], tuple[bool, ...]], BackwardPlan] = {}

@@ -189,6 +189,7 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     ins, key, config = inputs
     ctx.key, ctx.bwd_config = key, config.partition("|")[2]
     ctx.need = tuple(bool(x.requires_grad) for x in ins)
+    ctx.set_materialize_grads(False)  # an output nothing differentiates: None, not zeros (less work)
     ctx.save_for_backward(*ins)  # the schedule's default: recompute the forward from its inputs
 
 

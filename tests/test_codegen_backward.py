@@ -1,0 +1,143 @@
+"""The derived backward of generated regions (codegen/backward.py): each region's vjp traced, formed
+into one region and generated, against fp64 autograd of the region's own ops (backward.fp64_vjp,
+what the generated_bwd family verifies against), in fp32 and bf16 on small odd and strided shapes;
+and the fallbacks recorded as data when the vjp does not form one region."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from codegen_helpers import trace
+from conftest import DEVICE
+
+from solforge.codegen import backward as BW
+from solforge.codegen import regions as RG
+from solforge.codegen import runtime as RT
+from solforge.codegen import store
+from solforge.kernels import generated as G
+from solforge.numerics import compare
+
+
+@pytest.fixture(autouse=True)
+def _private_codegen_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SOLFORGE_CODEGEN_DIR", str(tmp_path / "codegen"))
+
+
+def _r(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+
+
+# name -> (function, its inputs given a dtype, which inputs need a gradient)
+CASES: dict[str, tuple[Callable[..., Any], Callable[[torch.dtype], list[torch.Tensor]], tuple[bool, ...]]] = {
+    # x read transposed (strided), b broadcast over the rows: db is dx summed over them
+    "bias_gelu_strided": (lambda x, b: F.gelu(x.t() + b, approximate="tanh") * 0.5,
+                          lambda d: [_r(24, 13, dtype=d), _r(24, seed=1, dtype=d)], (True, True)),
+    # a per-channel scale and shift of a 3-D x: their grads summed over dims 0 and 2 (one loop space;
+    # a per-row and a per-column input together would need two)
+    "channel_broadcasts": (lambda x, s, c: torch.sigmoid(x * s) - c,
+                           lambda d: [_r(5, 13, 7, dtype=d), _r(1, 13, 1, seed=1, dtype=d),
+                                      _r(13, 1, seed=2, dtype=d)], (True, True, True)),
+    "softmax": (lambda x: torch.softmax(x * 2.0, -1), lambda d: [_r(13, 37, dtype=d)], (True,)),
+    "log_softmax": (lambda x: torch.log_softmax(x, 1) + 1.0, lambda d: [_r(5, 37, 3, dtype=d)], (True,)),
+    # the weight's gradient is a sum over rows (another loop space): only x's here
+    "rmsnorm_x": (_rms, lambda d: [_r(13, 37, dtype=d), _r(37, seed=1, dtype=d)], (True, False)),
+    "mean_square_loss": (lambda a, b: ((a - b) ** 2).mean(),
+                         lambda d: [_r(13, 37, dtype=d), _r(13, 37, seed=1, dtype=d)], (True, True)),
+    "two_outputs": (lambda x, w: (torch.sigmoid(x) * w, torch.tanh(x * w) + x),
+                    lambda d: [_r(13, 37, dtype=d), _r(37, seed=1, dtype=d)], (True, True)),
+}
+
+
+def _region(f: Callable[..., Any], xs: list[torch.Tensor]) -> Any:
+    (fr,) = RG.form_regions(trace(f, *xs).graph)
+    return fr.lowered.ir
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_backward_kernel_matches_fp64_autograd(case: str, dtype: torch.dtype) -> None:
+    f, make, need_in = CASES[case]
+    xs = make(dtype)
+    ir = _region(f, xs)
+    need_out = tuple(True for _ in ir.outputs)
+    p = BW.derive(ir, need_in, need_out)
+    assert p.ok and p.key is not None, p.error
+    bir = store.load(p.key)
+    # its inputs: saved forward inputs and output gradients, as the forward's
+    assert [m.shape for m in bir.inputs] == [ir.inputs[i].shape if src == "saved" else
+                                            ir.out_meta(ir.outputs[i]).shape for src, i in p.inputs]
+    gs = [_r(*ir.out_meta(r).shape, seed=5 + k, dtype=ir.out_meta(r).dtype) for k, r in enumerate(ir.outputs)]
+    outs = RT.run(store.lowered(p.key), None, BW.backward_inputs(p, xs, gs))
+    got = BW.input_grads(p, outs, xs, gs)
+    want = BW.fp64_vjp(ir, need_in, need_out, xs, gs)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert (g is None) == (w is None) == (not need_in[i]), i
+        if g is not None:
+            assert g.shape == xs[i].shape and g.dtype == xs[i].dtype
+            c = compare(g, w)
+            assert c.ok, f"{case} grad {i}: {c.reason}"
+
+
+def test_weight_gradient_is_a_second_region_and_falls_back() -> None:
+    """RMSNorm's weight gradient sums over the rows while x's sums over the columns: the vjp forms
+    two regions, the plan says so, and the op's backward is the eager vjp (still eager's numbers)."""
+    x, w = _r(13, 37), _r(37, seed=1)
+    ir = _region(_rms, [x, w])
+    p = BW.derive(ir, (True, True), (True,))
+    assert not p.ok and "2 regions" in (p.error or "")
+    key = G.workload_for(ir).param("key")
+    assert G.backward_workload(G.workload_for(ir)) is None
+    xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_()
+    (out,) = G.generated_op([xa, wa], key, "")
+    dy = _r(13, 37, seed=2)
+    out.backward(dy)
+    xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
+    _rms(xe, we).backward(dy)
+    for a, b in ((xa.grad, xe.grad), (wa.grad, we.grad)):
+        c = compare(a, b)
+        assert c.ok, c.reason
+
+
+def test_op_backward_runs_the_backward_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the op and autograd: the backward key's kernel runs (not only the same numbers), for
+    the call's own masks with config "" and for the full masks with a BWD config; an output whose
+    gradient autograd does not give is passed zeros there."""
+    ran: list[str] = []
+    real = RT.run
+
+    def spy(region: Any, *a: Any, **k: Any) -> Any:
+        ran.append(region.ir.key)
+        return real(region, *a, **k)
+
+    monkeypatch.setattr(RT, "run", spy)
+    f, make, _ = CASES["two_outputs"]
+    x, w = make(torch.float32)
+    ir = _region(f, [x, w])
+    key = G.workload_for(ir).param("key")
+    bwl = G.backward_workload(G.workload_for(ir))
+    assert bwl is not None and bwl.family == "generated_bwd"
+    dy = _r(13, 37, seed=3)
+    for config, need_w in (("", False), ("", True), (f"|{G.heuristic(bwl).encode()}", False)):
+        ran.clear()
+        xa, wa = x.clone().requires_grad_(), w.clone().requires_grad_(need_w)
+        out0, _ = G.generated_op([xa, wa], key, config)
+        out0.backward(dy)  # the second output's gradient is not given
+        full = bool(config)
+        p = BW.plan(key, (True, need_w or full), (True, full))
+        assert p.ok and ran == [key, p.key], (config, need_w, ran)
+        xe, we = x.clone().requires_grad_(), w.clone().requires_grad_(need_w)
+        f(xe, we)[0].backward(dy)
+        assert compare(xa.grad, xe.grad).ok
+        assert (wa.grad is None) == (not need_w)
+        if need_w:
+            assert compare(wa.grad, we.grad).ok
