@@ -7,4 +7,6 @@
   triton_gen.py  region + schedule -> the source of one @triton.jit kernel
   reference.py   the region's own ATen ops in fp64: the reference every generated kernel must match
   runtime.py     source file cache, import, output allocation, launch (`run`)
+  store.py       a region back from its key (JSON next to the sources)
+  backward.py    a region's vjp traced to ATen and formed into one region: its generated backward
 """

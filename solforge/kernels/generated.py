@@ -17,9 +17,20 @@ dtypes, so it is all the database needs (db keys it with a hash of the codegen s
 One torch.library op for every region, `solforge::generated(Tensor[] inputs, str key, str config)
 -> Tensor[]`: its fake implementation makes the outputs from the region's recorded output metas,
 its implementation runs the kernel of `key` under `config` ("" = the heuristic; in training
-"FWD|BWD", of which only FWD is read). Its backward, for now, is the vjp of the region's own ATen
-ops: they run again from the saved inputs under torch.autograd, which differentiates them (right
-for any region; a generated backward kernel is the next step, issue 32 item 4).
+"FWD|BWD").
+
+Its backward is derived (codegen/backward.py): the region's vjp traced to ATen and, when it forms
+one region, generated like any region, with its own key; the op's backward calls this same op with
+that key and the BWD schedule. The forward inputs are saved and the forward recomputed inside the
+backward kernel. `backward_workload` gives that region for the tuner's masks (every floating input
+needs a gradient, every floating output receives one) as a `generated_bwd` workload
+(kernels/generated_bwd.py), tuned and verified against fp64 autograd of the region's ops; with a
+BWD config the op's backward runs exactly that verified kernel, whatever this call needs (unneeded
+gradients dropped, zeros for an output gradient autograd did not give); with "" (the op called
+outside `optimize`) the heuristic kernel of this call's own masks. A region whose vjp is not one
+region (a weight's gradient reduced over the rows while the input's is reduced over the columns;
+an op no region takes) has no backward workload, and its backward is the vjp of the region's own
+ATen ops run again under torch.autograd from the saved inputs (eager: right for any region).
 """
 
 from __future__ import annotations
