@@ -141,3 +141,18 @@ def test_op_backward_runs_the_backward_kernel(monkeypatch: pytest.MonkeyPatch) -
         assert (wa.grad is None) == (not need_w)
         if need_w:
             assert compare(wa.grad, we.grad).ok
+
+
+def test_op_backward_takes_an_expanded_gradient() -> None:
+    """out.sum().backward() hands the op a stride-0 gradient: the backward kernel reads it through
+    its strides (its key was traced with a dense one)."""
+    f = CASES["softmax"][0]
+    x = _r(13, 37)
+    key = G.workload_for(_region(lambda t: f(t) * t, [x])).param("key")
+    xa = x.clone().requires_grad_()
+    (out,) = G.generated_op([xa], key, "")
+    out.sum().backward()
+    xe = x.clone().requires_grad_()
+    (f(xe) * xe).sum().backward()
+    c = compare(xa.grad, xe.grad)
+    assert c.ok, c.reason
