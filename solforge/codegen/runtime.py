@@ -22,7 +22,7 @@ import triton
 from solforge import settings
 from solforge.codegen.lower import Lowered
 from solforge.codegen.schedule import Schedule, heuristic, is_valid
-from solforge.codegen.triton_gen import I32_MAX, KERNEL, generate, needs_index64
+from solforge.codegen.triton_gen import I32_MAX, KERNEL, generate, needs_index64, reductions
 from solforge.kernels.launch import launch as _launch
 
 _KERNELS: dict[tuple[str, Schedule], Any] = {}
@@ -115,6 +115,17 @@ def run(region: Lowered, schedule: Schedule | None, inputs: Sequence[torch.Tenso
     for t in (*inputs, *outs):
         args += [s for n, s in zip(t.shape, t.stride(), strict=True) if n != 1]
     sp = region.space
-    grid = triton.cdiv(sp.numel, sched.block) if not region.reduces else triton.cdiv(max(sp.rows, 1), sched.rows)
-    _launch(kernel(region, sched), (grid,), args, {"num_warps": sched.num_warps})
+    k = kernel(region, sched)
+    if not region.reduces:
+        _launch(k, (triton.cdiv(sp.numel, sched.block),), args, {"num_warps": sched.num_warps})
+    elif sched.variant == "tiles":
+        _launch(k, (triton.cdiv(sp.rows, sched.block),), args, {"num_warps": sched.num_warps})
+    elif sched.variant == "split":
+        # fp32 partials of every reduction: [reduction, split, row]; one launch per stage, then the stores
+        ws = torch.empty(len(reductions(region)) * sched.splits * sp.rows, dtype=torch.float32, device=device)
+        grid = (triton.cdiv(sp.rows, sched.rows) * sched.splits,)
+        for phase in range(1, sp.stages + 2):
+            _launch(k, grid, [*args, ws], {"num_warps": sched.num_warps, "PHASE": phase})
+    else:
+        _launch(k, (triton.cdiv(max(sp.rows, 1), sched.rows),), args, {"num_warps": sched.num_warps})
     return outs
