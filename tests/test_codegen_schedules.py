@@ -1,6 +1,7 @@
 """The schedule variants beyond one row per program: `tiles` (reductions over dims that are not the
-inputs' innermost, tiles along the contiguous kept dim) and `split` (few long rows, partials
-combined across programs). Each region's kernels under a covering sample of the variant's space
+inputs' innermost, tiles along the contiguous kept dim; pointwise regions that transpose, 2-D
+tiles read along the input's contiguous dim and stored along the output's) and `split` (few long
+rows, partials combined across programs). Each region's kernels under a covering sample of the variant's space
 (the whole of it on a GPU) against the region's fp64 reference, fp32 and bf16 inputs, odd shapes,
 permuted and strided inputs; the heuristic's choice; schedule validity."""
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 import triton
 from codegen_helpers import check_region, trace, values
 from conftest import covering
@@ -55,6 +57,8 @@ def _check(low: Lowered, ins: list[torch.Tensor], scheds: list[SC.Schedule]) -> 
 def _cost(c: SC.Schedule, low: Lowered) -> int:
     """Tiles the interpreter walks under c (it pays per program and per loop step)."""
     s = low.space
+    if c.variant == "tiles" and not low.reduces:
+        return s.numel // (c.block * c.rblock)
     if c.variant == "tiles":
         return triton.cdiv(s.rows, c.block) * triton.cdiv(s.cols, c.rblock)
     return triton.cdiv(s.rows, c.rows) * triton.cdiv(s.cols, c.block) + c.splits
@@ -210,6 +214,41 @@ def test_split_is_the_default_for_few_long_rows() -> None:
     # many rows: the rows alone fill the GPU, no split in the space
     many = _region(lambda x: x.sum(-1), _r(2 * SC.SMS, 3))[0]
     assert not [c for c in SC.space(many) if c.variant == "split"]
+
+
+# ------------------------------------------------------------------------------------------------
+# tiles of a transposing pointwise region
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pointwise_tiles_of_a_transpose(dtype: torch.dtype) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (torch.sigmoid(x.t()) * 2 + 1).contiguous()
+
+    low, ins = _region(f, _r(37, 29, dtype=dtype))
+    assert layout.transpose_dims(low) == (1, 0)  # stored along dim 1, read along dim 0
+    h = SC.heuristic(low)
+    assert h.variant == "tiles" and h.contig == 0, h
+    _sweep(low, ins, "tiles")
+
+
+def test_pointwise_tiles_of_a_channels_last_input() -> None:
+    # channels-last NCHW in, contiguous out, a per-channel bias: C (read) and W (stored) tiled,
+    # N and H from the program id
+    def f(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (F.gelu(x) + b.view(1, -1, 1, 1)).contiguous()
+
+    x = _r(3, 5, 7, 37, dtype=torch.bfloat16).permute(0, 3, 1, 2)
+    low, ins = _region(f, x, _r(37, dtype=torch.bfloat16))
+    assert layout.transpose_dims(low) == (3, 1)
+    assert SC.heuristic(low).variant == "tiles"
+    _sweep(low, ins, "tiles")
+
+
+def test_pointwise_without_a_transpose_has_no_tiles() -> None:
+    low = _region(lambda x, y: x * y + 1, _r(5, 37), _r(37))[0]
+    assert layout.transpose_dims(low) is None and SC.heuristic(low).variant == "pointwise"
+    assert not [c for c in SC.space(low) if c.variant == "tiles"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -12,13 +12,31 @@ dim). The walk is the generator's own index arithmetic (triton_gen.py `_Gen.view
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from solforge.codegen.lower import KNode, Lowered
 
 Idx = tuple[tuple[int, ...], ...]  # per dim of a value: its index at each walked point
+T = TypeVar("T")
+_MEMO: dict[tuple[str, int], tuple[Lowered, Any]] = {}
+
+
+def _per_region(fn: Callable[[Lowered], T]) -> Callable[[Lowered], T]:
+    """Memoized per region object: schedule.is_valid asks on every launch (runtime.run)."""
+    @functools.wraps(fn)
+    def wrapped(region: Lowered) -> T:
+        key = (fn.__name__, id(region))
+        hit = _MEMO.get(key)
+        if hit is None or hit[0] is not region:
+            if len(_MEMO) > 4096:  # bounded: regions are few, but ids of dead ones are never reused here
+                _MEMO.clear()
+            hit = _MEMO[key] = (region, fn(region))
+        return hit[1]  # type: ignore[no-any-return]
+    return wrapped
 
 
 @dataclass(frozen=True)
@@ -107,6 +125,51 @@ def walk(region: Lowered) -> list[LoadWalk]:
     return found
 
 
+def dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """The strides lay the shape out without holes or overlaps (some permutation of contiguous)."""
+    dims = sorted((s, n) for n, s in zip(shape, stride, strict=True) if n != 1)
+    expect = 1
+    for s, n in dims:
+        if s != expect:
+            return False
+        expect *= n
+    return True
+
+
+def out_strides(shape: Sequence[int], stride: Sequence[int]) -> tuple[int, ...]:
+    """The strides an output is allocated with (runtime.empty_outputs): the graph's when dense, else contiguous."""
+    return tuple(stride) if dense(shape, stride) else tuple(_cstrides(shape))
+
+
+@_per_region
+def store_inner_dim(region: Lowered) -> int | None:
+    """The loop dim along which the loop-shaped outputs are written with the smallest stride."""
+    S, ir, g = region.space.shape, region.ir, region.graph
+    dims = [d for d, n in enumerate(S) if n > 1]
+    points = 1 + len(dims)
+    start: Idx = tuple(tuple(1 if p > 0 and dims[p - 1] == d else 0 for p in range(points)) for d in range(len(S)))
+    best: tuple[int, int] | None = None
+    for k, o in enumerate(g.outputs):
+        shape = g.nodes[o].shape
+        if math.prod(shape) != math.prod(S):
+            continue
+        m = ir.out_meta(ir.outputs[k])
+        st = out_strides(m.shape, m.stride)
+        idx = _reshape(start, S, shape, points)
+        off = [sum(idx[d][p] * st[d] for d in range(len(shape))) for p in range(points)]
+        for q, d in enumerate(dims):
+            step = abs(off[1 + q] - off[0])
+            if step and (best is None or step < best[0]):
+                best = (step, d)
+    return None if best is None else best[1]
+
+
+def _inner(w: LoadWalk) -> int | None:
+    best = min(((abs(s), d) for d, s in enumerate(w.strides) if s != 0), default=None)
+    return None if best is None else best[1]
+
+
+@_per_region
 def inner_dim(region: Lowered) -> int | None:
     """The loop dim the biggest inputs are walked along with the smallest stride (their
     contiguous dim, as the loop sees it); None when no load moves along any dim."""
@@ -122,3 +185,21 @@ def inner_dim(region: Lowered) -> int | None:
             if s != 0 and (best is None or abs(s) < best[0]):
                 best = (abs(s), d)
     return None if best is None else best[1]
+
+
+@_per_region
+def transpose_dims(region: Lowered) -> tuple[int, int] | None:
+    """(the loop dim the outputs are stored along contiguously, the loop dim a big input, half the
+    loop's size or more, is read along contiguously) when the two differ: a pointwise region that
+    transposes (a permuted or channels-last input into a contiguous output), whose 1-D tiles would
+    read or write strided."""
+    if region.reduces:
+        return None
+    a = store_inner_dim(region)
+    if a is None:
+        return None
+    for w in walk(region):
+        b = _inner(w)
+        if 2 * w.numel >= region.space.numel and b is not None and b != a:
+            return a, b
+    return None

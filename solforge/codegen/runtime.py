@@ -20,8 +20,9 @@ import torch
 import triton
 
 from solforge import settings
+from solforge.codegen import layout
 from solforge.codegen.lower import Lowered
-from solforge.codegen.schedule import Schedule, heuristic, is_valid
+from solforge.codegen.schedule import Schedule, heuristic, is_valid, tile_axes
 from solforge.codegen.triton_gen import I32_MAX, KERNEL, generate, needs_index64, reductions
 from solforge.kernels.launch import launch as _launch
 
@@ -60,23 +61,12 @@ def kernel(region: Lowered, sched: Schedule) -> Any:
     return k
 
 
-def _dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
-    """The strides lay the shape out without holes or overlaps (some permutation of contiguous)."""
-    dims = sorted((s, n) for n, s in zip(shape, stride, strict=True) if n != 1)
-    expect = 1
-    for s, n in dims:
-        if s != expect:
-            return False
-        expect *= n
-    return True
-
-
 def empty_outputs(region: Lowered, device: torch.device | str) -> tuple[torch.Tensor, ...]:
     """Outputs laid out as the graph's values are (when dense; contiguous otherwise)."""
     outs = []
     for r in region.ir.outputs:
         m = region.ir.out_meta(r)
-        stride = m.stride if _dense(m.shape, m.stride) else None
+        stride = m.stride if layout.dense(m.shape, m.stride) else None
         outs.append(torch.empty_strided(m.shape, stride, dtype=m.dtype, device=device) if stride is not None
                     else torch.empty(m.shape, dtype=m.dtype, device=device))
     return tuple(outs)
@@ -116,7 +106,11 @@ def run(region: Lowered, schedule: Schedule | None, inputs: Sequence[torch.Tenso
         args += [s for n, s in zip(t.shape, t.stride(), strict=True) if n != 1]
     sp = region.space
     k = kernel(region, sched)
-    if not region.reduces:
+    if not region.reduces and sched.variant == "tiles":
+        fast, slow = tile_axes(sched, region)
+        n = triton.cdiv(sp.shape[fast], sched.block) * triton.cdiv(sp.shape[slow], sched.rblock)
+        _launch(k, (n * sp.numel // (sp.shape[fast] * sp.shape[slow]),), args, {"num_warps": sched.num_warps})
+    elif not region.reduces:
         _launch(k, (triton.cdiv(sp.numel, sched.block),), args, {"num_warps": sched.num_warps})
     elif sched.variant == "tiles":
         _launch(k, (triton.cdiv(sp.rows, sched.block),), args, {"num_warps": sched.num_warps})

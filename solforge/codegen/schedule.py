@@ -94,7 +94,9 @@ def is_valid(schedule: Schedule, region: Lowered) -> bool:
             (c.variant != "split" and c.splits != 1):
         return False
     if c.variant == "tiles":
-        return region.reduces and c.contig in s.row_dims and c.rows == 1 and _tiles_ok(c, region)
+        if not region.reduces:
+            return c.rows == 1 and _pointwise_tiles_ok(c, region)
+        return c.contig in s.row_dims and c.rows == 1 and _tiles_ok(c, region)
     if c.contig != contig_dim(region):
         return False
     if not region.reduces:
@@ -118,6 +120,24 @@ def _tiles_ok(c: Schedule, region: Lowered) -> bool:
         c.rblock <= triton.next_power_of_2(max(s.cols, 1)) and _tile_ok(c.block * c.rblock, c.num_warps)
 
 
+def tile_axes(schedule: Schedule, region: Lowered) -> tuple[int, int]:
+    """A pointwise `tiles` schedule's (fast, slow) loop dims: `block` elements along `contig`, the
+    fast axis, x `rblock` along the other dim of layout.transpose_dims."""
+    pair = layout.transpose_dims(region)
+    assert pair is not None and schedule.contig in pair
+    return schedule.contig, pair[1] if schedule.contig == pair[0] else pair[0]
+
+
+def _pointwise_tiles_ok(c: Schedule, region: Lowered) -> bool:
+    pair = layout.transpose_dims(region)
+    if pair is None or c.contig not in pair:
+        return False
+    fast, slow = tile_axes(c, region)
+    S = region.space.shape
+    return c.block <= triton.next_power_of_2(S[fast]) and c.rblock <= triton.next_power_of_2(S[slow]) and \
+        _tile_ok(c.block * c.rblock, c.num_warps)
+
+
 def _warps_for(elems: int, per_thread: int) -> int:
     return max(1, min(32, triton.next_power_of_2(elems // (32 * per_thread) + 1) // 2))
 
@@ -139,6 +159,13 @@ def space(region: Lowered) -> list[Schedule]:
             if block > max(n, 128):
                 break
             out += [Schedule("pointwise", block, 1, w, cd) for w in (1, 2, 4, 8) if 1 <= block // (32 * w) <= 16]
+        pair = layout.transpose_dims(region)
+        for fast, slow in (pair, pair[::-1]) if pair else ():
+            cap_a, cap_b = triton.next_power_of_2(s.shape[fast]), triton.next_power_of_2(s.shape[slow])
+            for block in dict.fromkeys(min(b, cap_a) for b in (16, 32, 64, 128)):
+                for rblock in dict.fromkeys(min(b, cap_b) for b in (16, 32, 64, 128)):
+                    out += [Schedule("tiles", block, 1, w, fast, rblock) for w in (1, 2, 4, 8)
+                            if 1 <= block * rblock // (32 * w) <= 32]
     else:
         width = triton.next_power_of_2(max(s.cols, 1))
         rows_max = triton.next_power_of_2(max(s.rows, 1))
@@ -197,6 +224,13 @@ def heuristic(region: Lowered) -> Schedule:
     s, cd = region.space, contig_dim(region)
     gpu = region.ir.device == "cuda"
     if not region.reduces:
+        pair = layout.transpose_dims(region)
+        if pair is not None:  # read along the input's contiguous dim, 64 x 64 tiles (off the GPU: up to 128 x 128)
+            side = 64 if gpu else 128
+            block, rblock = (min(side, triton.next_power_of_2(s.shape[d])) for d in (pair[1], pair[0]))
+            c = Schedule("tiles", block, 1, _warps_for(block * rblock, 16), pair[1], rblock)
+            if is_valid(c, region):
+                return c
         n = triton.next_power_of_2(max(s.numel, 1))
         block = min(1024 if gpu else 8192, max(n, 128))
         return Schedule("pointwise", block, 1, _warps_for(block, 8) if gpu else 4, cd)
