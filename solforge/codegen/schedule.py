@@ -12,6 +12,11 @@
              each lane accumulates its own row; the epilogue (the pointwise ops that use the
              reduced values) runs in a second loop over the same tiles. `rblock` covering the
              whole reduced extent: one pass, in registers, as `rows`.
+             For a pointwise region that transposes (a permuted or channels-last input into an
+             output laid out otherwise; layout.transpose_dims): a 2-D tile of `block` points along
+             `contig`, one of the two dims, x `rblock` along the other, the rest of the loop from
+             the program id: the input is read along its contiguous dim, the output written along
+             its own.
   split      few, long rows (a loss, a full-tensor sum, 16 rows of 1M): each row's reduced extent
              split across `splits` programs (`rows` rows and `block`-wide chunks each, as `looped`).
              Launched once per reduction stage, then once to store (a constexpr PHASE): each
@@ -20,8 +25,9 @@
              result every run). Any number of stages (var's mean then squares, softmax's max then
              sum) splits this way, at one launch per stage.
 `contig` is the dim of the loop whose index the tile walks fastest: for `tiles` a kept dim (the
-row index is decomposed with it innermost); for the others the last dim of the loop, or of the
-reduced dims for a reduction (what the flat index walks fastest), as `contig_dim` says.
+row index is decomposed with it innermost) or one of a transpose's two dims; for the others the
+last dim of the loop, or of the reduced dims for a reduction (what the flat index walks fastest),
+as `contig_dim` says. Which dim the inputs are contiguous along is layout.py's analysis.
 `is_valid` admits exactly what the generator handles: every tail is masked, so any shape works.
 """
 
@@ -214,7 +220,8 @@ def _split_space(region: Lowered) -> list[Schedule]:
 
 
 def heuristic(region: Lowered) -> Schedule:
-    """Untuned default. Pointwise: 1024-wide tiles, 4 warps (smaller regions: one tile). Reductions
+    """Untuned default. Pointwise: 1024-wide tiles, 4 warps (smaller regions: one tile); one that
+    transposes: 64 x 64 `tiles` read along the input's contiguous dim. Reductions
     over dims that are not the inputs' innermost: `tiles` along the innermost kept dim (128 rows x
     32 reduced on a GPU; off it, tiles of up to 16K elements since the interpreter pays per
     program). Few long rows (fewer rows than two per SM, reduced extent past 8K): `split` into

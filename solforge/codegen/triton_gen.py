@@ -10,7 +10,12 @@ one index is computed once per tile.
 
 The loop: the flat loop index (pointwise) or the pair (row, reduced index) (reductions), each
 decomposed by div/mod over the loop shape S: the row index over the kept dims, the reduced index
-over the reduced dims, in order, so any set of reduced dims works. Shapes are literals of the source
+over the reduced dims, in order, so any set of reduced dims works. A reduction's tile is
+[rows, reduced] (rows, looped, split) or [reduced, rows] (tiles: the kept dim on the fast axis,
+the row index decomposed with the schedule's `contig` dim innermost). A split schedule's kernel has
+a constexpr PHASE: one launch per reduction stage, each writing fp32 partials to a workspace `ws`
+after combining the earlier stages' partials, then one that stores. A transposing pointwise region
+under `tiles` is indexed by two tile axes and the program id (`_pointwise_tiles`). Shapes are literals of the source
 (a generated kernel is for one region, whose key holds its shapes); strides are arguments.
 Arithmetic is fp32 (loads upcast, stores cast to the output's dtype); explicit casts to bf16/fp16
 round as the graph does. Every tail is masked; masks known to be all-true are left out.
