@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 import triton
 from codegen_helpers import check_region, trace, values
-from conftest import covering
+from conftest import FULL_SWEEPS, covering
 
 from solforge.codegen import layout
 from solforge.codegen import reference as REF
@@ -60,7 +60,7 @@ def _cost(c: SC.Schedule, low: Lowered) -> int:
     if c.variant == "tiles" and not low.reduces:
         return s.numel // (c.block * c.rblock)
     if c.variant == "tiles":
-        return triton.cdiv(s.rows, c.block) * triton.cdiv(s.cols, c.rblock)
+        return triton.cdiv(s.rows, c.block) * triton.cdiv(s.cols, c.rblock) + c.splits
     return triton.cdiv(s.rows, c.rows) * triton.cdiv(s.cols, c.block) + c.splits
 
 
@@ -154,6 +154,27 @@ def test_tiles_contiguous_dim_not_the_last_kept_dim() -> None:
     _sweep(low, ins, "tiles")
     # the same region with the last kept dim walked fastest is valid too (coalesced or not, correct)
     _check(low, ins, [SC.Schedule("tiles", 8, 1, 1, 2, 4)])
+
+
+def test_split_tiles_batchnorm_of_a_channels_last_input() -> None:
+    # 5 channels, 3 x 37 x 37 reduced: one tile of kept elements, so the tiles split the reduction
+    # across programs too (var: two stages, three launches)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean((0, 2, 3), keepdim=True)
+        var = ((x - mean) ** 2).mean((0, 2, 3), keepdim=True)
+        return (x - mean) * torch.rsqrt(var + 1e-5)
+
+    x = _r(3, 37, 37, 5, dtype=torch.bfloat16).permute(0, 3, 1, 2)
+    low, ins = _region(f, x)
+    assert low.space.rows == 5 and low.space.cols == 3 * 37 * 37
+    split = [c for c in SC.space(low) if c.variant == "tiles" and c.splits > 1]
+    assert split
+    # narrow chunks (the interpreter pays per loop step) run in the unsplit tiles tests
+    ignore = ("num_warps",) if FULL_SWEEPS else ("num_warps", "rblock")
+    run = covering(sorted(split, key=lambda c: _cost(c, low)), ignore=ignore)
+    _check(low, ins, run)
+    # 3 splits of 1408 (11 chunks of 128), the last one short (1291)
+    _check(low, ins, [SC.Schedule("tiles", 8, 1, 2, 1, 128, 3)])
 
 
 def test_tiles_mean_over_dim_0_and_a_transposed_input() -> None:
@@ -262,6 +283,9 @@ def test_validity_of_the_new_variants() -> None:
     assert not SC.is_valid(SC.Schedule("tiles", 16, 1, 1, 2, 128), low)  # rblock past the reduced extent
     assert not SC.is_valid(SC.Schedule("tiles", 32, 1, 1, 2, 8), low)  # block past the rows (15)
     assert not SC.is_valid(SC.Schedule("looped", 16, 1, 1, 1, 8), low)  # rblock on another variant
+    assert SC.is_valid(SC.Schedule("tiles", 16, 1, 1, 2, 8, 3), low)  # split tiles: 3 x 16 of 37
+    assert not SC.is_valid(SC.Schedule("tiles", 16, 1, 1, 2, 8, 4), low)  # 4 x 16: the last split empty
+    assert not SC.is_valid(SC.Schedule("tiles", 16, 1, 1, 2, 64, 2), low)  # one chunk covers the extent
     loss = _region(lambda x: x.sum(), _r(37, 29))[0]  # 1073 columns
     assert SC.is_valid(SC.Schedule("split", 64, 1, 2, 1, 1, 4), loss)
     assert not SC.is_valid(SC.Schedule("split", 64, 1, 2, 1, 1, 1), loss)  # one split: that is looped

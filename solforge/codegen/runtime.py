@@ -112,14 +112,15 @@ def run(region: Lowered, schedule: Schedule | None, inputs: Sequence[torch.Tenso
         _launch(k, (n * sp.numel // (sp.shape[fast] * sp.shape[slow]),), args, {"num_warps": sched.num_warps})
     elif not region.reduces:
         _launch(k, (triton.cdiv(sp.numel, sched.block),), args, {"num_warps": sched.num_warps})
-    elif sched.variant == "tiles":
-        _launch(k, (triton.cdiv(sp.rows, sched.block),), args, {"num_warps": sched.num_warps})
-    elif sched.variant == "split":
+    elif sched.splits > 1:  # split, or split tiles
         # fp32 partials of every reduction: [reduction, split, row]; one launch per stage, then the stores
         ws = torch.empty(len(reductions(region)) * sched.splits * sp.rows, dtype=torch.float32, device=device)
-        grid = (triton.cdiv(sp.rows, sched.rows) * sched.splits,)
+        per = sched.block if sched.variant == "tiles" else sched.rows
+        grid = (triton.cdiv(sp.rows, per) * sched.splits,)
         for phase in range(1, sp.stages + 2):
             _launch(k, grid, [*args, ws], {"num_warps": sched.num_warps, "PHASE": phase})
+    elif sched.variant == "tiles":
+        _launch(k, (triton.cdiv(sp.rows, sched.block),), args, {"num_warps": sched.num_warps})
     else:
         _launch(k, (triton.cdiv(max(sp.rows, 1), sched.rows),), args, {"num_warps": sched.num_warps})
     return outs

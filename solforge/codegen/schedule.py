@@ -11,7 +11,10 @@
              one), x `rblock` of the reduced extent. Loads are coalesced along the kept dim and
              each lane accumulates its own row; the epilogue (the pointwise ops that use the
              reduced values) runs in a second loop over the same tiles. `rblock` covering the
-             whole reduced extent: one pass, in registers, as `rows`.
+             whole reduced extent: one pass, in registers, as `rows`. `splits` > 1 (few tiles, long
+             reductions: BatchNorm statistics of a channels-last tensor with few channels, a mean
+             over dim 0 of a tall tensor): the tiles' reduced extent split across programs, with
+             the phases and workspace of `split`.
              For a pointwise region that transposes (a permuted or channels-last input into an
              output laid out otherwise; layout.transpose_dims): a 2-D tile of `block` points along
              `contig`, one of the two dims, x `rblock` along the other, the rest of the loop from
@@ -33,6 +36,7 @@ as `contig_dim` says. Which dim the inputs are contiguous along is layout.py's a
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import triton
@@ -50,6 +54,7 @@ _SINGLE_PASS_MAX = 16384  # widest reduced extent held whole in registers
 # The H100 SXM's SM count. A split reduction pays off while the rows alone give fewer than about
 # two programs per SM; the split heuristic aims at that many programs.
 SMS = 132
+_SPLIT_TILES_COLS = 4096  # split tiles in the space from this reduced extent: a split's share stays >= 1K at 4 splits
 _MAX_SPLITS = 256  # partials a program combines per reduction (a power of two >= splits of them)
 _ABBREV = {"block": "b", "rows": "r", "num_warps": "w", "contig": "c", "rblock": "rb", "splits": "s"}
 
@@ -83,9 +88,16 @@ def contig_dim(region: Lowered) -> int:
 
 
 def split_chunk(schedule: Schedule, region: Lowered) -> int:
-    """Reduced elements one program of a split schedule covers: a whole number of blocks."""
-    k, b = region.space.cols, schedule.block
+    """Reduced elements one program of a split schedule (or split tiles) covers: a whole number of
+    its chunks (`block`; tiles: `rblock`)."""
+    k, b = region.space.cols, schedule.rblock if schedule.variant == "tiles" else schedule.block
     return triton.cdiv(triton.cdiv(k, schedule.splits), b) * b
+
+
+def splits_ok(schedule: Schedule, region: Lowered) -> bool:
+    """Every split holds at least one column (an empty one would only add identities)."""
+    return 2 <= schedule.splits <= _MAX_SPLITS and (schedule.splits - 1) * split_chunk(schedule, region) < \
+        region.space.cols
 
 
 def _tile_ok(elems: int, warps: int) -> bool:
@@ -97,12 +109,13 @@ def is_valid(schedule: Schedule, region: Lowered) -> bool:
     if c.variant not in VARIANTS or c.num_warps not in _WARPS or not (_pow2(c.block) and _pow2(c.rows)):
         return False
     if not (_pow2(c.rblock) and c.splits >= 1) or (c.variant != "tiles" and c.rblock != 1) or \
-            (c.variant != "split" and c.splits != 1):
+            (c.variant not in ("split", "tiles") and c.splits != 1):
         return False
     if c.variant == "tiles":
         if not region.reduces:
-            return c.rows == 1 and _pointwise_tiles_ok(c, region)
-        return c.contig in s.row_dims and c.rows == 1 and _tiles_ok(c, region)
+            return c.rows == 1 and c.splits == 1 and _pointwise_tiles_ok(c, region)
+        return c.contig in s.row_dims and c.rows == 1 and _tiles_ok(c, region) and \
+            (c.splits == 1 or (c.rblock < triton.next_power_of_2(s.cols) and splits_ok(c, region)))
     if c.contig != contig_dim(region):
         return False
     if not region.reduces:
@@ -114,9 +127,7 @@ def is_valid(schedule: Schedule, region: Lowered) -> bool:
     if c.variant == "rows":
         return c.block == width and _tile_ok(c.rows * c.block, c.num_warps)
     if c.variant == "split":
-        # every split holds at least one column (an empty one would only add identities)
-        return 2 <= c.splits <= _MAX_SPLITS and c.block < width and \
-            (c.splits - 1) * split_chunk(c, region) < s.cols and _tile_ok(c.rows * c.block, c.num_warps)
+        return c.block < width and splits_ok(c, region) and _tile_ok(c.rows * c.block, c.num_warps)
     return c.block < width and _tile_ok(c.rows * c.block, c.num_warps)
 
 
@@ -202,6 +213,10 @@ def _tiles_space(region: Lowered) -> list[Schedule]:
             for rblock in dict.fromkeys(min(rb, width) for rb in (8, 16, 32, 64, 128, width)):
                 out += [Schedule("tiles", block, 1, w, cd, rblock) for w in (1, 2, 4, 8)
                         if 2 <= block * rblock // (32 * w) <= 32]
+                # split tiles while the tiles alone leave SMs idle and the reductions are long
+                if triton.cdiv(s.rows, block) < 2 * SMS and s.cols >= _SPLIT_TILES_COLS:
+                    out += [Schedule("tiles", block, 1, w, cd, rblock, splits) for w in (4, 8)
+                            for splits in (2, 8, 32, 128) if 2 <= block * rblock // (32 * w) <= 32]
     return out
 
 
@@ -219,15 +234,24 @@ def _split_space(region: Lowered) -> list[Schedule]:
     return out
 
 
+def _fewest_valid_splits(c: Schedule, region: Lowered, otherwise: Schedule) -> Schedule:
+    """c with its splits (at most _MAX_SPLITS) halved until every split has columns; `otherwise` if none do."""
+    c = dataclasses.replace(c, splits=min(c.splits, _MAX_SPLITS))
+    while c.splits > 2 and not is_valid(c, region):
+        c = dataclasses.replace(c, splits=c.splits // 2)
+    return c if is_valid(c, region) else otherwise
+
+
 def heuristic(region: Lowered) -> Schedule:
     """Untuned default. Pointwise: 1024-wide tiles, 4 warps (smaller regions: one tile); one that
-    transposes: 64 x 64 `tiles` read along the input's contiguous dim. Reductions
-    over dims that are not the inputs' innermost: `tiles` along the innermost kept dim (128 rows x
-    32 reduced on a GPU; off it, tiles of up to 16K elements since the interpreter pays per
-    program). Few long rows (fewer rows than two per SM, reduced extent past 8K): `split` into
-    enough programs for about two per SM, 2048-wide chunks. Otherwise the whole reduced extent in
-    registers up to 8K wide (several short rows per program so a tile holds ~4K elements; off the
-    GPU as many rows as fit 16K), else 2048-wide chunks. Not yet measured on a GPU."""
+    transposes: 64 x 64 `tiles` read along the input's contiguous dim. Reductions over dims that
+    are not the inputs' innermost: `tiles` along the innermost kept dim (128 rows x 32 reduced on
+    a GPU; off it, tiles of up to 16K elements since the interpreter pays per program), split
+    like `split` when the tiles are fewer than two per SM and the reduced extent is past 8K. Few
+    long rows (fewer rows than two per SM, reduced extent past 8K): `split` into enough programs
+    for about two per SM, 2048-wide chunks. Otherwise the whole reduced extent in registers up to
+    8K wide (several short rows per program so a tile holds ~4K elements; off the GPU as many
+    rows as fit 16K), else 2048-wide chunks. Not yet measured on a GPU."""
     s, cd = region.space, contig_dim(region)
     gpu = region.ir.device == "cuda"
     if not region.reduces:
@@ -248,19 +272,20 @@ def heuristic(region: Lowered) -> Schedule:
         block = min(rows_max, 128 if gpu else 256)
         rblock = min(width, (4096 if gpu else _MAX_TILE) // block)
         c = Schedule("tiles", block, 1, _warps_for(block * rblock, 16), inner, rblock)
+        programs = triton.cdiv(s.rows, block)
+        if width > 8192 and programs < 2 * SMS:  # few tiles, long reductions: split them too
+            rblock = min(rblock, 32)
+            c = _fewest_valid_splits(Schedule("tiles", block, 1, c.num_warps, inner, rblock,
+                                              triton.next_power_of_2(triton.cdiv(2 * SMS, programs))), region, c)
     elif width > 8192 and s.rows < 2 * SMS:
-        splits = min(_MAX_SPLITS, triton.next_power_of_2(triton.cdiv(2 * SMS, max(s.rows, 1))))
-        c = Schedule("split", 2048, 1, 8, cd, 1, splits)
-        while splits > 2 and not is_valid(c, region):
-            splits //= 2
-            c = Schedule("split", 2048, 1, 8, cd, 1, splits)
-        if not is_valid(c, region):
-            c = Schedule("looped", 2048, 1, 8, cd)
+        splits = triton.next_power_of_2(triton.cdiv(2 * SMS, max(s.rows, 1)))
+        c = _fewest_valid_splits(Schedule("split", 2048, 1, 8, cd, 1, splits), region,
+                                 Schedule("looped", 2048, 1, 8, cd))
     elif width <= 8192:
         r = max(1, min(rows_max, (4096 if gpu else _MAX_TILE) // width))
         c = Schedule("rows", width, r, _warps_for(r * width, 16), cd)
     else:
         c = Schedule("looped", 2048, 1, 8, cd)
     while not is_valid(c, region) and c.num_warps < 32:
-        c = Schedule(c.variant, c.block, c.rows, c.num_warps * 2, c.contig, c.rblock, c.splits)
+        c = dataclasses.replace(c, num_warps=c.num_warps * 2)
     return c

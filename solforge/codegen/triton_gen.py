@@ -309,7 +309,7 @@ def _arg_names(region: Lowered, sched: Schedule | None = None) -> list[str]:
         names += [f"s_in{i}_{d}" for d, n in enumerate(m.shape) if n != 1]
     for k, r in enumerate(ir.outputs):
         names += [f"s_out{k}_{d}" for d, n in enumerate(ir.out_meta(r).shape) if n != 1]
-    if sched is not None and sched.variant == "split":
+    if sched is not None and sched.splits > 1:
         names += ["ws", "PHASE: tl.constexpr"]  # fp32 partials; which stage (or the stores) this launch runs
     return names
 
@@ -392,12 +392,13 @@ class _Reduction:
         sp = self.sp = region.space
         self.R, self.K = sp.rows, sp.cols
         self.tiles = sched.variant == "tiles"
-        self.split = sched.variant == "split"
+        self.split = sched.splits > 1  # split, or split tiles
         self.PR, self.PK = (sched.block, sched.rblock) if self.tiles else (sched.rows, sched.block)
         self.shape = f"[{self.PK}, {self.PR}]" if self.tiles else f"[{self.PR}, {self.PK}]"
         self.rsl, self.ksl = ("[None, :]", "[:, None]") if self.tiles else ("[:, None]", "[None, :]")
         self.kax = 0 if self.tiles else 1
-        self.looped = sched.variant in ("looped", "split") or (self.tiles and self.PK < _next_pow2(self.K))
+        self.looped = sched.variant in ("looped", "split") or \
+            (self.tiles and (self.split or self.PK < _next_pow2(self.K)))
         self.even = self.K % self.PK == 0
         # the row index's decomposition: kept dims in order, a tile's `contig` dim moved innermost
         rd = sp.row_dims
@@ -531,7 +532,7 @@ class _Reduction:
         if not earlier:
             return
         sp2 = _next_pow2(s.splits)
-        g.line(f"si = tl.arange(0, {sp2})[None, :]")
+        g.line(f"si = tl.arange(0, {sp2}){self.ksl}")
         masks = [x for x in (g.rmask, f"si < {s.splits}" if sp2 != s.splits else None) if x]
         if masks:
             g.line(f"wm = {' & '.join(_p(x) for x in masks)}")
@@ -541,7 +542,7 @@ class _Reduction:
             m = f", mask=wm, other={_IDENT[fn]}" if masks else ""
             g.line(f"{p} = tl.load(ws + {self._ws(i, 'si')}{m})")
             res = g.fresh("red")
-            g.line(f"{res} = {_REDUCE[fn]}({p}, axis=1)[:, None]")
+            g.line(f"{res} = {_REDUCE[fn]}({p}, axis={self.kax}){self.rsl}")
             g.acc[i] = res
 
     def row_index(self, o: int) -> tuple[str, ...]:
