@@ -54,7 +54,9 @@ _SINGLE_PASS_MAX = 16384  # widest reduced extent held whole in registers
 # The H100 SXM's SM count. A split reduction pays off while the rows alone give fewer than about
 # two programs per SM; the split heuristic aims at that many programs.
 SMS = 132
-_SPLIT_TILES_COLS = 4096  # split tiles in the space from this reduced extent: a split's share stays >= 1K at 4 splits
+# split tiles enter the space from this reduced extent: below it a split's share of a row is too
+# short to pay for the extra launch per stage
+_SPLIT_TILES_COLS = 4096
 _MAX_SPLITS = 256  # partials a program combines per reduction (a power of two >= splits of them)
 _ABBREV = {"block": "b", "rows": "r", "num_warps": "w", "contig": "c", "rblock": "rb", "splits": "s"}
 
@@ -66,8 +68,8 @@ class Schedule(config_text.Text):
     rows: int = 1
     num_warps: int = 4
     contig: int = 0
-    rblock: int = 1  # tiles: reduced elements per tile
-    splits: int = 1  # split: programs per row
+    rblock: int = 1  # tiles: reduced elements per tile (a transposing pointwise region: points along the slow dim)
+    splits: int = 1  # split (and split tiles): programs per row
 
     _family, _variants, _abbrev = "generated", VARIANTS, _ABBREV
     _always = ("block", "num_warps")
