@@ -123,6 +123,10 @@ def _row(name: str, fn: Callable[..., Any], make: Callable[[], list[torch.Tensor
         if times:
             best = min(times, key=times.__getitem__)
             out[f"best_{label}"], out[f"best_{label}_us"] = best, times[best]
+    if out.get("best_new"):  # split phases combine partials in a fixed order: bitwise equal run to run
+        c = SC.Schedule.decode(out["best_new"])
+        a, b = RT.run(low, c, ins), RT.run(low, c, ins)
+        out["best_new_bitwise_repeatable"] = all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     for k in [k for k in out if k.endswith("_us") and isinstance(out[k], float)]:
         out[k.replace("_us", "_tbs")] = round(nbytes / out[k] / 1e6, 3) if math.isfinite(out[k]) else None
     return out
