@@ -42,7 +42,7 @@ def values(gm: fx.GraphModule, *xs: torch.Tensor) -> dict[fx.Node, Any]:
     return env
 
 
-def schedules(region: Any, seed: int = 0) -> list[SC.Schedule]:
+def schedules(region: Any, seed: int = 0, samples: int = SAMPLES) -> list[SC.Schedule]:
     space = SC.space(region)
     h = SC.heuristic(region)
     assert SC.is_valid(h, region), h
@@ -50,7 +50,7 @@ def schedules(region: Any, seed: int = 0) -> list[SC.Schedule]:
     if FULL:
         return [h] + [c for c in space if c != h]
     rest = [c for c in space if c != h]
-    return [h] + random.Random(seed).sample(rest, min(SAMPLES, len(rest)))
+    return [h] + random.Random(seed).sample(rest, min(samples, len(rest)))
 
 
 def _tol(dtype: torch.dtype) -> Any:
@@ -58,9 +58,9 @@ def _tol(dtype: torch.dtype) -> Any:
     return t
 
 
-def check_region(fr: RG.Formed, env: dict[fx.Node, Any], seed: int = 0) -> int:
-    """Generated kernels of one region vs its reference, and the reference vs the graph's values.
-    Returns how many schedules were checked."""
+def check_region(fr: RG.Formed, env: dict[fx.Node, Any], seed: int = 0, samples: int = SAMPLES) -> int:
+    """Generated kernels of one region vs its reference (the heuristic and `samples` sampled
+    schedules), and the reference vs the graph's values. Returns how many schedules were checked."""
     ins = [env[a] for a in fr.inputs]
     ref = REF.reference(fr.lowered.ir, ins)
     # the graph rounds every op's result to its dtype: it matches the reference to the narrowest one's tolerance
@@ -72,7 +72,7 @@ def check_region(fr: RG.Formed, env: dict[fx.Node, Any], seed: int = 0) -> int:
         assert c is None or c.ok, f"reference vs graph, {o.name}: {c.reason}"
         if not eager.dtype.is_floating_point:
             assert torch.equal(eager, r), o.name
-    scheds = schedules(fr.lowered, seed)
+    scheds = schedules(fr.lowered, seed, samples)
     for s in scheds:
         got = RT.run(fr.lowered, s, ins)
         for k, (g, r) in enumerate(zip(got, ref, strict=True)):

@@ -20,9 +20,10 @@ import torch
 import triton
 
 from solforge import settings
+from solforge.codegen import layout
 from solforge.codegen.lower import Lowered
-from solforge.codegen.schedule import Schedule, heuristic, is_valid
-from solforge.codegen.triton_gen import I32_MAX, KERNEL, generate, needs_index64
+from solforge.codegen.schedule import Schedule, heuristic, is_valid, tile_axes
+from solforge.codegen.triton_gen import I32_MAX, KERNEL, generate, needs_index64, reductions
 from solforge.kernels.launch import launch as _launch
 
 _KERNELS: dict[tuple[str, Schedule], Any] = {}
@@ -60,23 +61,12 @@ def kernel(region: Lowered, sched: Schedule) -> Any:
     return k
 
 
-def _dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
-    """The strides lay the shape out without holes or overlaps (some permutation of contiguous)."""
-    dims = sorted((s, n) for n, s in zip(shape, stride, strict=True) if n != 1)
-    expect = 1
-    for s, n in dims:
-        if s != expect:
-            return False
-        expect *= n
-    return True
-
-
 def empty_outputs(region: Lowered, device: torch.device | str) -> tuple[torch.Tensor, ...]:
     """Outputs laid out as the graph's values are (when dense; contiguous otherwise)."""
     outs = []
     for r in region.ir.outputs:
         m = region.ir.out_meta(r)
-        stride = m.stride if _dense(m.shape, m.stride) else None
+        stride = m.stride if layout.dense(m.shape, m.stride) else None
         outs.append(torch.empty_strided(m.shape, stride, dtype=m.dtype, device=device) if stride is not None
                     else torch.empty(m.shape, dtype=m.dtype, device=device))
     return tuple(outs)
@@ -115,6 +105,22 @@ def run(region: Lowered, schedule: Schedule | None, inputs: Sequence[torch.Tenso
     for t in (*inputs, *outs):
         args += [s for n, s in zip(t.shape, t.stride(), strict=True) if n != 1]
     sp = region.space
-    grid = triton.cdiv(sp.numel, sched.block) if not region.reduces else triton.cdiv(max(sp.rows, 1), sched.rows)
-    _launch(kernel(region, sched), (grid,), args, {"num_warps": sched.num_warps})
+    k = kernel(region, sched)
+    if not region.reduces and sched.variant == "tiles":
+        fast, slow = tile_axes(sched, region)
+        n = triton.cdiv(sp.shape[fast], sched.block) * triton.cdiv(sp.shape[slow], sched.rblock)
+        _launch(k, (n * sp.numel // (sp.shape[fast] * sp.shape[slow]),), args, {"num_warps": sched.num_warps})
+    elif not region.reduces:
+        _launch(k, (triton.cdiv(sp.numel, sched.block),), args, {"num_warps": sched.num_warps})
+    elif sched.splits > 1:  # split, or split tiles
+        # fp32 partials of every reduction: [reduction, split, row]; one launch per stage, then the stores
+        ws = torch.empty(len(reductions(region)) * sched.splits * sp.rows, dtype=torch.float32, device=device)
+        per = sched.block if sched.variant == "tiles" else sched.rows
+        grid = (triton.cdiv(sp.rows, per) * sched.splits,)
+        for phase in range(1, sp.stages + 2):
+            _launch(k, grid, [*args, ws], {"num_warps": sched.num_warps, "PHASE": phase})
+    elif sched.variant == "tiles":
+        _launch(k, (triton.cdiv(sp.rows, sched.block),), args, {"num_warps": sched.num_warps})
+    else:
+        _launch(k, (triton.cdiv(max(sp.rows, 1), sched.rows),), args, {"num_warps": sched.num_warps})
     return outs

@@ -5,28 +5,60 @@
              everything stays in registers, every stage and the stores in one pass over memory
   looped     `rows` rows per program, the reduced extent in `block`-wide chunks: one pass per
              reduction stage (a running per-lane accumulator), then one pass that stores
-`contig` records the dim of the loop treated as contiguous (the last dim of the loop, or of the
-reduced dims for a reduction: the one the flat index walks fastest); the first generator reads it
-only as a record, later tilings (2-D tiles, channels-last reads) will pick other dims.
+  tiles      a reduction over dims that are not the inputs' innermost (a sum over C of (B, C, H*W),
+             stats over N, H, W of a channels-last tensor, a mean over dim 0): a 2-D tile of
+             `block` neighbouring rows, walked along the kept dim `contig` (the inputs' contiguous
+             one), x `rblock` of the reduced extent. Loads are coalesced along the kept dim and
+             each lane accumulates its own row; the epilogue (the pointwise ops that use the
+             reduced values) runs in a second loop over the same tiles. `rblock` covering the
+             whole reduced extent: one pass, in registers, as `rows`. `splits` > 1 (few tiles, long
+             reductions: BatchNorm statistics of a channels-last tensor with few channels, a mean
+             over dim 0 of a tall tensor): the tiles' reduced extent split across programs, with
+             the phases and workspace of `split`.
+             For a pointwise region that transposes (a permuted or channels-last input into an
+             output laid out otherwise; layout.transpose_dims): a 2-D tile of `block` points along
+             `contig`, one of the two dims, x `rblock` along the other, the rest of the loop from
+             the program id: the input is read along its contiguous dim, the output written along
+             its own.
+  split      few, long rows (a loss, a full-tensor sum, 16 rows of 1M): each row's reduced extent
+             split across `splits` programs (`rows` rows and `block`-wide chunks each, as `looped`).
+             Launched once per reduction stage, then once to store (a constexpr PHASE): each
+             phase writes fp32 partials of its stage's reductions to a workspace, the next phase
+             first combines the earlier stages' partials in a fixed order (no atomics: the same
+             result every run). Any number of stages (var's mean then squares, softmax's max then
+             sum) splits this way, at one launch per stage.
+`contig` is the dim of the loop whose index the tile walks fastest: for `tiles` a kept dim (the
+row index is decomposed with it innermost) or one of a transpose's two dims; for the others the
+last dim of the loop, or of the reduced dims for a reduction (what the flat index walks fastest),
+as `contig_dim` says. Which dim the inputs are contiguous along is layout.py's analysis.
 `is_valid` admits exactly what the generator handles: every tail is masked, so any shape works.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import triton
 
+from solforge.codegen import layout
 from solforge.codegen.lower import Lowered
 from solforge.kernels import config_text
 
-VARIANTS = ("pointwise", "rows", "looped")
+VARIANTS = ("pointwise", "rows", "looped", "tiles", "split")
 _WARPS = (1, 2, 4, 8, 16, 32)
 # fp32 values of one tile a thread holds at once: past this the compiler spills (kernels/softmax.py)
 _MAX_PER_THREAD = 64
 _MAX_TILE = 16384  # elements of a rows tile
 _SINGLE_PASS_MAX = 16384  # widest reduced extent held whole in registers
-_ABBREV = {"block": "b", "rows": "r", "num_warps": "w", "contig": "c"}
+# The H100 SXM's SM count. A split reduction pays off while the rows alone give fewer than about
+# two programs per SM; the split heuristic aims at that many programs.
+SMS = 132
+# split tiles enter the space from this reduced extent: below it a split's share of a row is too
+# short to pay for the extra launch per stage
+_SPLIT_TILES_COLS = 4096
+_MAX_SPLITS = 256  # partials a program combines per reduction (a power of two >= splits of them)
+_ABBREV = {"block": "b", "rows": "r", "num_warps": "w", "contig": "c", "rblock": "rb", "splits": "s"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +68,8 @@ class Schedule(config_text.Text):
     rows: int = 1
     num_warps: int = 4
     contig: int = 0
+    rblock: int = 1  # tiles: reduced elements per tile (a transposing pointwise region: points along the slow dim)
+    splits: int = 1  # split (and split tiles): programs per row
 
     _family, _variants, _abbrev = "generated", VARIANTS, _ABBREV
     _always = ("block", "num_warps")
@@ -55,10 +89,35 @@ def contig_dim(region: Lowered) -> int:
     return dims[-1] if dims else 0
 
 
+def split_chunk(schedule: Schedule, region: Lowered) -> int:
+    """Reduced elements one program of a split schedule (or split tiles) covers: a whole number of
+    its chunks (`block`; tiles: `rblock`)."""
+    k, b = region.space.cols, schedule.rblock if schedule.variant == "tiles" else schedule.block
+    return triton.cdiv(triton.cdiv(k, schedule.splits), b) * b
+
+
+def splits_ok(schedule: Schedule, region: Lowered) -> bool:
+    """Every split holds at least one column (an empty one would only add identities)."""
+    return 2 <= schedule.splits <= _MAX_SPLITS and (schedule.splits - 1) * split_chunk(schedule, region) < \
+        region.space.cols
+
+
+def _tile_ok(elems: int, warps: int) -> bool:
+    return elems <= _MAX_TILE and elems // (32 * warps) <= _MAX_PER_THREAD
+
+
 def is_valid(schedule: Schedule, region: Lowered) -> bool:
     c, s = schedule, region.space
     if c.variant not in VARIANTS or c.num_warps not in _WARPS or not (_pow2(c.block) and _pow2(c.rows)):
         return False
+    if not (_pow2(c.rblock) and c.splits >= 1) or (c.variant != "tiles" and c.rblock != 1) or \
+            (c.variant not in ("split", "tiles") and c.splits != 1):
+        return False
+    if c.variant == "tiles":
+        if not region.reduces:
+            return c.rows == 1 and c.splits == 1 and _pointwise_tiles_ok(c, region)
+        return c.contig in s.row_dims and c.rows == 1 and _tiles_ok(c, region) and \
+            (c.splits == 1 or (c.rblock < triton.next_power_of_2(s.cols) and splits_ok(c, region)))
     if c.contig != contig_dim(region):
         return False
     if not region.reduces:
@@ -68,14 +127,46 @@ def is_valid(schedule: Schedule, region: Lowered) -> bool:
         return False
     width = triton.next_power_of_2(max(s.cols, 1))
     if c.variant == "rows":
-        return c.block == width and c.rows * c.block <= _MAX_TILE and \
-            c.rows * c.block // (32 * c.num_warps) <= _MAX_PER_THREAD
-    return c.block < width and c.rows * c.block <= _MAX_TILE and \
-        c.rows * c.block // (32 * c.num_warps) <= _MAX_PER_THREAD
+        return c.block == width and _tile_ok(c.rows * c.block, c.num_warps)
+    if c.variant == "split":
+        return c.block < width and splits_ok(c, region) and _tile_ok(c.rows * c.block, c.num_warps)
+    return c.block < width and _tile_ok(c.rows * c.block, c.num_warps)
+
+
+def _tiles_ok(c: Schedule, region: Lowered) -> bool:
+    s = region.space
+    return c.block <= triton.next_power_of_2(max(s.rows, 1)) and \
+        c.rblock <= triton.next_power_of_2(max(s.cols, 1)) and _tile_ok(c.block * c.rblock, c.num_warps)
+
+
+def tile_axes(schedule: Schedule, region: Lowered) -> tuple[int, int]:
+    """A pointwise `tiles` schedule's (fast, slow) loop dims: `block` elements along `contig`, the
+    fast axis, x `rblock` along the other dim of layout.transpose_dims."""
+    pair = layout.transpose_dims(region)
+    assert pair is not None and schedule.contig in pair
+    return schedule.contig, pair[1] if schedule.contig == pair[0] else pair[0]
+
+
+def _pointwise_tiles_ok(c: Schedule, region: Lowered) -> bool:
+    pair = layout.transpose_dims(region)
+    if pair is None or c.contig not in pair:
+        return False
+    fast, slow = tile_axes(c, region)
+    S = region.space.shape
+    return c.block <= triton.next_power_of_2(S[fast]) and c.rblock <= triton.next_power_of_2(S[slow]) and \
+        _tile_ok(c.block * c.rblock, c.num_warps)
 
 
 def _warps_for(elems: int, per_thread: int) -> int:
     return max(1, min(32, triton.next_power_of_2(elems // (32 * per_thread) + 1) // 2))
+
+
+def tile_dims(region: Lowered) -> list[int]:
+    """Kept dims a `tiles` schedule walks fastest in the space: the one the inputs are contiguous
+    along, when it is kept (when a reduced dim is, the row schedules read coalesced already)."""
+    s = region.space
+    inner = layout.inner_dim(region) if region.reduces else None
+    return [inner] if inner is not None and inner in s.row_dims else []
 
 
 def space(region: Lowered) -> list[Schedule]:
@@ -87,6 +178,13 @@ def space(region: Lowered) -> list[Schedule]:
             if block > max(n, 128):
                 break
             out += [Schedule("pointwise", block, 1, w, cd) for w in (1, 2, 4, 8) if 1 <= block // (32 * w) <= 16]
+        pair = layout.transpose_dims(region)
+        for fast, slow in (pair, pair[::-1]) if pair else ():
+            cap_a, cap_b = triton.next_power_of_2(s.shape[fast]), triton.next_power_of_2(s.shape[slow])
+            for block in dict.fromkeys(min(b, cap_a) for b in (16, 32, 64, 128)):
+                for rblock in dict.fromkeys(min(b, cap_b) for b in (16, 32, 64, 128)):
+                    out += [Schedule("tiles", block, 1, w, fast, rblock) for w in (1, 2, 4, 8)
+                            if 1 <= block * rblock // (32 * w) <= 32]
     else:
         width = triton.next_power_of_2(max(s.cols, 1))
         rows_max = triton.next_power_of_2(max(s.rows, 1))
@@ -103,28 +201,93 @@ def space(region: Lowered) -> list[Schedule]:
                 if r <= rows_max:
                     out += [Schedule("looped", block, r, w, cd) for w in (1, 2, 4, 8)
                             if 1 <= r * block // (32 * w) <= 32]
+        out += _tiles_space(region) + _split_space(region)
     seen: set[Schedule] = set()
     return [c for c in out if is_valid(c, region) and not (c in seen or seen.add(c))]  # type: ignore[func-returns-value]
 
 
+def _tiles_space(region: Lowered) -> list[Schedule]:
+    s = region.space
+    rows_p2, width = triton.next_power_of_2(max(s.rows, 1)), triton.next_power_of_2(max(s.cols, 1))
+    out = []
+    for cd in tile_dims(region):
+        for block in dict.fromkeys(min(b, rows_p2) for b in (16, 32, 64, 128, 256)):
+            for rblock in dict.fromkeys(min(rb, width) for rb in (8, 16, 32, 64, 128, width)):
+                out += [Schedule("tiles", block, 1, w, cd, rblock) for w in (1, 2, 4, 8)
+                        if 2 <= block * rblock // (32 * w) <= 32]
+                # split tiles while the tiles alone leave SMs idle and the reductions are long
+                if triton.cdiv(s.rows, block) < 2 * SMS and s.cols >= _SPLIT_TILES_COLS:
+                    out += [Schedule("tiles", block, 1, w, cd, rblock, splits) for w in (4, 8)
+                            for splits in (2, 8, 32, 128) if 2 <= block * rblock // (32 * w) <= 32]
+    return out
+
+
+def _split_space(region: Lowered) -> list[Schedule]:
+    """Split schedules only while the rows alone leave SMs idle (past that a split only adds launches)."""
+    s, cd = region.space, contig_dim(region)
+    if s.rows >= 2 * SMS:
+        return []
+    out = []
+    for block in (256, 512, 1024, 2048, 4096):
+        for r in (1, 2):
+            for splits in (2, 4, 8, 16, 32, 64, 128):
+                out += [Schedule("split", block, r, w, cd, 1, splits) for w in (2, 4, 8)
+                        if 2 <= r * block // (32 * w) <= 32]
+    return out
+
+
+def _fewest_valid_splits(c: Schedule, region: Lowered, otherwise: Schedule) -> Schedule:
+    """c with its splits (at most _MAX_SPLITS) halved until every split has columns; `otherwise` if none do."""
+    c = dataclasses.replace(c, splits=min(c.splits, _MAX_SPLITS))
+    while c.splits > 2 and not is_valid(c, region):
+        c = dataclasses.replace(c, splits=c.splits // 2)
+    return c if is_valid(c, region) else otherwise
+
+
 def heuristic(region: Lowered) -> Schedule:
-    """Untuned default. Pointwise: 1024-wide tiles, 4 warps (smaller regions: one tile). Reductions:
-    the whole reduced extent in registers up to 8K wide (several short rows per program so a tile
-    holds ~4K elements; off the GPU, the interpreter pays per program: as many rows as fit 16K),
-    else 2048-wide chunks. Not yet measured on a GPU."""
+    """Untuned default. Pointwise: 1024-wide tiles, 4 warps (smaller regions: one tile); one that
+    transposes: 64 x 64 `tiles` read along the input's contiguous dim. Reductions over dims that
+    are not the inputs' innermost: `tiles` along the innermost kept dim (128 rows x 32 reduced on
+    a GPU; off it, tiles of up to 16K elements since the interpreter pays per program), split
+    like `split` when the tiles are fewer than two per SM and the reduced extent is past 8K. Few
+    long rows (fewer rows than two per SM, reduced extent past 8K): `split` into enough programs
+    for about two per SM, 2048-wide chunks. Otherwise the whole reduced extent in registers up to
+    8K wide (several short rows per program so a tile holds ~4K elements; off the GPU as many
+    rows as fit 16K), else 2048-wide chunks. Not yet measured on a GPU."""
     s, cd = region.space, contig_dim(region)
     gpu = region.ir.device == "cuda"
     if not region.reduces:
+        pair = layout.transpose_dims(region)
+        if pair is not None:  # read along the input's contiguous dim, 64 x 64 tiles (off the GPU: up to 128 x 128)
+            side = 64 if gpu else 128
+            block, rblock = (min(side, triton.next_power_of_2(s.shape[d])) for d in (pair[1], pair[0]))
+            c = Schedule("tiles", block, 1, _warps_for(block * rblock, 16), pair[1], rblock)
+            if is_valid(c, region):
+                return c
         n = triton.next_power_of_2(max(s.numel, 1))
         block = min(1024 if gpu else 8192, max(n, 128))
         return Schedule("pointwise", block, 1, _warps_for(block, 8) if gpu else 4, cd)
     width = triton.next_power_of_2(max(s.cols, 1))
     rows_max = triton.next_power_of_2(max(s.rows, 1))
-    if width <= 8192:
+    inner = layout.inner_dim(region)
+    if inner is not None and inner in s.row_dims:
+        block = min(rows_max, 128 if gpu else 256)
+        rblock = min(width, (4096 if gpu else _MAX_TILE) // block)
+        c = Schedule("tiles", block, 1, _warps_for(block * rblock, 16), inner, rblock)
+        programs = triton.cdiv(s.rows, block)
+        if width > 8192 and programs < 2 * SMS:  # few tiles, long reductions: split them too
+            rblock = min(rblock, 32)
+            c = _fewest_valid_splits(Schedule("tiles", block, 1, c.num_warps, inner, rblock,
+                                              triton.next_power_of_2(triton.cdiv(2 * SMS, programs))), region, c)
+    elif width > 8192 and s.rows < 2 * SMS:
+        splits = triton.next_power_of_2(triton.cdiv(2 * SMS, max(s.rows, 1)))
+        c = _fewest_valid_splits(Schedule("split", 2048, 1, 8, cd, 1, splits), region,
+                                 Schedule("looped", 2048, 1, 8, cd))
+    elif width <= 8192:
         r = max(1, min(rows_max, (4096 if gpu else _MAX_TILE) // width))
         c = Schedule("rows", width, r, _warps_for(r * width, 16), cd)
     else:
         c = Schedule("looped", 2048, 1, 8, cd)
     while not is_valid(c, region) and c.num_warps < 32:
-        c = Schedule(c.variant, c.block, c.rows, c.num_warps * 2, cd)
+        c = dataclasses.replace(c, num_warps=c.num_warps * 2)
     return c

@@ -1,0 +1,296 @@
+"""The schedule variants beyond one row per program: `tiles` (reductions over dims that are not the
+inputs' innermost, tiles along the contiguous kept dim; pointwise regions that transpose, 2-D
+tiles read along the input's contiguous dim and stored along the output's) and `split` (few long
+rows, partials combined across programs). Each region's kernels under a covering sample of the variant's space
+(the whole of it on a GPU) against the region's fp64 reference, fp32 and bf16 inputs, odd shapes,
+permuted and strided inputs; the heuristic's choice; schedule validity."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+import triton
+from codegen_helpers import check_region, trace, values
+from conftest import FULL_SWEEPS, covering
+
+from solforge.codegen import layout
+from solforge.codegen import reference as REF
+from solforge.codegen import regions as RG
+from solforge.codegen import runtime as RT
+from solforge.codegen import schedule as SC
+from solforge.codegen.lower import Lowered
+from solforge.numerics import compare
+
+pytestmark = pytest.mark.usefixtures("on_device")
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _r(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape).to(dtype)
+
+
+def _region(fn: Callable[..., Any], *xs: torch.Tensor) -> tuple[Lowered, list[torch.Tensor]]:
+    """The one region of fn (its reference checked against the graph's own values, its kernel
+    under the heuristic against the reference) and its inputs."""
+    gm = trace(fn, *xs)
+    (fr,) = RG.form_regions(gm.graph)
+    env = values(gm, *xs)
+    check_region(fr, env, samples=0)
+    return fr.lowered, [env[a] for a in fr.inputs]
+
+
+def _check(low: Lowered, ins: list[torch.Tensor], scheds: list[SC.Schedule]) -> None:
+    ref = REF.reference(low.ir, ins)
+    for s in scheds:
+        assert SC.is_valid(s, low), s.encode()
+        got = RT.run(low, s, ins)
+        for k, (g, r) in enumerate(zip(got, ref, strict=True)):
+            c = compare(g, r)
+            assert c.ok, f"schedule {s.encode()}, output {k}: {c.reason}"
+
+
+def _cost(c: SC.Schedule, low: Lowered) -> int:
+    """Tiles the interpreter walks under c (it pays per program and per loop step)."""
+    s = low.space
+    if c.variant == "tiles" and not low.reduces:
+        return s.numel // (c.block * c.rblock)
+    if c.variant == "tiles":
+        return triton.cdiv(s.rows, c.block) * triton.cdiv(s.cols, c.rblock) + c.splits
+    return triton.cdiv(s.rows, c.rows) * triton.cdiv(s.cols, c.block) + c.splits
+
+
+def _sweep(low: Lowered, ins: list[torch.Tensor], variant: str) -> int:
+    """The variant's configs in the region's space: a covering sample here (each field's values at
+    their cheapest pairing for the interpreter; num_warps is not in the source, so the interpreter
+    runs every value of it alike), all of them on a GPU."""
+    configs = sorted((c for c in SC.space(low) if c.variant == variant), key=lambda c: _cost(c, low))
+    assert configs, f"no {variant} schedule in the space"
+    run = covering(configs, ignore=("num_warps",))
+    _check(low, ins, run)
+    return len(run)
+
+
+# ------------------------------------------------------------------------------------------------
+# tiles
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tiles_sum_mean_amax_var_over_a_middle_dim(dtype: torch.dtype) -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x.sum(1), x.mean(1, keepdim=True), x.amax(1), x.var(1)
+
+    low, ins = _region(f, _r(3, 37, 5, 7, dtype=dtype))
+    assert low.space.reduced == (1,) and low.space.stages == 2
+    h = SC.heuristic(low)
+    assert h.variant == "tiles" and h.contig == 3, h  # W, the inputs' contiguous dim, is kept
+    _sweep(low, ins, "tiles")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tiles_softmax_and_log_softmax_over_dim_1(dtype: torch.dtype) -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.softmax(x, 1), torch.log_softmax(x.float(), 1)
+
+    low, ins = _region(f, _r(3, 37, 5, 7, dtype=dtype) * 4)
+    assert SC.heuristic(low).variant == "tiles"
+    _sweep(low, ins, "tiles")
+
+
+def test_tiles_layernorm_over_channels() -> None:
+    # a LayerNorm over C of NCHW (ConvNeXt's channels-first norm): stats over dim 1, weight per channel
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        m = x.mean(1, keepdim=True)
+        v = ((x - m) ** 2).mean(1, keepdim=True)
+        return ((x - m) * torch.rsqrt(v + 1e-6) * w[None, :, None, None] + b[None, :, None, None]).to(x.dtype)
+
+    low, ins = _region(f, _r(3, 37, 5, 7, dtype=torch.bfloat16), _r(37), _r(37))
+    assert SC.heuristic(low).variant == "tiles"
+    _sweep(low, ins, "tiles")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tiles_batchnorm_stats_of_a_channels_last_input(dtype: torch.dtype) -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        mean = x.mean((0, 2, 3), keepdim=True)
+        var = ((x - mean) ** 2).mean((0, 2, 3), keepdim=True)
+        return (x - mean) * torch.rsqrt(var + 1e-5) * w.view(1, -1, 1, 1)
+
+    x = _r(3, 5, 7, 37, dtype=dtype).permute(0, 3, 1, 2)  # NCHW, channels-last in memory
+    low, ins = _region(f, x, _r(37, dtype=dtype))
+    assert low.space.reduced == (0, 2, 3) and layout.inner_dim(low) == 1
+    h = SC.heuristic(low)
+    assert h.variant == "tiles" and h.contig == 1, h
+    _sweep(low, ins, "tiles")
+
+
+def test_batchnorm_stats_of_nchw_stay_rows() -> None:
+    # the reduced dims hold W, the contiguous one: the row schedules read coalesced, no tiles
+    def f(x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean((0, 2, 3), keepdim=True)
+        return x - mean
+
+    low, ins = _region(f, _r(3, 37, 5, 7))
+    assert layout.inner_dim(low) == 3
+    assert SC.heuristic(low).variant in ("rows", "looped")
+    assert not [c for c in SC.space(low) if c.variant == "tiles"]
+
+
+def test_tiles_contiguous_dim_not_the_last_kept_dim() -> None:
+    # logical (5, 7, 9) laid out with dim 0 innermost: reduced dim 1, kept (0, 2), contiguous along 0.
+    # The row index is decomposed with dim 0 fastest; row outputs and loop outputs land where they belong
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.sum(1), torch.softmax(x, 1)
+
+    x = _r(9, 7, 5).permute(2, 1, 0)
+    low, ins = _region(f, x)
+    assert layout.inner_dim(low) == 0
+    h = SC.heuristic(low)
+    assert h.variant == "tiles" and h.contig == 0, h
+    _sweep(low, ins, "tiles")
+    # the same region with the last kept dim walked fastest is valid too (coalesced or not, correct)
+    _check(low, ins, [SC.Schedule("tiles", 8, 1, 1, 2, 4)])
+
+
+def test_split_tiles_batchnorm_of_a_channels_last_input() -> None:
+    # 5 channels, 3 x 37 x 37 reduced: one tile of kept elements, so the tiles split the reduction
+    # across programs too (var: two stages, three launches)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean((0, 2, 3), keepdim=True)
+        var = ((x - mean) ** 2).mean((0, 2, 3), keepdim=True)
+        return (x - mean) * torch.rsqrt(var + 1e-5)
+
+    x = _r(3, 37, 37, 5, dtype=torch.bfloat16).permute(0, 3, 1, 2)
+    low, ins = _region(f, x)
+    assert low.space.rows == 5 and low.space.cols == 3 * 37 * 37
+    split = [c for c in SC.space(low) if c.variant == "tiles" and c.splits > 1]
+    assert split
+    # narrow chunks (the interpreter pays per loop step) run in the unsplit tiles tests
+    ignore = ("num_warps",) if FULL_SWEEPS else ("num_warps", "rblock")
+    run = covering(sorted(split, key=lambda c: _cost(c, low)), ignore=ignore)
+    _check(low, ins, run)
+    # 3 splits of 1408 (11 chunks of 128), the last one short (1291)
+    _check(low, ins, [SC.Schedule("tiles", 8, 1, 2, 1, 128, 3)])
+
+
+def test_tiles_mean_over_dim_0_and_a_transposed_input() -> None:
+    low, ins = _region(lambda x: x.mean(0), _r(37, 13))
+    assert SC.heuristic(low).variant == "tiles"
+    _sweep(low, ins, "tiles")
+    low, ins = _region(lambda y: (y.t() * 2).sum(-1), _r(37, 13))  # y.t(): the reduced dim is the strided one
+    assert layout.inner_dim(low) == 0 and SC.heuristic(low).contig == 0
+    _sweep(low, ins, "tiles")
+
+
+# ------------------------------------------------------------------------------------------------
+# split
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_split_full_reduction_to_a_scalar(dtype: torch.dtype) -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.sum(), x.amax()
+
+    low, ins = _region(f, _r(3, 37, 5, 7, dtype=dtype))
+    assert low.space.rows == 1
+    _sweep(low, ins, "split")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_split_mse_loss(dtype: torch.dtype) -> None:
+    def f(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return torch.mean((p - t) ** 2)
+
+    p = _r(37, 58, dtype=dtype)[:, ::2]  # strided
+    low, ins = _region(f, p, _r(37, 29, dtype=dtype))
+    _sweep(low, ins, "split")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_split_two_stage_reductions(dtype: torch.dtype) -> None:
+    # softmax (max, then the sum of exps), log_softmax and var (mean, then squares): each phase
+    # combines the partials of the stages before it
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.softmax(x, -1), torch.log_softmax(x, -1), x.var(-1)
+
+    low, ins = _region(f, _r(3, 777, dtype=dtype) * 3)
+    assert low.space.stages == 2
+    _sweep(low, ins, "split")
+    # two rows a program, 3 rows: a row tail in every phase; 3 splits of 256 (the last one short)
+    _check(low, ins, [SC.Schedule("split", 128, 2, 2, 1, 1, 3)])
+
+
+def test_split_is_the_default_for_few_long_rows() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.sum(-1), x - x.mean(-1, keepdim=True)
+
+    low, ins = _region(f, _r(3, 9000))
+    h = SC.heuristic(low)
+    assert h.variant == "split" and h.splits >= 2, h
+    _check(low, ins, [h])
+    # many rows: the rows alone fill the GPU, no split in the space
+    many = _region(lambda x: x.sum(-1), _r(2 * SC.SMS, 3))[0]
+    assert not [c for c in SC.space(many) if c.variant == "split"]
+
+
+# ------------------------------------------------------------------------------------------------
+# tiles of a transposing pointwise region
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pointwise_tiles_of_a_transpose(dtype: torch.dtype) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (torch.sigmoid(x.t()) * 2 + 1).contiguous()
+
+    low, ins = _region(f, _r(37, 29, dtype=dtype))
+    assert layout.transpose_dims(low) == (1, 0)  # stored along dim 1, read along dim 0
+    h = SC.heuristic(low)
+    assert h.variant == "tiles" and h.contig == 0, h
+    _sweep(low, ins, "tiles")
+
+
+def test_pointwise_tiles_of_a_channels_last_input() -> None:
+    # channels-last NCHW in, contiguous out, a per-channel bias: C (read) and W (stored) tiled,
+    # N and H from the program id
+    def f(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (F.gelu(x) + b.view(1, -1, 1, 1)).contiguous()
+
+    x = _r(3, 5, 7, 37, dtype=torch.bfloat16).permute(0, 3, 1, 2)
+    low, ins = _region(f, x, _r(37, dtype=torch.bfloat16))
+    assert layout.transpose_dims(low) == (3, 1)
+    assert SC.heuristic(low).variant == "tiles"
+    _sweep(low, ins, "tiles")
+
+
+def test_pointwise_without_a_transpose_has_no_tiles() -> None:
+    low = _region(lambda x, y: x * y + 1, _r(5, 37), _r(37))[0]
+    assert layout.transpose_dims(low) is None and SC.heuristic(low).variant == "pointwise"
+    assert not [c for c in SC.space(low) if c.variant == "tiles"]
+
+
+# ------------------------------------------------------------------------------------------------
+# validity and the text form
+
+
+def test_validity_of_the_new_variants() -> None:
+    low = _region(lambda x: x.sum(1), _r(3, 37, 5))[0]  # kept (0, 2), reduced 1 (37)
+    assert SC.is_valid(SC.Schedule("tiles", 16, 1, 1, 2, 8), low)
+    assert not SC.is_valid(SC.Schedule("tiles", 16, 1, 1, 1, 8), low)  # contig: a reduced dim
+    assert not SC.is_valid(SC.Schedule("tiles", 16, 1, 1, 2, 128), low)  # rblock past the reduced extent
+    assert not SC.is_valid(SC.Schedule("tiles", 32, 1, 1, 2, 8), low)  # block past the rows (15)
+    assert not SC.is_valid(SC.Schedule("looped", 16, 1, 1, 1, 8), low)  # rblock on another variant
+    assert SC.is_valid(SC.Schedule("tiles", 16, 1, 1, 2, 8, 3), low)  # split tiles: 3 x 16 of 37
+    assert not SC.is_valid(SC.Schedule("tiles", 16, 1, 1, 2, 8, 4), low)  # 4 x 16: the last split empty
+    assert not SC.is_valid(SC.Schedule("tiles", 16, 1, 1, 2, 64, 2), low)  # one chunk covers the extent
+    loss = _region(lambda x: x.sum(), _r(37, 29))[0]  # 1073 columns
+    assert SC.is_valid(SC.Schedule("split", 64, 1, 2, 1, 1, 4), loss)
+    assert not SC.is_valid(SC.Schedule("split", 64, 1, 2, 1, 1, 1), loss)  # one split: that is looped
+    assert not SC.is_valid(SC.Schedule("split", 256, 1, 2, 1, 1, 4), loss)  # 4 x 512: the last split empty
+    assert not SC.is_valid(SC.Schedule("rows", 2048, 1, 4, 1, 1, 2), loss)  # splits on another variant
+    for s in (SC.Schedule("tiles", 16, 1, 1, 2, 8), SC.Schedule("split", 64, 2, 2, 1, 1, 5)):
+        assert SC.Schedule.decode(s.encode()) == s
+    assert SC.Schedule("looped", 64, 2, 2, 1).encode() == "looped:b=64:r=2:w=2:c=1"  # old texts unchanged
