@@ -192,13 +192,13 @@ def optimized_lm():  # type: ignore[no-untyped-def]
                                     **KW)
     assert out is model and installed(model) is not None and report.e2e is not None and report.e2e.passed
     assert list(model.state_dict()) == keys and inspect.signature(model.forward) == sig
-    return lm, ref
+    return lm, ref, report
 
 
 def test_transformers_model_round_trips(optimized_lm, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """qwen3-tiny (a transformers model) optimized in place: it runs solforge's ops, keeps its eval
     flag, and save_pretrained/from_pretrained gives its weights under its own names."""
-    lm, ref = optimized_lm
+    lm, ref, _report = optimized_lm
     model = lm.model
     assert not model.training  # the zoo loads it in eval
     (ids,) = lm.make_inputs(4)
@@ -215,7 +215,7 @@ def test_transformers_model_round_trips(optimized_lm, tmp_path) -> None:  # type
 def test_transformers_generate_in_place(optimized_lm) -> None:  # type: ignore[no-untyped-def]
     """The model's own generate (routed: runtime/generation.py) gives the plain model's tokens
     (~30 s on the CPU: the prefill and decode graphs compile through the interpreter)."""
-    lm, ref = optimized_lm
+    lm, ref, _report = optimized_lm
     (ids,) = lm.make_inputs(4)
     kw = {"max_new_tokens": 3, "do_sample": False}
     with torch.no_grad():
@@ -260,3 +260,46 @@ def test_a_torch_module_is_captured_and_optimized_in_place() -> None:
         assert _solforge_events(lambda: model(x)) >= 1
         torch.testing.assert_close(model(x), ref(x), atol=1e-5, rtol=1e-5)
 
+
+def _norm_paths(model: nn.Module, report: solforge.Report) -> list[str]:
+    """The module paths of the report's rmsnorm regions, each checked to name an RMSNorm of `model`."""
+    paths = [p for r in report.regions if r.family == "rmsnorm" for p in r.modules]
+    for p in paths:
+        assert "rmsnorm" in type(model.get_submodule(p)).__name__.lower(), p
+    return paths
+
+
+def test_module_paths_are_the_models_own() -> None:
+    """The paths dynamo records (nn_module_stack) name the model's own submodules however its call
+    was compiled: a Sequential goes through solforge's wrapper frame (L['call_impl'].__self__...),
+    profiling compiles the module (L['fn']...), a custom forward names its self; all read alike."""
+    from solforge.capture import SolforgeBackend, capture, compile_with, module_path
+
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(H, H), nn.RMSNorm(H, eps=1e-6), nn.Linear(H, H), nn.RMSNorm(H, eps=1e-6))
+    model = model.to(DEVICE).eval()
+
+    def paths(graphs) -> set[str]:  # type: ignore[no-untyped-def]
+        return {p for g in graphs for n in g.aten.graph.nodes if (p := module_path(n)) is not None}
+
+    via_module = SolforgeBackend()
+    with torch.no_grad():
+        compile_with(model, via_module)(_x(1))
+    assert paths(capture(model, (_x(1),)).graphs) == paths(via_module.graphs) == {"0", "1", "2", "3"}
+    ref = copy.deepcopy(model)
+    out, report = solforge.optimize(model, (_x(0),), make_inputs=lambda s: (_x(s),), **KW)
+    assert out is model and sorted(_norm_paths(model, report)) == ["1", "3"]
+    x = _x(9)
+    with torch.no_grad():
+        assert _solforge_events(lambda: model(x)) >= 2
+        torch.testing.assert_close(model(x), ref(x), atol=1e-5, rtol=1e-5)
+
+
+def test_transformers_module_paths(optimized_lm) -> None:  # type: ignore[no-untyped-def]
+    """qwen3-tiny optimized in place: every RMSNorm of the model (input, post-attention, q/k and the
+    final norm) is in a matched rmsnorm region under its own path."""
+    lm, _ref, report = optimized_lm
+    model = lm.model
+    want = {n for n, m in model.named_modules() if "rmsnorm" in type(m).__name__.lower()}
+    got = _norm_paths(model, report)
+    assert len(want) > 4 and set(got) == want and all(p.startswith("model.") for p in got)
