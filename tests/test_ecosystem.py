@@ -303,3 +303,23 @@ def test_transformers_module_paths(optimized_lm) -> None:  # type: ignore[no-unt
     want = {n for n, m in model.named_modules() if "rmsnorm" in type(m).__name__.lower()}
     got = _norm_paths(model, report)
     assert len(want) > 4 and set(got) == want and all(p.startswith("model.") for p in got)
+
+
+@pytest.mark.parametrize("inplace", [True, False])
+def test_inference_optimize_leaves_train_flags(inplace: bool) -> None:
+    """optimize(inference) runs the model in eval, and puts every module's flag back as it was: a
+    model in train mode with one submodule in eval stays so, in place or not."""
+    torch.manual_seed(7)
+    model = Net().to(DEVICE).train()
+    model.up.eval()
+    flags = [m.training for m in model.modules()]
+    ref = copy.deepcopy(model)
+    out, report = solforge.optimize(model, (_x(0),), make_inputs=lambda s: (_x(s),), inplace=inplace, **KW)
+    assert report.e2e is not None and report.e2e.passed, report.e2e
+    assert [m.training for m in model.modules()] == flags
+    assert (out is model) is inplace and (installed(model) is not None) is inplace
+    x = _x(3)
+    with torch.no_grad():
+        assert _solforge_events(lambda: out(x)) >= 1
+        torch.testing.assert_close(out(x), ref(x), atol=1e-5, rtol=1e-5)
+    assert [m.training for m in model.modules()] == flags
