@@ -167,7 +167,7 @@ def variant(arch: str, name: str, mode: str, batch: int, seq: int, budget: float
             traingraphs.ENABLED = False
 
         with torch.no_grad() if mode == "fwd" else torch.enable_grad():
-            f, rep = optimize(body, (ids,), budget=budget, is_language_model=False,
+            f, rep = optimize(body, (ids,), budget=budget, is_language_model=False, inplace=False,
                               max_candidates=2 if tiny else None, mode="inference" if mode == "fwd" else "train")
         out["optimize_s"] = round(time.time() - t0, 1)
         out["regions"] = [{"workload": r.workload, "count": r.count, "baseline_us": r.baseline_us,

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         elif variant in ("solforge", "solforge_nographs"):
             # solforge: the decode steps replay from CUDA graphs (stepgraphs.py); nographs: they
             # run solforge's graphs from Python
-            opt, rep = solforge.optimize(model, (ids,), budget=args.budget,
+            opt, rep = solforge.optimize(model, (ids,), budget=args.budget, inplace=False,  # model: eager
                                          cuda_graphs=variant == "solforge")
             row["optimize_s"] = round(time.perf_counter() - t0, 1)
             row["e2e_passed"] = rep.e2e.passed if rep.e2e is not None else None

@@ -108,7 +108,8 @@ def build_variant(name: str, model: torch.nn.Module, inputs: tuple[Any, ...], *,
         return torch.compile(model, mode="max-autotune"), {}
     if name != "solforge":
         raise ValueError(f"unknown variant {name!r}")
-    fn, report = solforge.optimize(model, inputs, budget=budget, name=label, max_candidates=max_candidates)
+    fn, report = solforge.optimize(model, inputs, budget=budget, name=label, max_candidates=max_candidates,
+                                   inplace=False)  # the wrapper carries solforge_stats (how each graph runs)
     rep = to_dict(report)
     extra = {"regions": [{k: r.get(k) for k in ("family", "workload", "count", "baseline_us", "best_us",
                                                 "speedup", "config", "verified", "max_rel_err", "source",

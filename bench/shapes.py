@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     model = lm.model
     result: dict[str, Any] = {**provenance(), "model": args.model, "seq": args.seq, "forward": [], "generate": []}
     t0 = time.perf_counter()
-    opt, rep = solforge.optimize(model, lm.example_inputs, budget=args.budget)
+    opt, rep = solforge.optimize(model, lm.example_inputs, budget=args.budget, inplace=False)  # model: eager
     result["optimize_s"] = round(time.perf_counter() - t0, 1)
     result["e2e_passed"] = rep.e2e.passed if rep.e2e is not None else None
     stats = getattr(opt, "solforge_stats", None)  # integrate.IntegrationStats, live

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["optimize", "profile", "step_graphs"]
+__all__ = ["backend", "optimize", "profile", "restore", "step_graphs"]
 
 # the device files of a GPU that Triton can compile for (NVIDIA, WSL's, AMD's)
 _GPU_DEVICE_FILES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
@@ -55,3 +55,27 @@ def step_graphs(enabled: bool = True) -> Any:
     from solforge.runtime.stepgraphs import step_graphs as _step_graphs
 
     return _step_graphs(enabled)
+
+
+def restore(model: Any) -> Any:
+    """Take the optimization `optimize` installed in `model` out again (solforge.runtime.inplace):
+    the model runs its own code once more. Returns `model`; a model not optimized is left as it is."""
+    from solforge.runtime.inplace import restore as _restore
+
+    return _restore(model)
+
+
+def backend(**options: Any) -> Any:
+    """solforge as a torch.compile backend with these options: `torch.compile(model,
+    backend=solforge.backend(budget=10))` is `torch.compile(model, backend="solforge",
+    options={"budget": 10})`. See solforge.dynamo for the options and what it does per graph."""
+    from solforge.dynamo import backend as _backend
+
+    return _backend(**options)
+
+
+# torch.compile(model, backend="solforge"): registered once dynamo's registry is imported, without
+# importing it here (registration.py)
+from solforge.registration import register_lazily as _register_lazily  # noqa: E402
+
+_register_lazily()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
+import functools
+import inspect
 import platform
 import sys
 import time
@@ -103,6 +106,40 @@ def _check_trainable(model: torch.nn.Module, inputs: Sequence[Any]) -> None:
                     "inputs with requires_grad=True)")
 
 
+def _keeps_model(fn: Callable[..., tuple[Any, Report]]) -> Callable[..., tuple[Any, Report]]:
+    """optimize's contract with the user's model (runtime/inplace.py): a model optimized before is
+    restored first (its original call is what the new run captures and validates against); its
+    train/eval flags, and every submodule's, are put back however optimize ends (it runs the model
+    in eval for inference, in train for training); and the optimized call is installed in the
+    model, which is what optimize returns, unless `inplace=False` (the call is then returned as a
+    wrapper and the model is left as it was)."""
+    from solforge.runtime.inplace import SolforgeCall, install, installed, modes_kept, restore
+
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> tuple[Any, Report]:
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        model, inplace = bound.arguments["model"], bound.arguments["inplace"]
+        before = installed(model) if isinstance(model, torch.nn.Module) else None
+        if before is not None:
+            restore(model)
+        try:
+            with modes_kept(model) if isinstance(model, torch.nn.Module) else contextlib.nullcontext():
+                optimized, report = fn(*bound.args, **bound.kwargs)
+        except BaseException:
+            if before is not None:
+                install(model, before)
+            raise
+        if inplace and isinstance(optimized, SolforgeCall):
+            return install(model, optimized), report
+        return optimized, report
+
+    return wrapper
+
+
+@_keeps_model
 def optimize(
     model: torch.nn.Module,
     example_inputs: Sequence[Any],
@@ -128,6 +165,7 @@ def optimize(
     profile: str = "auto",
     cuda_graphs: bool = True,
     keep_slower: bool = False,
+    inplace: bool = True,
 ) -> tuple[Callable[..., Any], Report]:
     """Optimize `model` for inputs shaped like `example_inputs` (on the device the model is on).
 
@@ -138,6 +176,13 @@ def optimize(
     fails the check gives `model` back. `report.returned` ("optimized", "subset", "original") and
     `report.why` say which and why, `report.attempts` every model checked; `keep_slower` returns
     the model with every kernel whatever its check or its speed (for analysis).
+
+    The model returned when kernels were integrated is `model` itself, optimized in place as
+    `model.compile()` does (runtime/inplace.py): its class, forward signature, state_dict keys,
+    train/eval flags, `save_pretrained` and `generate` are the model's own; a deepcopy, pickle or
+    `torch.save` of it is a plain, un-optimized copy; `solforge.restore(model)` takes the
+    optimization out again. `inplace=False` leaves the model as it was and returns a wrapper
+    running the optimized graphs.
 
     `budget` is the tuning time in seconds across all workloads; every workload measures at least
     one candidate. With `out_dir`, writes `out_dir/report.json`.
@@ -346,12 +391,15 @@ def profile(
     example_inputs = tuple(example_inputs)
     device = check_device(_model_device(model, example_inputs))
     dtype = _model_dtype(model, example_inputs)
-    model.eval()
+    from solforge.runtime.inplace import modes_kept
+
     rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
-    prof = _profile_stage(model, example_inputs, device=device, name=name or type(model).__name__,
-                          families=check_families(families),
-                          trace=Path(out_dir) / TRACE_BASELINE if out_dir is not None else None,
-                          ceilings_cache=ceilings_cache)
+    with modes_kept(model):  # the user's train/eval flags are theirs
+        model.eval()
+        prof = _profile_stage(model, example_inputs, device=device, name=name or type(model).__name__,
+                              families=check_families(families),
+                              trace=Path(out_dir) / TRACE_BASELINE if out_dir is not None else None,
+                              ceilings_cache=ceilings_cache)
     report = Report(
         model=name or type(model).__name__, device=_device_name(device), dtype=dtype_name(dtype), mode="inference",
         versions=versions(device), settings=settings.current().as_dict(), regions=(), e2e=None,

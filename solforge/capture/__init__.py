@@ -10,6 +10,7 @@ from solforge.capture.backend import (
     Rewrite,
     SolforgeBackend,
     capture,
+    compile_call,
     compile_forward,
     compile_with,
     few_full_collections,
@@ -27,5 +28,5 @@ from solforge.capture.lower import (
 )
 
 __all__ = ["BackwardLost", "CapturedGraph", "GradModeLost", "LoweringCache", "Rewrite", "SolforgeBackend",
-           "backward_lost", "capture", "compile_forward", "compile_with", "few_full_collections", "lower_to_aten",
-           "module_path", "op_name", "static_shapes"]
+           "backward_lost", "capture", "compile_call", "compile_forward", "compile_with", "few_full_collections",
+           "lower_to_aten", "module_path", "op_name", "static_shapes"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,8 @@ class SolforgeBackend:
     cache: LoweringCache | None = None  # ATen lowerings kept across processes (cache.py)
     graphs: list[CapturedGraph] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    compiled: Callable[..., Any] | None = None  # the model compiled with this backend (capture())
+    compiled: Callable[..., Any] | None = None  # the model's call compiled with this backend (capture())
+    module: torch.nn.Module | None = None  # ... of this module (capture())
     # each graph as dynamo calls it: replays launch-bound calls from a CUDA graph where that is
     # on (stepgraphs.py), runs the ATen graph as it is elsewhere
     step_graphs: list[StepGraph] = field(default_factory=list)
@@ -210,6 +212,36 @@ def compile_with(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[.
     return torch.compile(model, backend=backend, dynamic=None)
 
 
+def compile_call(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[..., Any]:
+    """The module's `_call_impl` compiled like `compile_with` compiles the module, as
+    `nn.Module.compile()` does: what runtime/inplace.py installs as the module's own call, so the
+    optimized model is the module itself (its state_dict keys, forward and class unchanged). The
+    graphs are those of `compile_with`: dynamo skips torch's own frames (`_call_impl`) and compiles
+    the model's forward; where that forward is torch's own too (an nn.Sequential, an nn.RMSNorm),
+    the call is wrapped in a frame of ours that dynamo compiles, inlining the rest (what
+    torch.compile does for such a module; `model.compile()` compiles nothing there)."""
+    if not isinstance(model, torch.nn.Module):  # a plain function (tests, KernelBench-style callables)
+        return compile_with(model, backend)
+    fn = model._call_impl
+    if _skipped_by_dynamo(model.forward):
+        call_impl = fn
+
+        def fn(*args: Any, **kwargs: Any) -> Any:
+            return call_impl(*args, **kwargs)
+
+    return torch.compile(fn, backend=backend, dynamic=None)
+
+
+def _skipped_by_dynamo(forward: Any) -> bool:
+    """Whether dynamo would run this forward's frame without compiling it (torch's own modules)."""
+    try:
+        from torch._dynamo import trace_rules
+
+        return inspect.ismethod(forward) and bool(trace_rules.check(forward))
+    except Exception:  # noqa: BLE001 - dynamo's private rules moved: judge by where forward is defined
+        return getattr(forward, "__module__", "").startswith("torch.")
+
+
 def compile_forward(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[..., Any]:
     """The model's bound forward compiled like `compile_with` compiles the module: something to
     put in place of `model.forward` (generation.route_generate), where the compiled module itself
@@ -250,7 +282,8 @@ def capture(model: torch.nn.Module, inputs: Sequence[Any], *, grad: bool = False
     if cache is not None and not isinstance(cache, LoweringCache):
         cache = LoweringCache(Path(cache))
     backend = SolforgeBackend(cache=cache)
-    compiled = backend.compiled = compile_with(model, backend)
+    backend.module = model
+    compiled = backend.compiled = compile_call(model, backend)
     with static_shapes(), torch.set_grad_enabled(grad), few_full_collections():
         compiled(*inputs)
     return backend

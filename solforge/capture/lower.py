@@ -4,6 +4,7 @@ the records of a captured graph; what a lowering must refuse (grad-mode blocks, 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -168,8 +169,15 @@ def module_path(node: fx.Node) -> str | None:
     if not stack:
         return None
     path = list(stack.values())[-1][0]
-    # dynamo spells paths as L['self'].model.layers[0] or L['self'].model.layers.0
-    path = path.replace("L['self'].", "").replace("L['self']", "")
+    # dynamo spells paths from the compiled frame's local naming the model: L['self'].model.layers[0]
+    # (a forward compiled as it is), L['fn'].0 (torch.compile of a torch-defined module) or
+    # L['call_impl'].__self__.0 (capture's wrapper frame, capture/backend.py compile_call). The root
+    # is the model itself whatever its local's name, so the paths are the model's own attribute paths
+    # (what `model.get_submodule` takes), the same for every way of compiling it.
+    path = _ROOT.sub("", path)
     for a, b in (("._modules['", "."), ("['", "."), ("']", ""), ("[", "."), ("]", "")):
         path = path.replace(a, b)
     return path.strip(".") or None
+
+
+_ROOT = re.compile(r"^L\['[^']*'\](\.__self__)?")

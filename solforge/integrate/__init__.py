@@ -62,6 +62,7 @@ from solforge.kernels.direct import direct_calls
 from solforge.plan import find_matches, rewrite
 from solforge.records import TuningRecord, Workload
 from solforge.runtime.generation import route_generate
+from solforge.runtime.inplace import SolforgeCall, installed
 from solforge.runtime.shapes import binding, symbolic
 
 
@@ -249,11 +250,13 @@ def integrate_captured(captured: SolforgeBackend, winners: Mapping[Workload, str
                        families: tuple[str, ...] | None = None, train: bool = False,
                        keep: Collection[Workload] = (),
                        db: str | Path | None = None,
-                       cuda_graphs: bool = True) -> tuple[Callable[..., Any], IntegrationStats]:
-    """The optimized model from the capture's own compiled model, without tracing it again: its
+                       cuda_graphs: bool = True) -> tuple[SolforgeCall, IntegrationStats]:
+    """The optimized call from the capture's own compiled call, without tracing it again: its
     ATen graphs are rewritten in place (dynamo calls the same GraphModules), and the backend is
     armed so any graph dynamo compiles later (a new shape, the other grad mode) is rewritten too.
-    A second trace of Qwen3-4B costs ~15 s, half of a warm run."""
+    A second trace of Qwen3-4B costs ~15 s, half of a warm run. The model itself is not changed:
+    `runtime.inplace.install(model, call)` makes the call the model's own (optimize does, once it
+    validated the call against the model as it was)."""
     assert captured.compiled is not None, "integrate_captured needs capture()'s backend"
     integrator = Integrator(dict(winners), families, train=train, keep=frozenset(keep),
                             db=Path(db) if db is not None else None)
@@ -264,8 +267,11 @@ def integrate_captured(captured: SolforgeBackend, winners: Mapping[Workload, str
     for step in captured.step_graphs:
         step.auto = cuda_graphs
     integrator.stats.step_graphs = captured.step_graphs
-    original = getattr(captured.compiled, "_orig_mod", None)  # the module torch.compile wraps
-    if isinstance(original, torch.nn.Module):
-        route_generate(captured.compiled, original, captured, cuda_graphs=cuda_graphs)
-    _expose(captured.compiled, integrator.stats)
-    return captured.compiled, integrator.stats
+    model = captured.module
+    assert model is not None, "integrate_captured needs capture()'s backend"
+    call = SolforgeCall(captured.compiled, model, integrator.stats)
+    # once installed (runtime/inplace.py) the compiled call is the module's own, which transformers'
+    # generate calls: its forward is then not swapped
+    route_generate(call, model, captured, cuda_graphs=cuda_graphs,
+                   swap_forward=lambda: installed(model) is not call)
+    return call, integrator.stats

@@ -1,11 +1,13 @@
 """Generation through the optimized model: `optimized.generate(...)`.
 
-`optimized` is a torch.compile module, and any attribute it lacks is the original module's, so
-`optimized.generate` would be transformers' generate on the original model, calling the original
-forward. `route_generate` gives it a generate that runs transformers' generate with the model's
-forward compiled by solforge's backend (its graphs rewritten like the optimized model's), swapped
-in for the call and put back after it, even on an error. transformers' own compilation of the
-forward (static caches) is turned off for that call: solforge's compilation takes its place.
+The model optimized in place (runtime/inplace.py) runs solforge's graphs whenever it is called,
+transformers' generate included; this module's generate, installed as the model's own, adds the
+cache handling below. Where the optimized call is not installed (`optimize(..., inplace=False)`,
+or a wrapper of integrate.integrate) the model's own call is the original: `route_generate` then
+gives the wrapper a generate that runs transformers' generate with the model's forward compiled by
+solforge's backend (its graphs rewritten like the optimized model's), swapped in for the call and
+put back after it, even on an error. transformers' own compilation of the forward (static caches)
+is turned off for the call: solforge's compilation takes its place.
 
 With `cuda_graphs`, launch-bound calls (decode steps, a short prompt) replay from CUDA graphs
 (stepgraphs.py). A CUDA graph reads the KV cache at the address it had at capture, and
@@ -173,9 +175,12 @@ def _with_static_cache(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def route_generate(optimized: Any, model: torch.nn.Module, backend: SolforgeBackend, *,
-                   cuda_graphs: bool = True) -> None:
+                   cuda_graphs: bool = True, swap_forward: bool | Callable[[], bool] = True) -> None:
     """Give `optimized` a `generate` that runs solforge's graphs (see the module doc). A model
-    without `generate` is left as it is."""
+    without `generate` is left as it is. `swap_forward` (or a function saying, per call, whether to):
+    False where the model's own call runs solforge's graphs (installed in place: runtime/inplace.py),
+    so its forward is left as it is. The generate made here calls the class's `generate`: it may be
+    installed as the model's own."""
     if not callable(getattr(model, "generate", None)):
         return
     compiled: list[Callable[..., Any]] = []
@@ -185,9 +190,10 @@ def route_generate(optimized: Any, model: torch.nn.Module, backend: SolforgeBack
     active: list[dict[str, Any]] = []  # one entry per call in progress: the model's own attributes
 
     def swapped() -> dict[str, Any]:
-        if not compiled:
+        forward = swap_forward() if callable(swap_forward) else swap_forward
+        if forward and not compiled:
             compiled.append(compile_forward(model, backend))
-        names: dict[str, Any] = {"forward": compiled[0]}
+        names: dict[str, Any] = {"forward": compiled[0]} if forward else {}
         if keeper.available():
             names["_prepare_static_cache"] = keeper
         return names
@@ -225,7 +231,8 @@ def route_generate(optimized: Any, model: torch.nn.Module, backend: SolforgeBack
             enter()
             try:
                 with keeper.owning(keep, CACHE_LENGTH_STEP if chosen else None), step_graphs(cuda_graphs):
-                    return model.generate(*args, **kwargs)
+                    # the class's: the model's own `generate` may be this one (installed in place)
+                    return type(model).generate(model, *args, **kwargs)
             finally:
                 leave()
         finally:
