@@ -70,12 +70,11 @@ def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
     """Fresh random inputs of the backward region (`rows` is ignored: its sizes are in its key)."""
     fwd = workload.param("fwd")
     p = plan_of(fwd)
-    bir = region(workload).ir
     pos = G.positive_inputs(store.load(fwd))
     device = torch.device(device or workload.device)
-    g, where = input_generator(sum(m.numel for m in bir.inputs), device, seed)
+    g, where = input_generator(sum(m.numel for m in p.input_metas), device, seed)
     xs = tuple(G._draw(m.shape, m.stride, m.dtype, src[0] == "saved" and src[1] in pos, g, where, device)
-               for m, src in zip(bir.inputs, p.inputs, strict=True))
+               for m, src in zip(p.input_metas, p.inputs, strict=True))
     return xs, {"key": workload.param("key"), "fwd": fwd}
 
 
@@ -100,16 +99,24 @@ def generated_bwd_ref(*inputs: torch.Tensor, key: str, fwd: str) -> tuple[torch.
                                                       dtype=ir.out_meta(ir.outputs[k]).dtype, device=dev)
           for k in wanted]
     ref = BW.fp64_vjp(ir, p.need_in, p.need_out, saved, gs)
-    bir = store.load(key)
-    outs: list[torch.Tensor | None] = [None] * len(bir.outputs)
-    for i, s in enumerate(p.grads):
-        if s is not None and s[0] == "out":
-            outs[s[1]] = ref[i]
-    assert all(o is not None for o in outs), "a backward kernel output is no input's gradient"
-    return tuple(o.to(bir.out_meta(r).dtype) for o, r in zip(outs, bir.outputs, strict=True))  # type: ignore[union-attr]
+    metas = BW.value_metas(p)
+    at = {s[1]: i for i, s in enumerate(p.grads) if s is not None and s[0] == "out"}
+    return tuple(ref[at[v]].to(metas[v].dtype) for v in p.results)  # type: ignore[union-attr]
 
 
 def generated_bwd(*inputs: torch.Tensor, key: str, fwd: str, config: SC.Schedule | None = None,
                   out: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
-    """The backward region's kernel under `config` (None: the heuristic)."""
-    return RT.run(store.lowered(key), config, inputs, out)
+    """Every kernel of the backward in order, the main one under `config` (None: the heuristic), the
+    others under their heuristic; the input gradients they compute (`out`: written there)."""
+    p = plan_of(fwd)
+    if p.key != key:
+        raise ValueError(f"solforge generated_bwd: {key[:16]}... is not the backward of {fwd[:16]}...")
+    if len(p.kernels) == 1:  # its outputs are the gradients: written straight into `out`
+        return RT.run(store.lowered(key), config, inputs, out)
+    vals = BW.run_kernels(p, inputs, lambda k, kk, xs: RT.run(store.lowered(kk), config if k == p.main else None, xs))
+    got = tuple(vals[v] for v in p.results)
+    if out is None:
+        return got
+    for o, g in zip(out, got, strict=True):
+        o.copy_(g)
+    return tuple(out)
