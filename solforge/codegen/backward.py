@@ -304,7 +304,39 @@ def several(graph: fx.Graph) -> list[Region] | str:
                 break
             if merged:
                 break
-    return _topological(groups, regions)
+    order_ = _topological(groups)
+    if isinstance(order_, str):
+        return order_
+    groups = [groups[k] for k in order_]
+    if _widen(groups):  # the regions again, with their fp32 intermediates
+        rebuilt = [_region(g) for g in groups]
+        bad = [r for r in rebuilt if isinstance(r, str)]
+        return bad[0] if bad else rebuilt  # type: ignore[return-value]
+    return [regions[k] for k in order_]
+
+
+_NARROW = (torch.bfloat16, torch.float16)
+
+
+def _widen(groups: list[list[fx.Node]]) -> int:
+    """Hold a bf16/fp16 value one region stores for another in fp32 (its node's value made fp32):
+    inside one kernel such a value is never rounded (the generator computes in fp32 and rounds at
+    explicit casts and stores only), so splitting the vjp must not add a rounding; a LayerNorm
+    weight's gradient sums dy * x_hat over all the rows. Returns how many values were widened."""
+    owner = {n: k for k, g in enumerate(groups) for n in g}
+    done = 0
+    for k, g in enumerate(groups):
+        for n in g:
+            v = n.meta.get("val")
+            if n.target is operator.getitem or not isinstance(v, torch.Tensor) or v.dtype not in _NARROW:
+                continue
+            if not any(owner.get(u, k) != k for u in n.users):
+                continue
+            mode = detect_fake_mode([v])
+            with mode if mode is not None else contextlib.nullcontext():
+                n.meta["val"] = torch.empty_strided(v.shape, v.stride(), dtype=torch.float32, device=v.device)
+            done += 1
+    return done
 
 
 def _reads(groups: list[list[fx.Node]], a: int) -> set[int]:
@@ -327,7 +359,8 @@ def _depends(groups: list[list[fx.Node]], a: int, b: int) -> bool:
     return False
 
 
-def _topological(groups: list[list[fx.Node]], regions: list[Region]) -> list[Region] | str:
+def _topological(groups: list[list[fx.Node]]) -> list[int] | str:
+    """The groups' indices in an order each runs after those it reads (the first ready one first)."""
     deps = [_reads(groups, k) for k in range(len(groups))]
     done: list[int] = []
     while len(done) < len(groups):
@@ -335,7 +368,7 @@ def _topological(groups: list[list[fx.Node]], regions: list[Region]) -> list[Reg
         if not ready:
             return "the vjp's regions read each other"
         done.append(ready[0])
-    return [regions[k] for k in done]
+    return done
 
 
 def _plan_of(base: BackwardPlan, gm: fx.GraphModule, got_for: list[int], n_in: int) -> BackwardPlan:
