@@ -159,28 +159,26 @@ def test_multi_kernel_backward_matches_fp64_autograd(case: str, dtype: torch.dty
 
 def test_multi_kernel_backward_verifies_as_a_workload() -> None:
     """The tuner's view: the backward workload of a norm with weight exists, its inputs are the
-    saved inputs and dy only (no intermediate), and the verifier passes it (every kernel together,
-    against fp64 autograd of the forward's ops, through out= too) under the heuristic and under
-    another schedule of its main kernel; a wrong gradient fails it."""
+    saved inputs and dy only (no intermediate), and the verifier, whose reference is fp64 autograd
+    of the forward's ops, catches a wrong gradient of the second kernel (that the right one passes
+    is test_training_layernorm_runs_the_multi_kernel_backward's: optimize verifies it)."""
     f, make = MULTI["layernorm"]
     ir = _decomposed(f, make(torch.float32))
     wl = G.workload_for(ir)
     bwl = G.backward_workload(wl)
     assert bwl is not None and bwl.family == "generated_bwd"
     p = GB.plan_of(wl.param("key"))
-    assert len(p.kernels) == 2 and bwl.param("key") == p.kernels[p.main].key
+    assert len(p.kernels) == 2 and bwl.param("key") == p.kernels[p.main].key and p.main == 0
     assert all(src != "out" for src, _ in p.inputs) and len(bwl.shapes) == len(p.inputs) == 3
-    other = next(c for c in GB.space(bwl) if c != GB.heuristic(bwl))
-    for config in (GB.heuristic(bwl), other):
-        v = verify(GB, bwl, lambda *a, config=config, **k: GB.generated_bwd(*a, config=config, **k), trials=1)
-        assert v.passed, (config, v)
+    assert GB.is_valid(GB.heuristic(bwl), bwl)
 
     def wrong(*a: Any, **k: Any) -> Any:
         got = GB.generated_bwd(*a, **k)
-        got[-1].mul_(1.01)  # the bias gradient, a second kernel's output
+        got[-1].mul_(1.01)  # the bias gradient, the second kernel's output
         return got
 
-    assert not verify(GB, bwl, wrong, trials=1).passed
+    v = verify(GB, bwl, wrong, trials=1)
+    assert not v.passed and v.max_abs_err < 1, v  # failed on the numbers, not by crashing
 
 
 def test_fallback_is_recorded_and_eager(monkeypatch: pytest.MonkeyPatch) -> None:

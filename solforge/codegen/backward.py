@@ -19,10 +19,10 @@ two loop spaces) the graph is formed into several regions by codegen.regions.for
 of one loop space that do not depend on each other merged (LayerNorm's weight and bias gradients,
 both sums over the rows, are one kernel), and each region is a kernel with its own key, run in
 topological order with its intermediates (LayerNorm's dy * x_hat, read by the weight gradient's
-sum) as plain tensors between them. A vjp holding an op no region takes (an anchor), or a value
-outside every region, gives a BackwardPlan with `error` saying why, and the op falls back to the
-eager vjp of the region's ops (kernels/generated.py). Failures are data: nothing here raises for a
-region the generator cannot take.
+sum) as plain tensors between them, a bf16/fp16 one held in fp32 (`_widen`). A vjp holding an op
+no region takes (an anchor), or a value outside every region, gives a BackwardPlan with `error`
+saying why, and the op falls back to the eager vjp of the region's ops (kernels/generated.py).
+Failures are data: nothing here raises for a region the generator cannot take.
 
 Tuning: one config per backward, a schedule of its `main` kernel (the one with the largest loop,
 the first of those: a norm's row-wise dx kernel); the others run their heuristic schedule. The
@@ -289,20 +289,18 @@ def several(graph: fx.Graph) -> list[Region] | str:
     groups = [list(fr.nodes) for fr in formed]
     regions: list[Region] = [(fr.lowered, list(fr.inputs), list(fr.outputs)) for fr in formed]
     merged = True
-    while merged:
+    while merged:  # merge one pair at a time until none merges
         merged = False
-        for a in range(len(groups)):
-            for b in range(a + 1, len(groups)):
-                if regions[a][0].space != regions[b][0].space or _depends(groups, a, b) or _depends(groups, b, a):
-                    continue
-                got = _region(sorted(groups[a] + groups[b], key=order.__getitem__))
-                if isinstance(got, str):
-                    continue
-                groups[a], regions[a] = sorted(groups[a] + groups[b], key=order.__getitem__), got
+        pairs = [(a, b) for a in range(len(groups)) for b in range(a + 1, len(groups))
+                 if regions[a][0].space == regions[b][0].space and not _depends(groups, a, b)
+                 and not _depends(groups, b, a)]
+        for a, b in pairs:
+            nodes = sorted(groups[a] + groups[b], key=order.__getitem__)
+            got = _region(nodes)
+            if not isinstance(got, str):
+                groups[a], regions[a] = nodes, got
                 del groups[b], regions[b]
                 merged = True
-                break
-            if merged:
                 break
     order_ = _topological(groups)
     if isinstance(order_, str):
@@ -330,7 +328,8 @@ def _widen(groups: list[list[fx.Node]]) -> int:
             v = n.meta.get("val")
             if n.target is operator.getitem or not isinstance(v, torch.Tensor) or v.dtype not in _NARROW:
                 continue
-            if not any(owner.get(u, k) != k for u in n.users):
+            # a gradient keeps its dtype; only a value read by another region alone is widened
+            if any(u.op == "output" for u in n.users) or not any(owner.get(u, k) != k for u in n.users):
                 continue
             mode = detect_fake_mode([v])
             with mode if mode is not None else contextlib.nullcontext():
@@ -395,12 +394,12 @@ def _plan_of(base: BackwardPlan, gm: fx.GraphModule, got_for: list[int], n_in: i
     n_out = 0
     for low, in_nodes, outs in regions:
         ins = []
-        for a in in_nodes:
+        for a, meta in zip(in_nodes, low.ir.inputs, strict=True):
             if a not in source:
                 return _fail(base, f"a backward region reads {a.name}, a value no earlier region stores")
             ins.append(source[a])
             if source[a][0] != "out":
-                ext.setdefault(source[a], low.ir.inputs[len(ins) - 1])
+                ext.setdefault(source[a], meta)
         for o in outs:
             source[o] = ("out", n_out)
             n_out += 1
