@@ -47,8 +47,8 @@ def _lce() -> Workload:
 
 def _generated() -> Workload:
     """A LayerNorm-like region written out (mean, var, normalize, a bias) over 45 columns, formed by
-    solforge's generator from a traced function. No weight: its gradient is a sum over the rows, a
-    second loop space, and the family's backward workload (generated_bwd) is of one-region vjps."""
+    solforge's generator from a traced function. A per-row bias, no weight: its backward is one
+    kernel (a weight's gradient, a sum over the rows, would make it two: test_codegen_backward.py)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from solforge.codegen.regions import form_regions

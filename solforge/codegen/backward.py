@@ -1,4 +1,4 @@
-"""The backward of a generated region, derived: its vjp traced to ATen and formed into one region.
+"""The backward of a generated region, derived: its vjp traced to ATen and formed into regions.
 
 For a forward region (ir.RegionIR) and which of its inputs need a gradient and which of its outputs
 receive one, `trace` runs the region's own ops (reference.replay) and torch.autograd.grad under
@@ -10,14 +10,25 @@ decomposed with torch's core ATen table where the generator has no lowering of i
 graph holds only ops the former knows. The forward's values the backward needs are recomputed
 inside it: saving the forward inputs is the schedule's default choice (recompute).
 
-`derive` forms that graph's regions with codegen.regions.form_regions. When every op of the vjp
-lands in exactly one region whose inputs are graph inputs and whose outputs are the gradients, the
-backward is that region: one generated kernel, its key stored by store.save (a gradient that is an
-input of the vjp unchanged, dy of a residual add, is passed through without a kernel). Anything
-else (several regions: a weight's gradient reduced over the rows while the input's is reduced over
-the columns; an anchor op) gives a BackwardPlan with `error` saying why, and the op falls back to
-the eager vjp of the region's ops (kernels/generated.py). Failures are data: nothing here raises
-for a region the generator cannot take.
+`derive` forms that graph's regions. When every op of the vjp is one region whose inputs are graph
+inputs and whose outputs are the gradients, the backward is that region: one generated kernel, its
+key stored by store.save (a gradient that is an input of the vjp unchanged, dy of a residual add, is
+passed through without a kernel). Otherwise (the common case in training: a norm's weight gradient
+sums over the rows while the input's is a row-wise computation, a bias next to a row reduction:
+two loop spaces) the graph is formed into several regions by codegen.regions.form_regions, regions
+of one loop space that do not depend on each other merged (LayerNorm's weight and bias gradients,
+both sums over the rows, are one kernel), and each region is a kernel with its own key, run in
+topological order with its intermediates (LayerNorm's dy * x_hat, read by the weight gradient's
+sum) as plain tensors between them, a bf16/fp16 one held in fp32 (`_widen`). A vjp holding an op
+no region takes (an anchor), or a value outside every region, gives a BackwardPlan with `error`
+saying why, and the op falls back to the eager vjp of the region's ops (kernels/generated.py).
+Failures are data: nothing here raises for a region the generator cannot take.
+
+Tuning: one config per backward, a schedule of its `main` kernel (the one with the largest loop,
+the first of those: a norm's row-wise dx kernel); the others run their heuristic schedule. The
+contract's Config and the database's configs stay one codegen.schedule.Schedule, and the main
+kernel carries most of the time; verification (kernels/generated_bwd.py) covers every kernel of the
+backward together against fp64 autograd of the forward region's ops.
 
 A plan depends only on (forward key, masks), so every process derives the same one; each is made
 once per process (`plan`).
@@ -27,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -45,9 +56,18 @@ from solforge.codegen import store
 from solforge.codegen.ir import RegionIR, TensorMeta
 from solforge.codegen.lower import LOWERINGS, Lowered, LowerError, prepare
 
-# where one input gradient comes from: ("out", j) output j of the backward kernel; ("saved", i)
-# forward input i or ("grad", j) output gradient j passed through unchanged; None: no gradient
+# where a value comes from: ("saved", i) forward input i; ("grad", j) the gradient of forward output j;
+# ("out", v) value v of the backward kernels' outputs, numbered over the kernels in order (kernel 0's
+# outputs first); None: no gradient
 Source = tuple[str, int] | None
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of a backward: its region's key and where each of its inputs comes from."""
+
+    key: str
+    inputs: tuple[tuple[str, int], ...]  # per region input: ("saved", i), ("grad", j) or ("out", v)
 
 
 @dataclass(frozen=True)
@@ -57,14 +77,22 @@ class BackwardPlan:
     fwd_key: str
     need_in: tuple[bool, ...]  # forward inputs that need a gradient
     need_out: tuple[bool, ...]  # forward outputs that receive one
-    key: str | None = None  # the backward region's key (None: no kernel, every gradient passed through)
-    inputs: tuple[tuple[str, int], ...] = ()  # per backward-region input: ("saved", i) or ("grad", j)
+    kernels: tuple[Kernel, ...] = ()  # in the order they run (none: every gradient passed through)
     grads: tuple[Source, ...] = ()  # per forward input
+    inputs: tuple[tuple[str, int], ...] = ()  # the backward's inputs from outside: ("saved", i) / ("grad", j)
+    input_metas: tuple[TensorMeta, ...] = ()  # their shapes, strides and dtypes as traced
+    results: tuple[int, ...] = ()  # the kernels' output values that are gradients (the tuned workload's outputs)
+    main: int = 0  # the kernel a tuned (BWD) schedule is for; the others run their heuristic
     error: str | None = None  # why there is no generated backward (the eager vjp runs)
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def key(self) -> str | None:
+        """The main kernel's key (the tuned workload's region); None: no kernel."""
+        return self.kernels[self.main].key if self.kernels else None
 
 
 def full_masks(ir: RegionIR) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
@@ -218,16 +246,8 @@ def _fail(base: BackwardPlan, why: str) -> BackwardPlan:
     return BackwardPlan(base.fwd_key, base.need_in, base.need_out, error=why)
 
 
-def whole(graph: fx.Graph) -> tuple[Lowered, list[fx.Node], list[fx.Node]] | str:
-    """Every op of `graph` as one region: (its lowering, input nodes in IR order, output nodes), or
-    why it cannot be one. Not the former's greedy growth, which may leave two regions of one loop
-    space apart (a vjp reading dy in two places: the first reader starts its own region before the
-    second joins another); the vjp should be one kernel or none."""
-    nodes = [n for n in graph.nodes if n.op == "call_function"]
-    anchors = sorted({f"{op_name(n.target)} ({why})" for n in nodes if n.target is not operator.getitem
-                      for why in (RG.anchor_reason(n),) if why is not None})
-    if anchors:
-        return f"the vjp holds ops no region takes: {', '.join(anchors)[:300]}"
+def _region(nodes: list[fx.Node]) -> tuple[Lowered, list[fx.Node], list[fx.Node]] | str:
+    """`nodes` (graph order) as one region: (its lowering, input nodes in IR order, output nodes), or why not."""
     outs = RG.outputs_of(nodes)
     try:
         ir, ins = IRM.build(nodes, outs)
@@ -237,36 +257,165 @@ def whole(graph: fx.Graph) -> tuple[Lowered, list[fx.Node], list[fx.Node]] | str
     return low, ins, outs
 
 
+def whole(graph: fx.Graph) -> tuple[Lowered, list[fx.Node], list[fx.Node]] | str:
+    """Every op of `graph` as one region: (its lowering, input nodes in IR order, output nodes), or
+    why it cannot be one. Tried before the former, whose greedy growth may leave two regions of one
+    loop space apart (a vjp reading dy in two places: the first reader starts its own region before
+    the second joins another)."""
+    nodes = [n for n in graph.nodes if n.op == "call_function"]
+    anchors = sorted({f"{op_name(n.target)} ({why})" for n in nodes if n.target is not operator.getitem
+                      for why in (RG.anchor_reason(n),) if why is not None})
+    if anchors:
+        return f"the vjp holds ops no region takes: {', '.join(anchors)[:300]}"
+    return _region(nodes)
+
+
+Region = tuple[Lowered, list[fx.Node], list[fx.Node]]
+
+
+def several(graph: fx.Graph) -> list[Region] | str:
+    """The vjp as several regions in an order they can run in (each reads graph inputs and earlier
+    regions' outputs), or why it cannot be: form_regions' regions, then any two of one loop space
+    that do not depend on each other merged (one launch, not two), then sorted topologically."""
+    try:
+        formed = RG.form_regions(graph)
+    except Exception as e:  # noqa: BLE001 - a former failure is a fallback, not a crash
+        return f"the former fails on the vjp: {type(e).__name__}: {str(e)[:200]}"
+    inside = {n for fr in formed for n in fr.nodes}
+    left = [n for n in graph.nodes if n.op == "call_function" and n not in inside]
+    if left:
+        return f"the vjp's ops {', '.join(sorted({op_name(n.target) for n in left}))[:300]} are in no region"
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    groups = [list(fr.nodes) for fr in formed]
+    regions: list[Region] = [(fr.lowered, list(fr.inputs), list(fr.outputs)) for fr in formed]
+    merged = True
+    while merged:  # merge one pair at a time until none merges
+        merged = False
+        pairs = [(a, b) for a in range(len(groups)) for b in range(a + 1, len(groups))
+                 if regions[a][0].space == regions[b][0].space and not _depends(groups, a, b)
+                 and not _depends(groups, b, a)]
+        for a, b in pairs:
+            nodes = sorted(groups[a] + groups[b], key=order.__getitem__)
+            got = _region(nodes)
+            if not isinstance(got, str):
+                groups[a], regions[a] = nodes, got
+                del groups[b], regions[b]
+                merged = True
+                break
+    order_ = _topological(groups)
+    if isinstance(order_, str):
+        return order_
+    groups = [groups[k] for k in order_]
+    if _widen(groups):  # the regions again, with their fp32 intermediates
+        rebuilt = [_region(g) for g in groups]
+        bad = [r for r in rebuilt if isinstance(r, str)]
+        return bad[0] if bad else rebuilt  # type: ignore[return-value]
+    return [regions[k] for k in order_]
+
+
+_NARROW = (torch.bfloat16, torch.float16)
+
+
+def _widen(groups: list[list[fx.Node]]) -> int:
+    """Hold a bf16/fp16 value one region stores for another in fp32 (its node's value made fp32):
+    inside one kernel such a value is never rounded (the generator computes in fp32 and rounds at
+    explicit casts and stores only), so splitting the vjp must not add a rounding; a LayerNorm
+    weight's gradient sums dy * x_hat over all the rows. Returns how many values were widened."""
+    owner = {n: k for k, g in enumerate(groups) for n in g}
+    done = 0
+    for k, g in enumerate(groups):
+        for n in g:
+            v = n.meta.get("val")
+            if n.target is operator.getitem or not isinstance(v, torch.Tensor) or v.dtype not in _NARROW:
+                continue
+            # a gradient keeps its dtype; only a value read by another region alone is widened
+            if any(u.op == "output" for u in n.users) or not any(owner.get(u, k) != k for u in n.users):
+                continue
+            mode = detect_fake_mode([v])
+            with mode if mode is not None else contextlib.nullcontext():
+                n.meta["val"] = torch.empty_strided(v.shape, v.stride(), dtype=torch.float32, device=v.device)
+            done += 1
+    return done
+
+
+def _reads(groups: list[list[fx.Node]], a: int) -> set[int]:
+    """The groups group `a` reads a value of."""
+    owner = {n: k for k, g in enumerate(groups) for n in g}
+    return {owner[x] for n in groups[a] for x in n.all_input_nodes if x in owner and owner[x] != a}
+
+
+def _depends(groups: list[list[fx.Node]], a: int, b: int) -> bool:
+    """Does group `a` read, directly or through other groups, a value of group `b`?"""
+    todo, seen = [a], set()
+    while todo:
+        k = todo.pop()
+        for r in _reads(groups, k):
+            if r == b:
+                return True
+            if r not in seen:
+                seen.add(r)
+                todo.append(r)
+    return False
+
+
+def _topological(groups: list[list[fx.Node]]) -> list[int] | str:
+    """The groups' indices in an order each runs after those it reads (the first ready one first)."""
+    deps = [_reads(groups, k) for k in range(len(groups))]
+    done: list[int] = []
+    while len(done) < len(groups):
+        ready = [k for k in range(len(groups)) if k not in done and deps[k] <= set(done)]
+        if not ready:
+            return "the vjp's regions read each other"
+        done.append(ready[0])
+    return done
+
+
 def _plan_of(base: BackwardPlan, gm: fx.GraphModule, got_for: list[int], n_in: int) -> BackwardPlan:
     graph = gm.graph
     placeholders = [p for p in graph.nodes if p.op == "placeholder"]
     wanted = [k for k, w in enumerate(base.need_out) if w]
-    source = {p: (("saved", i) if i < n_in else ("grad", wanted[i - n_in])) for i, p in enumerate(placeholders)}
+    source: dict[fx.Node, tuple[str, int]] = {
+        p: (("saved", i) if i < n_in else ("grad", wanted[i - n_in])) for i, p in enumerate(placeholders)}
     (out_node,) = [n for n in graph.nodes if n.op == "output"]
     results = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
-    grads: list[Source] = [None] * n_in
-    key: str | None = None
-    ins: tuple[tuple[str, int], ...] = ()
-    outs: list[fx.Node] = []
+    regions: list[Region] = []
     if any(n.op == "call_function" for n in graph.nodes):
         got = whole(graph)
+        if isinstance(got, str) and "no region takes" not in got:
+            many = several(graph)
+            got = many if not isinstance(many, str) else f"{got}; as several regions: {many}"
+        elif not isinstance(got, str):
+            got = [got]
         if isinstance(got, str):
-            return _fail(base, f"{got} (the former makes {_count(graph)} regions of it)")
-        low, in_nodes, outs = got
-        if any(o not in results for o in outs):
-            return _fail(base, "the vjp's region stores a value that is no gradient")
-        key = store.save(low.ir)
-        ins = tuple(source[a] for a in in_nodes)
+            return _fail(base, got)
+        regions = got
+    kernels: list[Kernel] = []
+    ext: dict[tuple[str, int], TensorMeta] = {}  # in order of first use: a single kernel's are its own
+    n_out = 0
+    for low, in_nodes, outs in regions:
+        ins = []
+        for a, meta in zip(in_nodes, low.ir.inputs, strict=True):
+            if a not in source:
+                return _fail(base, f"a backward region reads {a.name}, a value no earlier region stores")
+            ins.append(source[a])
+            if source[a][0] != "out":
+                ext.setdefault(source[a], meta)
+        for o in outs:
+            source[o] = ("out", n_out)
+            n_out += 1
+        kernels.append(Kernel(store.save(low.ir), tuple(ins)))
+    grads: list[Source] = [None] * n_in
     for i, r in zip(got_for, results, strict=True):
-        grads[i] = source[r] if r.op == "placeholder" else ("out", outs.index(r))
-    return BackwardPlan(base.fwd_key, base.need_in, base.need_out, key, ins, tuple(grads))
-
-
-def _count(graph: fx.Graph) -> int | str:
-    try:
-        return len(RG.form_regions(graph))
-    except Exception as e:  # noqa: BLE001 - only a count for the message
-        return f"? ({type(e).__name__})"
+        grads[i] = source.get(r)
+        if grads[i] is None:
+            return _fail(base, f"the gradient of input {i} is no region's output")
+    res = tuple(sorted({s[1] for s in grads if s is not None and s[0] == "out"}))
+    if len(kernels) == 1 and res != tuple(range(len(regions[0][2]))):
+        return _fail(base, "the vjp's region stores a value that is no gradient")
+    sizes = [regions[k][0].space.numel for k in range(len(regions))]
+    main = sizes.index(max(sizes)) if sizes else 0
+    return BackwardPlan(base.fwd_key, base.need_in, base.need_out, tuple(kernels), tuple(grads), tuple(ext),
+                        tuple(ext.values()), res, main)
 
 
 _PLANS: dict[tuple[str, tuple[bool, ...], tuple[bool, ...]], BackwardPlan] = {}
@@ -283,8 +432,28 @@ def plan(fwd_key: str, need_in: Sequence[bool], need_out: Sequence[bool]) -> Bac
 
 def backward_inputs(p: BackwardPlan, saved: Sequence[torch.Tensor],
                     grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
-    """The backward kernel's inputs, in its region's order, from the saved inputs and output grads."""
+    """The backward's inputs from outside (`p.inputs`: a single kernel's in its region's order), from
+    the saved inputs and output grads."""
     return [_pick(s, saved, grads) for s in p.inputs]
+
+
+def value_metas(p: BackwardPlan) -> list[TensorMeta]:
+    """The metas of the kernels' output values, numbered as ("out", v)."""
+    return [ir.out_meta(r) for k in p.kernels for ir in (store.load(k.key),) for r in ir.outputs]
+
+
+Launch = Callable[[int, str, list[torch.Tensor]], Sequence[torch.Tensor]]
+
+
+def run_kernels(p: BackwardPlan, inputs: Sequence[torch.Tensor], launch: Launch) -> list[torch.Tensor]:
+    """Every kernel of the plan in order on the backward's inputs (`backward_inputs`), through
+    `launch(index, key, its inputs) -> its outputs`; the values of all their outputs, in order
+    (what ("out", v) numbers). Intermediates are plain tensors, dropped with the list."""
+    ext = dict(zip(p.inputs, inputs, strict=True))
+    vals: list[torch.Tensor] = []
+    for k, kern in enumerate(p.kernels):
+        vals += launch(k, kern.key, [vals[s[1]] if s[0] == "out" else ext[s] for s in kern.inputs])
+    return vals
 
 
 def _pick(s: tuple[str, int], saved: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> torch.Tensor:
@@ -295,7 +464,8 @@ def _pick(s: tuple[str, int], saved: Sequence[torch.Tensor], grads: Sequence[tor
 
 def input_grads(p: BackwardPlan, outs: Sequence[torch.Tensor], saved: Sequence[torch.Tensor],
                 grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-    """One gradient per forward input (None where none), from the kernel's outputs and pass-throughs."""
+    """One gradient per forward input (None where none), from the kernels' outputs (`run_kernels`)
+    and pass-throughs."""
     return [None if s is None else outs[s[1]] if s[0] == "out" else _pick(s, saved, grads) for s in p.grads]
 
 

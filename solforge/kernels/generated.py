@@ -19,18 +19,20 @@ One torch.library op for every region, `solforge::generated(Tensor[] inputs, str
 its implementation runs the kernel of `key` under `config` ("" = the heuristic; in training
 "FWD|BWD").
 
-Its backward is derived (codegen/backward.py): the region's vjp traced to ATen and, when it forms
-one region, generated like any region, with its own key; the op's backward calls this same op with
-that key and the BWD schedule. The forward inputs are saved and the forward recomputed inside the
-backward kernel. `backward_workload` gives that region for the tuner's masks (every floating input
-needs a gradient, every floating output receives one) as a `generated_bwd` workload
-(kernels/generated_bwd.py), tuned and verified against fp64 autograd of the region's ops; with a
-BWD config the op's backward runs exactly that verified kernel, whatever this call needs (unneeded
-gradients dropped, zeros for an output gradient autograd did not give); with "" (the op called
-outside `optimize`) the heuristic kernel of this call's own masks. A region whose vjp is not one
-region (a weight's gradient reduced over the rows while the input's is reduced over the columns;
-an op no region takes) has no backward workload, and its backward is the vjp of the region's own
-ATen ops run again under torch.autograd from the saved inputs (eager: right for any region).
+Its backward is derived (codegen/backward.py): the region's vjp traced to ATen and generated like
+any region, as one kernel when it forms one region, else as several (a norm's weight gradient, a sum
+over the rows, after the row-wise input gradient: two loop spaces), each with its own key, run in
+order with their intermediates as plain tensors; the op's backward calls this same op once per
+kernel, the BWD schedule for the backward's main kernel and "" for the others. The forward inputs
+are saved and the forward recomputed inside the backward kernels. `backward_workload` gives the
+backward for the tuner's masks (every floating input needs a gradient, every floating output
+receives one) as a `generated_bwd` workload (kernels/generated_bwd.py), every kernel of it tuned
+(its main one) and verified together against fp64 autograd of the region's ops; with a BWD config
+the op's backward runs exactly that verified backward, whatever this call needs (unneeded gradients
+dropped, zeros for an output gradient autograd did not give); with "" (the op called outside
+`optimize`) the heuristic kernels of this call's own masks. A region whose vjp holds an op no region
+takes has no backward workload, and its backward is the vjp of the region's own ATen ops run again
+under torch.autograd from the saved inputs (eager: right for any region); the plan says why.
 """
 
 from __future__ import annotations
@@ -85,15 +87,15 @@ def heuristic(workload: Workload) -> SC.Schedule:
 
 def backward_workload(workload: Workload) -> Workload | None:
     """The generated_bwd workload of the region's backward for the tuner's masks (every floating
-    input needs a gradient, every floating output receives one); None when its vjp does not form
-    one region (the op's backward is then the eager vjp: nothing to tune)."""
+    input needs a gradient, every floating output receives one): its inputs are those the backward
+    reads from outside (saved inputs, output gradients), its key the main kernel's; None when the
+    vjp forms no set of regions (the op's backward is then the eager vjp: nothing to tune)."""
     fwd = workload.param("key")
     p = BW.plan(fwd, *BW.full_masks(store.load(fwd)))
     if not p.ok or p.key is None:
         return None
-    bir = store.load(p.key)
-    return Workload(family="generated_bwd", shapes=tuple(m.shape for m in bir.inputs),
-                    dtypes=tuple(dtype_name(m.dtype) for m in bir.inputs), params=(("key", p.key), ("fwd", fwd)),
+    return Workload(family="generated_bwd", shapes=tuple(m.shape for m in p.input_metas),
+                    dtypes=tuple(dtype_name(m.dtype) for m in p.input_metas), params=(("key", p.key), ("fwd", fwd)),
                     device=workload.device)
 
 
@@ -205,8 +207,8 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
 
 
 def _backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[Any, ...]:
-    """The generated backward kernel of the region (codegen/backward.py) when its vjp forms one
-    region; else the eager vjp of the region's own ATen ops, recomputed from the saved inputs.
+    """The generated backward kernels of the region (codegen/backward.py) when its vjp forms regions;
+    else the eager vjp of the region's own ATen ops, recomputed from the saved inputs.
     With a BWD config (tuned and verified as generated_bwd for the full masks) the full masks' kernel
     runs whatever this call needs, so the kernel that runs is the verified one; without one ("" =
     the heuristic), the kernel of this call's masks."""
@@ -222,7 +224,10 @@ def _backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[Any, ...]
     plan = BW.plan(ctx.key, need_in, need_out)
     if not plan.ok:
         return eager_vjp(ir, ins, grads), None, None
-    outs = generated_op(BW.backward_inputs(plan, ins, grads), plan.key, ctx.bwd_config) if plan.key else []
+    cfg = ctx.bwd_config
+    # each kernel through the op (a profile sees them); the BWD schedule is the main kernel's
+    outs = BW.run_kernels(plan, BW.backward_inputs(plan, ins, grads),
+                          lambda k, key, xs: generated_op(xs, key, cfg if k == plan.main else ""))
     dx = BW.input_grads(plan, outs, ins, grads)
     return [d if need else None for d, need in zip(dx, ctx.need, strict=True)], None, None
 

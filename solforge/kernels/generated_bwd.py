@@ -2,22 +2,26 @@
 
 The forward family's `backward_workload` (kernels/generated.py) derives the region's vjp for the
 tuner's masks (every floating input needs a gradient, every floating output receives one:
-backward.full_masks); when it forms one region, that region is this family's workload:
+backward.full_masks); when it forms one region or several, the backward is this family's workload:
 
-  Workload      family "generated_bwd", the backward region's input shapes and dtypes, params
-                (("key", backward key), ("fwd", forward key)): the backward region's inputs are
-                the saved forward inputs and the output gradients it reads, its outputs the input
-                gradients the kernel computes (pass-through gradients are not its outputs)
-  Config        codegen.schedule.Schedule, on the backward region (space / is_valid / heuristic)
-  make_inputs   the backward region's inputs, each laid out with its strides; saved forward
-                inputs drawn positive where the forward's are (generated.positive_inputs)
+  Workload      family "generated_bwd", the shapes and dtypes of the backward's inputs from outside
+                (the saved forward inputs and the output gradients it reads: BackwardPlan.inputs),
+                params (("key", the main kernel's key), ("fwd", forward key)); its outputs are the
+                input gradients the kernels compute (pass-through gradients are not; a multi-kernel
+                backward's intermediates stay inside the launcher)
+  Config        codegen.schedule.Schedule of the main kernel (space / is_valid / heuristic on its
+                region); a multi-kernel backward's other kernels run their heuristic schedule (one
+                schedule per config keeps the family contract and the database's configs as they are)
+  make_inputs   the backward's inputs, each laid out with its strides; saved forward inputs drawn
+                positive where the forward's are (generated.positive_inputs)
   generated_bwd_ref   eager autograd of the FORWARD region's ops in fp64 (backward.fp64_vjp), not
-                the traced vjp: a wrong trace, decomposition or expand rewrite shows up here
-  generated_bwd the launcher: the backward region's kernel under `config`
+                the traced vjp: a wrong trace, decomposition, expand rewrite or split shows up here
+  generated_bwd the launcher: every kernel of the backward in order, the main one under `config`
 
-The forward op's autograd backward runs the `solforge::generated` op with the backward key and the
-BWD part of its "FWD|BWD" config (integrate/__init__.py); with a BWD config it always runs the
-tuner's masks (the verified kernel), zeros standing for an output gradient autograd did not give.
+The forward op's autograd backward runs the `solforge::generated` op once per kernel, the main one
+with the BWD part of its "FWD|BWD" config (integrate/__init__.py); with a BWD config it always runs
+the tuner's masks (the verified backward), zeros standing for an output gradient autograd did not
+give.
 """
 
 from __future__ import annotations
@@ -67,20 +71,19 @@ def heuristic(workload: Workload) -> SC.Schedule:
 
 def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
                 device: str | torch.device | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Fresh random inputs of the backward region (`rows` is ignored: its sizes are in its key)."""
+    """Fresh random inputs of the backward (`rows` is ignored: its sizes are in its keys)."""
     fwd = workload.param("fwd")
     p = plan_of(fwd)
-    bir = region(workload).ir
     pos = G.positive_inputs(store.load(fwd))
     device = torch.device(device or workload.device)
-    g, where = input_generator(sum(m.numel for m in bir.inputs), device, seed)
+    g, where = input_generator(sum(m.numel for m in p.input_metas), device, seed)
     xs = tuple(G._draw(m.shape, m.stride, m.dtype, src[0] == "saved" and src[1] in pos, g, where, device)
-               for m, src in zip(bir.inputs, p.inputs, strict=True))
+               for m, src in zip(p.input_metas, p.inputs, strict=True))
     return xs, {"key": workload.param("key"), "fwd": fwd}
 
 
 def generated_bwd_ref(*inputs: torch.Tensor, key: str, fwd: str) -> tuple[torch.Tensor, ...]:
-    """The kernel's outputs (the input gradients it computes) by fp64 autograd of the forward region.
+    """The launcher's outputs (the input gradients the kernels compute) by fp64 autograd of the forward region.
     A forward input the backward does not read is ones (the gradients do not depend on it); an
     output gradient it does not read is zeros."""
     p = plan_of(fwd)
@@ -100,16 +103,24 @@ def generated_bwd_ref(*inputs: torch.Tensor, key: str, fwd: str) -> tuple[torch.
                                                       dtype=ir.out_meta(ir.outputs[k]).dtype, device=dev)
           for k in wanted]
     ref = BW.fp64_vjp(ir, p.need_in, p.need_out, saved, gs)
-    bir = store.load(key)
-    outs: list[torch.Tensor | None] = [None] * len(bir.outputs)
-    for i, s in enumerate(p.grads):
-        if s is not None and s[0] == "out":
-            outs[s[1]] = ref[i]
-    assert all(o is not None for o in outs), "a backward kernel output is no input's gradient"
-    return tuple(o.to(bir.out_meta(r).dtype) for o, r in zip(outs, bir.outputs, strict=True))  # type: ignore[union-attr]
+    metas = BW.value_metas(p)
+    at = {s[1]: i for i, s in enumerate(p.grads) if s is not None and s[0] == "out"}
+    return tuple(ref[at[v]].to(metas[v].dtype) for v in p.results)  # type: ignore[union-attr]
 
 
 def generated_bwd(*inputs: torch.Tensor, key: str, fwd: str, config: SC.Schedule | None = None,
                   out: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
-    """The backward region's kernel under `config` (None: the heuristic)."""
-    return RT.run(store.lowered(key), config, inputs, out)
+    """Every kernel of the backward in order, the main one under `config` (None: the heuristic), the
+    others under their heuristic; the input gradients they compute (`out`: written there)."""
+    p = plan_of(fwd)
+    if p.key != key:
+        raise ValueError(f"solforge generated_bwd: {key[:16]}... is not the backward of {fwd[:16]}...")
+    if len(p.kernels) == 1:  # its outputs are the gradients: written straight into `out`
+        return RT.run(store.lowered(key), config, inputs, out)
+    vals = BW.run_kernels(p, inputs, lambda k, kk, xs: RT.run(store.lowered(kk), config if k == p.main else None, xs))
+    got = tuple(vals[v] for v in p.results)
+    if out is None:
+        return got
+    for o, g in zip(out, got, strict=True):
+        o.copy_(g)
+    return tuple(out)
