@@ -92,13 +92,23 @@ def _float_args(data: dict) -> list[tuple[dict, int, float]]:
             for i, a in enumerate(n["args"].get("tuple", [])) if isinstance(a, float)]
 
 
+@pytest.fixture(scope="module")
+def first_entry(tiny, tmp_path_factory):
+    """One traced capture and its entry's name and bytes, which each damage below copies."""
+    directory = tmp_path_factory.mktemp("first-entry")
+    with torch.no_grad():
+        first = _capture(tiny.model, tiny.example_inputs, directory)
+    (entry,) = _entries(directory)
+    return first.graphs[0].aten.code, entry.name, entry.read_bytes()
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "other key", "bad op", "bad dtype", "bad node ref",
                                     "edited eps", "one byte"])
-def test_broken_entry_falls_back_to_tracing(tiny, tmp_path, damage, capsys):
+def test_broken_entry_falls_back_to_tracing(tiny, first_entry, tmp_path, damage, capsys):
+    first_code, name, raw = first_entry
+    entry = tmp_path / name
+    entry.write_bytes(raw)
     with torch.no_grad():
-        first = _capture(tiny.model, tiny.example_inputs, tmp_path)
-        (entry,) = _entries(tmp_path)
-        raw = entry.read_bytes()
         key = json.loads(raw.partition(b"\n")[0])["key"]
         data = lc.unpack(raw, key)
         head, _, payload = raw.partition(b"\n")
@@ -138,12 +148,12 @@ def test_broken_entry_falls_back_to_tracing(tiny, tmp_path, damage, capsys):
         assert any("checksum" in p for p in again.cache.problems)
         warned = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("solforge: warning:")]
         assert len(warned) == 1 and "checksum" in warned[0]
-    assert again.graphs[0].aten.code == first.graphs[0].aten.code
+    assert again.graphs[0].aten.code == first_code
     assert not again.errors
     # the entry was written again, and is good
     with torch.no_grad():
         third = _capture(tiny.model, tiny.example_inputs, tmp_path)
-    assert third.cache.hits == 1 and third.graphs[0].aten.code == first.graphs[0].aten.code
+    assert third.cache.hits == 1 and third.graphs[0].aten.code == first_code
 
 
 def test_other_inputs_or_grad_mode_are_other_keys(tiny, tmp_path):
