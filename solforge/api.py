@@ -428,6 +428,8 @@ def _add_alternatives(groups: list[_plan.WorkloadGroup], opts: Options, fams: Se
         return []
     if fams is not None and "generated" not in fams:
         return []
+    if not any(g.workload.family != "generated" for g in groups):
+        return []
     if opts.train:
         # a generated forward would run its own backward, which would have to be tuned and weighed
         # with it (forward + backward against the family's pair): not done yet
@@ -453,7 +455,8 @@ def _region_report(group: _plan.WorkloadGroup, res: TuneResult, keep: Collection
         errs = [r.error for r in res.records if r.error]
         note = "no candidate passed: " + (errs[0] if errs else "none measured")
     return RegionReport(
-        integrated=best is not None and (group.forward or group.workload) not in keep,
+        integrated=(best is not None or (pick is not None and pick.won))
+        and (group.forward or group.workload) not in keep,
         family=group.workload.family, workload=group.workload.key, count=group.count,
         baseline_us=res.baseline.p50_us if res.baseline.ok else None,
         best_us=best.time_us if best else None, speedup=res.speedup,
