@@ -434,7 +434,9 @@ def _add_alternatives(groups: list[_plan.WorkloadGroup], opts: Options, fams: Se
         # a generated forward would run its own backward, which would have to be tuned and weighed
         # with it (forward + backward against the family's pair): not done yet
         return ["generated alternatives of the families' regions are formed for inference only"]
-    groups += _plan.alternative_groups(groups)
+    from solforge.plan.alternatives import alternative_groups
+
+    groups += alternative_groups(groups)
     return []
 
 

@@ -16,6 +16,7 @@ from test_rope import Attention
 from solforge import capture, plan
 from solforge.integrate import integrate
 from solforge.integrate.select import generated_wins, kept_out, pick_alternatives, swaps, winner_configs
+from solforge.plan.alternatives import alternative_groups
 from solforge.records import RunResult, TuneResult
 from solforge.tune import tune
 from solforge.tune.baseline import region_baseline
@@ -35,7 +36,7 @@ class NormThenScale(nn.Module):
 def _planned(m: nn.Module, x: torch.Tensor) -> list[plan.WorkloadGroup]:
     with torch.no_grad():
         groups = plan.plan(capture.capture(m, (x,)).graphs)
-    return groups + plan.alternative_groups(groups)
+    return groups + alternative_groups(groups)
 
 
 def _timed(res: TuneResult, us: float) -> TuneResult:

@@ -88,13 +88,6 @@ def backward_groups(groups: Sequence[WorkloadGroup]) -> list[WorkloadGroup]:
     return list(out.values())
 
 
-def alternative_groups(groups: Sequence[WorkloadGroup]) -> list[WorkloadGroup]:
-    """The generated alternatives of the forward family groups (plan/alternatives.py)."""
-    from solforge.plan.alternatives import alternative_groups as _alternatives
-
-    return _alternatives(groups)
-
-
 def extract(match: Match) -> tuple[fx.GraphModule, list[Any]]:
     """The region as a standalone GraphModule (inputs: the match's tensor inputs) and the fake
     values of those inputs, so the original computation can be timed on the device."""
