@@ -137,3 +137,32 @@ def test_optimize_reports_both_kernels_of_a_family_region() -> None:
     assert report.e2e is not None and report.e2e.passed
     with torch.no_grad():
         torch.testing.assert_close(opt(x), m(x), atol=1e-5, rtol=1e-5)
+
+
+class _Confirming:
+    """A runner whose side-by-side times are given (the GPU's confirmation, stubbed)."""
+
+    def __init__(self, times: list[RunResult]) -> None:
+        self.times, self.asked = times, []
+
+    def confirm(self, cands):  # noqa: ANN001, ANN201
+        self.asked.append(list(cands))
+        return self.times
+
+
+def test_both_winners_are_timed_again_side_by_side(tuned) -> None:  # noqa: ANN001
+    from solforge.tune.stage import side_by_side
+
+    _m, _x, groups, results = tuned
+    fam = _timed(next(r for g, r in zip(groups, results, strict=True) if g.workload.family == "rmsnorm"), 10.0)
+    alt = _timed(next(r for g, r in zip(groups, results, strict=True) if g.alternative_of is not None), 9.0)
+    run = _Confirming([RunResult(7.0, 7.0, 7.0), RunResult(8.0, 8.0, 8.0)])
+    f2, a2 = side_by_side(fam, alt, run)  # type: ignore[arg-type]
+    assert [c.workload for c in run.asked[0]] == [fam.workload, alt.workload]
+    assert (f2.best.time_us, a2.best.time_us) == (7.0, 8.0)
+    assert dict(f2.best.provenance)["search_us"] == 10.0 and dict(a2.best.provenance)["search_us"] == 9.0
+    # the search had the alternative faster; side by side the family is: the family keeps the region
+    assert generated_wins(fam, alt, meaningful=True)[0] and not generated_wins(f2, a2, meaningful=True)[0]
+    # times that mean nothing (the interpreter's) are not confirmed
+    run = _Confirming([])
+    assert side_by_side(results[0], results[-1], run) == (results[0], results[-1]) and not run.asked  # type: ignore[arg-type]
