@@ -122,19 +122,23 @@ def test_a_family_region_the_generator_cannot_lower_says_why() -> None:
     assert rope.no_alternative is not None and "aten.cat" in rope.no_alternative
 
 
-def test_optimize_reports_both_kernels_of_a_family_region() -> None:
+def test_optimize_reports_both_kernels_of_a_family_region(tmp_path) -> None:  # noqa: ANN001
+    import json
+
     from solforge import optimize
 
     torch.manual_seed(1)
     m = NormThenScale(24).to(DEVICE)
     x = torch.randn(5, 7, 24, device=DEVICE)
-    opt, report = optimize(m, (x,), budget=1, max_candidates=1, db=False, profile="off")
+    opt, report = optimize(m, (x,), budget=1, max_candidates=1, db=False, profile="off", out_dir=tmp_path)
     row = next(r for r in report.regions if r.family == "rmsnorm")
     assert row.alternative is not None and row.alternative.startswith("generated")
     assert row.best_us is not None and row.alternative_us is not None  # both verified
     assert row.won == "rmsnorm" and "interpreter" in (row.alternative_note or "")  # CPU: the family's
     assert [r.family for r in report.regions].count("generated") == 1  # the x * 2.0 and the tail: one
     assert report.e2e is not None and report.e2e.passed
+    saved = next(r for r in json.loads((tmp_path / "report.json").read_text())["regions"] if r["family"] == "rmsnorm")
+    assert (saved["won"], saved["best_us"], saved["alternative_us"]) == (row.won, row.best_us, row.alternative_us)
     with torch.no_grad():
         torch.testing.assert_close(opt(x), m(x), atol=1e-5, rtol=1e-5)
 
