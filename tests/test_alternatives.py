@@ -170,3 +170,33 @@ def test_both_winners_are_timed_again_side_by_side(tuned) -> None:  # noqa: ANN0
     # times that mean nothing (the interpreter's) are not confirmed
     run = _Confirming([])
     assert side_by_side(results[0], results[-1], run) == (results[0], results[-1]) and not run.asked  # type: ignore[arg-type]
+
+
+def test_every_swappable_family_region_of_a_decoder_runs_as_its_alternative() -> None:
+    """Qwen3-tiny with each family region that lowers (add_rmsnorm's two outputs, rmsnorm, swiglu,
+    softmax; not rope: its cat has no lowering) swapped for its generated alternative, heuristic
+    schedules: the logits match eager's."""
+    from test_arch_matching import _ids, _model
+
+    m = _model("qwen3")
+    with torch.no_grad():
+        groups = plan.plan(capture.capture(m, (_ids(0),)).graphs)
+    alts = alternative_groups(groups)
+    assert {g.workload.family for g in groups if any(a.alternative_of == g.workload for a in alts)} == \
+        {"add_rmsnorm", "rmsnorm", "swiglu", "softmax"}
+    swapped = {a.alternative_of: (a.workload, "") for a in alts}
+    own = {g.workload: "" for g in groups if g.workload.family != "generated"}  # the families' heuristics
+    with torch.no_grad():
+        opt, stats = integrate(m, own, swaps=swapped)
+        ids = _ids(3)
+        a, b = opt(ids).logits, m(ids).logits
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    # the regions whose alternative is the tuned one (the example's) ran as the generated op; one
+    # whose alternative is another workload kept the family's kernel: the final add_rmsnorm, whose
+    # sum nothing else reads (the family's op returns it anyway, the generated region does not)
+    counts = {g.workload: g.count for g in groups}
+    for alt in alts:
+        f = alt.alternative_of
+        got, kept = stats.replaced.get(alt.workload.key, 0), stats.replaced.get(f.key, 0)
+        assert got >= 1 and got + kept == counts[f], (f.family, got, kept)
+        assert kept == (1 if f.family == "add_rmsnorm" else 0), f.family
