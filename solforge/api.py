@@ -24,7 +24,15 @@ from solforge.capture.backend import static_shapes
 from solforge.capture.stage import capture_model, capture_notes, lowering_cache
 from solforge.errors import UserError
 from solforge.integrate import IntegrationStats, Integrator, config_text, integrate, integrate_captured
-from solforge.integrate.select import integration_notes, kept_out, not_faster, winner_configs
+from solforge.integrate.select import (
+    Pick,
+    integration_notes,
+    kept_out,
+    not_faster,
+    pick_alternatives,
+    swaps,
+    winner_configs,
+)
 from solforge.kernels import registry
 from solforge.numerics import dtype_name
 from solforge.options import MODES, Options, check_families, check_interpreter, check_seconds  # noqa: F401  (check_seconds: the CLI's)
@@ -240,6 +248,7 @@ def optimize(
     if not groups:
         names = ", ".join(registry.forward_names())
         notes.append(f"nothing to optimize: no region of a known kernel family ({names}) was found")
+    notes += _add_alternatives(groups, opts, fams)
     if opts.train:  # the fused ops' backward kernels are tuned too, as workloads of family <family>_bwd
         groups += _plan.backward_groups(groups)
 
@@ -257,7 +266,7 @@ def optimize(
             # tune where the end-to-end time is: the largest Amdahl saving first (the budget may run out);
             # the profile is of the forward, so a backward group ranks with its forward, right after it
             saving = _ranking(prof)
-            groups.sort(key=lambda g: -saving((g.forward or g.workload).key))
+            groups.sort(key=lambda g: -saving((g.forward or g.alternative_of or g.workload).key))
         elif opts.profile == "auto" and groups:
             notes.append("profile skipped: every kernel came from the kernel database (--profile on to profile anyway)")
         tuned = tune_groups(groups, device=device, opts=opts, kdb=kdb, cached=cached, run_id=run_id, reporter=rep)
@@ -267,36 +276,45 @@ def optimize(
     notes += tuned.notes
     if kdb is not None:  # a corrupt or read-only file: the run went on, the report says how
         notes += [f"kernel database: {p}" for p in kdb.problems]
-    results = tuned.results
+    meaningful = device == "cuda"
+    # the generated alternatives leave the groups here: each family workload keeps its kernel or
+    # takes its alternative's (integrate/select.py); `judged` holds the result of the one chosen
+    every_result = tuned.results
+    groups, results, judged, picks = pick_alternatives(groups, tuned.results, meaningful=meaningful)
 
-    keep, kept_notes = kept_out(groups, results, meaningful=device == "cuda")
+    keep, kept_notes = kept_out(groups, judged, meaningful=meaningful)
     notes += kept_notes
-    winners = winner_configs(results, keep)
+    swapped = swaps(picks, every_result, keep)
+    # a family's own kernel still serves the regions whose alternative forms another workload,
+    # unless it is slower than the region as the model ran it
+    own_slower = not_faster([r for r in results if r.workload in swapped], meaningful=meaningful)
+    winners = winner_configs(results, keep | own_slower)
     prof_after: Profile | None = None
     choice = Choice(model, ORIGINAL, "no region of a known kernel family was found" if not groups else
                     "no region got a kernel that is verified and (on the GPU) faster than the region", None)
-    if winners:
-        rep.stage("integrate", f"{len(winners)} kernel(s)")
+    if winners or swapped:
+        rep.stage("integrate", f"{len(set(winners) | set(swapped))} kernel(s)")
         # the capture's own compiled model, rewritten in place: no second trace
         # a shape the model is called with later is compiled then: the database's winner for it, if any
         db_path = kdb.path if kdb is not None else None
         optimized, stats = integrate_captured(captured, winners, families=fams, train=opts.train, keep=keep,
-                                              db=db_path, cuda_graphs=opts.cuda_graphs)
+                                              db=db_path, cuda_graphs=opts.cuda_graphs, swaps=swapped)
         rep.stage("validate", "original vs optimized on fresh inputs")
         choice, stats = _deliver(model, example_inputs, (optimized, stats), opts, winners=winners, keep=keep,
-                                 groups=groups, results=results, device=device, dtype=dtype, db_path=db_path,
-                                 cache=cache, reporter=rep)
+                                 groups=groups, results=judged, device=device, dtype=dtype, db_path=db_path,
+                                 cache=cache, reporter=rep, swaps=swapped)
         drawn = random_ops(g.aten for g in captured.graphs)
         if drawn:
             notes.append(f"the model draws random numbers ({', '.join(drawn)}): the end-to-end check started "
                          "both models from the same seed")
-        notes += integration_notes(stats, groups, {w: c for w, c in winners.items() if w not in choice.dropped})
+        used = {**winners, **{f: c for f, (_, c) in swapped.items()}}
+        notes += integration_notes(stats, groups, {w: c for w, c in used.items() if w not in choice.dropped})
         if prof is not None and choice.returned != ORIGINAL:
             rep.stage("profile", "the optimized model, the same way")
             prof_after = _profile_stage(
                 model, example_inputs, device=device, name=name, families=fams,
                 rewrite=Integrator(dict(winners), fams, train=opts.train, keep=frozenset(keep | choice.dropped),
-                                   db=db_path),
+                                   db=db_path, swaps=swapped),
                 trace=opts.out_dir / TRACE_OPTIMIZED if opts.out_dir is not None else None, lowering_cache=cache)
     notes.append(f"{RETURNED[choice.returned]}: {choice.why}")
 
@@ -304,7 +322,8 @@ def optimize(
     report = Report(
         model=name, device=_device_name(device), dtype=dtype_name(dtype), mode=opts.mode,
         versions=versions(device), settings=settings.current().as_dict(),
-        regions=tuple(_region_report(g, r, keep | choice.dropped) for g, r in zip(groups, results, strict=True)),
+        regions=tuple(_region_report(g, r, keep | choice.dropped, picks.get(g.workload))
+                      for g, r in zip(groups, results, strict=True)),
         e2e=choice.e2e, timings_meaningful=device == "cuda", notes=tuple(notes),
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), command=opts.command or " ".join(sys.argv),
         graphs=len(captured.graphs), profile=prof, profile_after=prof_after,
@@ -325,7 +344,8 @@ RETURNED = {OPTIMIZED: "returned the optimized model", SUBSET: "returned the opt
 def _deliver(model: torch.nn.Module, example_inputs: tuple[Any, ...], full: tuple[Any, IntegrationStats],
              opts: Options, *, winners: dict[Workload, str], keep: set[Any], groups: list[_plan.WorkloadGroup],
              results: list[TuneResult], device: str, dtype: torch.dtype, db_path: Path | None,
-             cache: _capture.LoweringCache | None, reporter: Timed) -> tuple[Choice, IntegrationStats]:
+             cache: _capture.LoweringCache | None, reporter: Timed,
+             swaps: dict[Workload, tuple[Workload, str]]) -> tuple[Choice, IntegrationStats]:
     """The validate stage and the guarantee (validate/guarantee.py): the full model checked, subsets
     integrated again and checked where it is not acceptable, the choice made; every model not
     returned has its CUDA graphs released. Returns the choice and the returned model's stats (the
@@ -349,7 +369,8 @@ def _deliver(model: torch.nn.Module, example_inputs: tuple[Any, ...], full: tupl
         for stats in stats_of.values():  # the models tried before are not returned: their graphs' memory goes
             release(stats)
         optimized, stats = integrate(model, winners, families=check_families(opts.families), train=opts.train,
-                                     keep=keep | dropped, db=db_path, cuda_graphs=opts.cuda_graphs, cache=cache)
+                                     keep=keep | dropped, db=db_path, cuda_graphs=opts.cuda_graphs, cache=cache,
+                                     swaps=swaps)
         stats_of[id(optimized)] = stats
         try:  # compiled for the example inputs as the capture was: static graphs
             with static_shapes(), torch.set_grad_enabled(opts.train):
@@ -358,7 +379,7 @@ def _deliver(model: torch.nn.Module, example_inputs: tuple[Any, ...], full: tupl
             return optimized, failed_run(e)
         return optimized, check(optimized)
 
-    integrated = {g.workload for g in groups if g.forward is None and g.workload in winners}
+    integrated = {g.workload for g in groups if g.forward is None and (g.workload in winners or g.workload in swaps)}
     graphed = "" if opts.train else "; solforge.runtime.graphed replays a forward from a CUDA graph"
     choice = choose(model, (full[0], check(full[0])), retry, gains(groups, results, integrated),
                     meaningful=device == "cuda", keep_slower=opts.keep_slower,
@@ -448,9 +469,31 @@ def _device_name(device: str) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, Triton interpreter)"
 
 
-def _region_report(group: _plan.WorkloadGroup, res: TuneResult, keep: Collection[Any]) -> RegionReport:
+def _add_alternatives(groups: list[_plan.WorkloadGroup], opts: Options, fams: Sequence[str] | None) -> list[str]:
+    """Append each forward family group's generated alternative (plan/alternatives.py), tuned as a
+    competitor of the family's kernel (SOLFORGE_GENERATED_ALTERNATIVES); notes on what was not."""
+    if not settings.current().generated_alternatives or not groups:
+        return []
+    if fams is not None and "generated" not in fams:
+        return []
+    if not any(g.workload.family != "generated" for g in groups):
+        return []
+    if opts.train:
+        # a generated forward would run its own backward, which would have to be tuned and weighed
+        # with it (forward + backward against the family's pair): not done yet
+        return ["generated alternatives of the families' regions are formed for inference only"]
+    from solforge.plan.alternatives import alternative_groups
+
+    groups += alternative_groups(groups)
+    return []
+
+
+def _region_report(group: _plan.WorkloadGroup, res: TuneResult, keep: Collection[Any],
+                   pick: Pick | None = None) -> RegionReport:
     """The report row of one workload; `keep`: the forward workloads left as the model ran them
-    (kept_out). A backward kernel is integrated with its forward op, faster than eager's or not."""
+    (kept_out). A backward kernel is integrated with its forward op, faster than eager's or not.
+    `pick`: the choice between the family's kernel and its generated alternative (the row's other
+    fields are the family's)."""
     best = res.best
     rejected = sum(1 for r in res.records if not r.ok)
     built = sum(1 for r in res.records if r.build.ok)
@@ -462,7 +505,8 @@ def _region_report(group: _plan.WorkloadGroup, res: TuneResult, keep: Collection
         errs = [r.error for r in res.records if r.error]
         note = "no candidate passed: " + (errs[0] if errs else "none measured")
     return RegionReport(
-        integrated=best is not None and (group.forward or group.workload) not in keep,
+        integrated=(best is not None or (pick is not None and pick.won))
+        and (group.forward or group.workload) not in keep,
         family=group.workload.family, workload=group.workload.key, count=group.count,
         baseline_us=res.baseline.p50_us if res.baseline.ok else None,
         best_us=best.time_us if best else None, speedup=res.speedup,
@@ -474,4 +518,8 @@ def _region_report(group: _plan.WorkloadGroup, res: TuneResult, keep: Collection
         modules=tuple(dict.fromkeys(r.module for r in group.regions if r.module))[:8],
         source=res.source, built=built, timed=timed, known=res.known,
         strategy=dict(best.provenance).get("strategy") if best else None,
+        won=None if pick is None else (pick.generated.family if pick.won else group.workload.family),
+        alternative=None if pick is None else pick.generated.key,
+        alternative_us=None if pick is None else pick.generated_us,
+        alternative_note=group.no_alternative if pick is None else pick.why,
     )

@@ -175,6 +175,13 @@ class RegionReport:
     known: int = 0  # earlier measurements from the database used instead of measuring again
     strategy: str | None = None  # the search that found the winner (exhaustive, evolutionary)
     integrated: bool = True  # False: no verified kernel, or (GPU) none faster than the original region
+    # a family region's generated alternative (plan/alternatives.py): which kernel won ("generated"
+    # or the family; None: no alternative competed), its workload, its verified time (best_us is
+    # the family's) and why it won or lost, or why the region has none
+    won: str | None = None
+    alternative: str | None = None
+    alternative_us: float | None = None
+    alternative_note: str | None = None
 
 
 @dataclass(frozen=True)

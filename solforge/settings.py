@@ -32,6 +32,8 @@ Paths: the empty string is the default.
 | SOLFORGE_TRAIN_MEMORY_RULE | 1      | no      | import    | runtime/traingraphs.py: a training capture that raises a |
 |                           |         |         |           | step's peak reserved memory by over 10% is dropped; 0:   |
 |                           |         |         |           | kept whatever memory it adds                             |
+| SOLFORGE_GENERATED_ALTERNATIVES | 1 | no    | use       | plan/alternatives.py: a family's region is also tuned as |
+|                           |         |         |           | a generated region; the faster verified one is used      |
 | SOLFORGE_LOWERING_CACHE   | 1       | no      | use       | the ATen lowering cache (`lowered/` beside the database) |
 | SOLFORGE_DB               | unset   | no      | use       | the kernel database file (~/.cache/solforge/kernels.db)  |
 | SOLFORGE_CEILINGS_DIR     | unset   | no      | use       | the device ceilings' cache (~/.cache/solforge/ceilings)  |
@@ -102,6 +104,10 @@ class Settings:
     train_memory_rule: bool = _switch("SOLFORGE_TRAIN_MEMORY_RULE", True,
                                       "training replays dropped where they raise a step's peak reserved memory "
                                       "by more than 10%")
+    # Which candidates compete, not how a kernel is built: each is keyed by its own workload.
+    generated_alternatives: bool = _switch("SOLFORGE_GENERATED_ALTERNATIVES", True,
+                                           "a family's region is also generated and tuned; the faster "
+                                           "verified kernel is integrated")
     lowering_cache: bool = _switch("SOLFORGE_LOWERING_CACHE", True, "the ATen lowering cache beside the database")
     db: Path | None = _switch("SOLFORGE_DB", None, "the kernel database file (None: ~/.cache/solforge/kernels.db)")
     ceilings_dir: Path | None = _switch("SOLFORGE_CEILINGS_DIR", None,

@@ -65,6 +65,9 @@ from solforge.runtime.generation import route_generate
 from solforge.runtime.inplace import SolforgeCall, installed
 from solforge.runtime.shapes import binding, symbolic
 
+# family workload -> (its generated alternative's workload, that kernel's config): integrate/select.py
+Swaps = Mapping[Workload, tuple[Workload, str]]
+
 
 @dataclass
 class IntegrationStats:
@@ -123,6 +126,10 @@ class Integrator:
     keep: frozenset[Workload] = frozenset()
     stats: IntegrationStats = field(default_factory=IntegrationStats)
     db: Path | None = None
+    # family workload -> (its generated alternative's workload, config): the regions whose
+    # alternative won (integrate/select.py); a region whose alternative forms another workload
+    # than the one tuned keeps the family's kernel
+    swaps: Swaps = field(default_factory=dict)
     # database answers, one lookup per workload: (config, faster than every stored region time)
     _looked_up: dict[Workload, tuple[str, bool] | None] = field(default_factory=dict, repr=False)
 
@@ -135,7 +142,9 @@ class Integrator:
         else:
             self.stats.graphs += 1
         chosen, configs = [], []
-        for m in find_matches(gm.graph, self.families):
+        matches = find_matches(gm.graph, self.families)
+        alts = self._alternatives(gm.graph, matches) if self.swaps and not per_size else {}
+        for m in matches:
             if not per_size and any(symbolic(a.meta.get("val")) for a in m.args if isinstance(a, fx.Node)):
                 # sizes that vary from call to call: "" is the family's heuristic for each call's
                 # sizes (a tuned config is for one size; the kernels check a config's fit per size).
@@ -149,6 +158,15 @@ class Integrator:
                 continue
             if m.workload in self.keep:
                 continue
+            if m.workload in self.swaps:
+                alt = alts.get(id(m))
+                if alt is not None:
+                    self.stats.replaced[alt.workload.key] = self.stats.replaced.get(alt.workload.key, 0) + 1
+                    chosen.append(alt)
+                    configs.append(self.swaps[m.workload][1])
+                    continue
+                if m.workload not in self.winners:  # no verified kernel of the family's own
+                    continue
             config = self.winners.get(m.workload)
             bucket = self.stats.replaced
             stored = self._stored(m.workload) if config is None else None
@@ -181,6 +199,18 @@ class Integrator:
         # last: the kernels' ops called without torch.library's dispatch when nothing traces them
         self.stats.direct += direct_calls(gm)
         return gm
+
+    def _alternatives(self, graph: fx.Graph, matches: list[Any]) -> dict[int, Any]:
+        """The generated alternatives of the matches whose family workload's alternative won, by
+        id(match), where they form the tuned workload (plan/alternatives.py)."""
+        from solforge.plan.alternatives import alternatives
+
+        todo = [m for m in matches if m.workload in self.swaps and m.workload not in self.keep]
+        out = {}
+        for m, alt in zip(todo, alternatives(graph, todo), strict=True):
+            if not isinstance(alt, str) and alt.workload == self.swaps[m.workload][0]:
+                out[id(m)] = alt
+        return out
 
     @functools.cached_property
     def _kept_kinds(self) -> frozenset[tuple[Any, ...]]:
@@ -224,14 +254,15 @@ class Integrator:
 def integrate(model: torch.nn.Module, winners: Mapping[Workload, str], *, families: tuple[str, ...] | None = None,
               train: bool = False, keep: Collection[Workload] = (),
               db: str | Path | None = None, cuda_graphs: bool = True,
-              cache: LoweringCache | None = None) -> tuple[Callable[..., Any], IntegrationStats]:
+              cache: LoweringCache | None = None,
+              swaps: Swaps | None = None) -> tuple[Callable[..., Any], IntegrationStats]:
     """The optimized model (called like `model`) and the live stats of what it replaced.
     `cuda_graphs`: the optimized model replays launch-bound calls from CUDA graphs: calls made
     without autograd recording (its `generate`'s decode steps, a small model's forward under
     no_grad; stepgraphs.py), and a small model's training calls, forward and backward
     (traingraphs.py). `cache`: the ATen lowering cache its graphs are lowered through."""
     integrator = Integrator(dict(winners), families, train=train, keep=frozenset(keep),
-                            db=Path(db) if db is not None else None)
+                            db=Path(db) if db is not None else None, swaps=dict(swaps or {}))
     backend = SolforgeBackend(rewrite=integrator, auto_replay=cuda_graphs, cache=cache)
     integrator.stats.step_graphs = backend.step_graphs
     optimized = compile_with(model, backend)
@@ -250,7 +281,8 @@ def integrate_captured(captured: SolforgeBackend, winners: Mapping[Workload, str
                        families: tuple[str, ...] | None = None, train: bool = False,
                        keep: Collection[Workload] = (),
                        db: str | Path | None = None,
-                       cuda_graphs: bool = True) -> tuple[SolforgeCall, IntegrationStats]:
+                       cuda_graphs: bool = True,
+                       swaps: Swaps | None = None) -> tuple[SolforgeCall, IntegrationStats]:
     """The optimized call from the capture's own compiled call, without tracing it again: its
     ATen graphs are rewritten in place (dynamo calls the same GraphModules), and the backend is
     armed so any graph dynamo compiles later (a new shape, the other grad mode) is rewritten too.
@@ -259,7 +291,7 @@ def integrate_captured(captured: SolforgeBackend, winners: Mapping[Workload, str
     validated the call against the model as it was)."""
     assert captured.compiled is not None, "integrate_captured needs capture()'s backend"
     integrator = Integrator(dict(winners), families, train=train, keep=frozenset(keep),
-                            db=Path(db) if db is not None else None)
+                            db=Path(db) if db is not None else None, swaps=dict(swaps or {}))
     for g in captured.graphs:
         integrator(g.aten, g.index)
     captured.rewrite = integrator

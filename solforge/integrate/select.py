@@ -3,7 +3,9 @@ the winners' config strings, and the notes on what the integration did."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from solforge import plan as _plan
@@ -78,3 +80,80 @@ def integration_notes(stats: IntegrationStats, groups: Sequence[_plan.WorkloadGr
                      "to an existing .grad only in the rows of the tokens present, with eager's values "
                      "(SOLFORGE_EMBEDDING=0 turns this off)")
     return notes
+
+
+# ----------------------------------------------------------------------------------------------
+# Generated alternatives (plan/alternatives.py): per family region, its kernel or the generator's
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The choice between a family's kernel and its region's generated alternative: `won` says the
+    generated kernel is integrated; `why` in words; both winners' times (None: no verified one)."""
+
+    family: Workload
+    generated: Workload
+    won: bool
+    why: str
+    family_us: float | None
+    generated_us: float | None
+
+
+def _time(r: TuneResult) -> float | None:
+    return r.best.time_us if r.best is not None and r.best.ok else None
+
+
+def generated_wins(family: TuneResult, alternative: TuneResult, *, meaningful: bool) -> tuple[bool, str]:
+    """The selection rule: the generated kernel wins only when it verified and, where times mean
+    something, was measured faster than the family's verified kernel (a tie goes to the family);
+    or when the family has no verified kernel at all. Off the GPU the interpreter's times rank
+    nothing: the family keeps its region."""
+    g, f = _time(alternative), _time(family)
+    if g is None:
+        return False, "the generated alternative has no verified kernel"
+    if f is None:
+        return True, "the family has no verified kernel; the generated one verified"
+    assert family.best is not None and alternative.best is not None
+    timed = all(r.best is not None and r.best.run is not None and r.best.run.meaningful for r in (family, alternative))
+    if not (meaningful and timed):
+        return False, "both verified; times mean nothing here (interpreter): the family's kernel is kept"
+    if g < f:
+        return True, f"generated {g:,.1f} µs < {family.workload.family} {f:,.1f} µs"
+    return False, f"{family.workload.family} {f:,.1f} µs <= generated {g:,.1f} µs"
+
+
+def pick_alternatives(groups: Sequence[_plan.WorkloadGroup], results: Sequence[TuneResult], *,
+                      meaningful: bool) -> tuple[list[_plan.WorkloadGroup], list[TuneResult], list[TuneResult],
+                                                 dict[Workload, Pick]]:
+    """Split the alternative groups out of the tune's groups and pick per family workload
+    (`generated_wins`). Returns the other groups, their results as tuned, their results as judged
+    (a family workload whose alternative won carries the alternative's result, re-keyed to the
+    family workload, so kept_out and the guarantee judge the kernel that runs), and the picks."""
+    by_wl = {g.workload: r for g, r in zip(groups, results, strict=True) if g.alternative_of is None}
+    picks: dict[Workload, Pick] = {}
+    won: dict[Workload, TuneResult] = {}
+    for g, r in zip(groups, results, strict=True):
+        if g.alternative_of is None or g.alternative_of not in by_wl:
+            continue
+        fam = by_wl[g.alternative_of]
+        wins, why = generated_wins(fam, r, meaningful=meaningful)
+        picks[g.alternative_of] = Pick(g.alternative_of, g.workload, wins, why, _time(fam), _time(r))
+        if wins:
+            won[g.alternative_of] = dataclasses.replace(r, workload=g.alternative_of)
+    rest = [(g, r) for g, r in zip(groups, results, strict=True) if g.alternative_of is None]
+    tuned = [r for _, r in rest]
+    judged = [won.get(r.workload, r) for r in tuned]
+    return [g for g, _ in rest], tuned, judged, picks
+
+
+def swaps(picks: dict[Workload, Pick], results: Sequence[TuneResult],
+          keep: set[Any]) -> dict[Workload, tuple[Workload, str]]:
+    """Per family workload whose generated alternative won (and that is not kept out): the
+    alternative's workload and config string, for the Integrator."""
+    by_wl = {r.workload: r for r in results}
+    out = {}
+    for f, p in picks.items():
+        r = by_wl.get(p.generated)
+        if p.won and f not in keep and r is not None and r.best is not None:
+            out[f] = (p.generated, config_text(r.best))
+    return out

@@ -5,7 +5,8 @@ Unlike the hand-written families, one module serves every region: the region tra
 region in any process). Everything else is the family contract:
 
   Config        codegen.schedule.Schedule (its text form: "rows:b=64:r=4:w=2:c=1")
-  space / is_valid / heuristic   codegen/schedule.py's, on the workload's region
+  space / is_valid / heuristic   codegen/schedule.py's, on the workload's region (the space ordered
+                as a spread: tune/order.py)
   make_inputs   random inputs with the region's input shapes, dtypes AND strides
   generated_ref the region's own ATen ops in fp64 (codegen/reference.py), cast to the output dtypes
   generated     the launcher: generated(*inputs, key=..., config=None, out=None) -> tuple of outputs
@@ -73,8 +74,15 @@ def workload_for(ir: RegionIR) -> Workload:
                     device=ir.device)
 
 
+# the space is large (250-340 schedules at GPU shapes): it comes as a spread (tune/order.py), which the
+# search's first candidates follow (registry.space_spread)
+SPACE_SPREAD = True
+
+
 def space(workload: Workload) -> list[SC.Schedule]:
-    return SC.space(region(workload))
+    from solforge.tune.order import spread
+
+    return spread(SC.space(region(workload)))
 
 
 def is_valid(config: SC.Schedule, workload: Workload) -> bool:

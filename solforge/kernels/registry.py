@@ -72,6 +72,9 @@ Optional (the accessors below give the default when a module leaves one out):
                           the family's edge cases (large magnitudes, zero rows, masked rows: the
                           helpers are in kernels/edges.py); default none
   VERIFY_STRIDED          False: the odd-shape trial passes contiguous inputs only; default True
+  SPACE_SPREAD            True: `space` is ordered so that any prefix is a spread of it (tune/order.py):
+                          the evolutionary search's first population follows that order instead of
+                          random draws; default False
   SHAPE_FIXED             True: kernels built for the workload's exact sizes (make_inputs ignores
                           `rows`); default False
 Conventions, not called through here: `workload_for(...)` (builds the Workload of one call; the
@@ -322,6 +325,12 @@ def shape_fixed(fam: FamilyLike) -> bool:
     return bool(getattr(module(fam), "SHAPE_FIXED", False))
 
 
+def space_spread(fam: FamilyLike) -> bool:
+    """A family whose `space` comes ordered as a spread (tune/order.py): the search's first
+    candidates take it in that order. Default False."""
+    return bool(getattr(module(fam), "SPACE_SPREAD", False))
+
+
 def baseline_grads(fam: FamilyLike, wl: Workload) -> tuple[int, ...]:
     """The region inputs a forward family's baseline is differentiated for (default none)."""
     hook = _hook(fam, "baseline_grads")
@@ -338,7 +347,7 @@ def baseline_leaves(fam: FamilyLike, wl: Workload, args: Sequence[Any]) -> tuple
 
 REQUIRED = ("FAMILY", "Config", "space", "is_valid", "heuristic", "make_inputs")
 OPTIONAL = ("backward_workload", "output_tolerance", "verify_rows", "baseline_grads", "baseline_leaves",
-            "norm_error_bound", "edge_inputs", "VERIFY_STRIDED", "SHAPE_FIXED")
+            "norm_error_bound", "edge_inputs", "VERIFY_STRIDED", "SHAPE_FIXED", "SPACE_SPREAD")
 
 
 def missing_hooks(fam: FamilyLike) -> list[str]:

@@ -144,6 +144,11 @@ class WorkloadGroup:
     # a backward group (train mode): the forward workload whose regions' backward it tunes; its
     # regions and example are the forward group's, its baseline eager autograd's backward of them
     forward: Workload | None = None
+    # a generated alternative (plan/alternatives.py): the family workload whose regions' nodes it
+    # covers; it competes with that family's kernel (integrate/select.py), it is not a region of its own
+    alternative_of: Workload | None = None
+    # a forward family group whose nodes the generator cannot take: why (no alternative group)
+    no_alternative: str | None = None
 
     @property
     def count(self) -> int:

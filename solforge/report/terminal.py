@@ -80,14 +80,17 @@ def _us(x: float | None) -> str:
 
 def print_report(report: Report, console: Console) -> None:
     t = Table(title=f"solforge: {report.model} on {report.device} ({report.dtype}, {report.mode})")
-    for col in ("region", "n", "before µs", "after µs", "speedup", "config", "from", "ok", "rel err"):
+    for col in ("region", "n", "before µs", "after µs", "speedup", "generated µs", "config", "from", "ok",
+                "rel err"):
         t.add_column(col, justify="left" if col in ("region", "config", "ok") else "right")
     for r in report.regions:
         cfg = r.config_text or r.note or "-"
         # ok: verified and swapped in; "kept original": verified but not faster than the region
         ok = ("yes" if r.integrated else "kept original") if r.verified else "[red]no[/]"
+        # a family region's generated alternative (plan/alternatives.py): its time, "won" when it runs
+        alt = "-" if r.alternative is None else _us(r.alternative_us) + (" won" if r.won == "generated" else "")
         t.add_row(f"{r.family} {r.label}", str(r.count), _us(r.baseline_us), _us(r.best_us),
-                  "-" if r.speedup is None else f"{r.speedup:.2f}x", cfg, _source(r), ok,
+                  "-" if r.speedup is None else f"{r.speedup:.2f}x", alt, cfg, _source(r), ok,
                   "-" if r.max_rel_err is None else f"{r.max_rel_err:.1e}")
     console.print(t)
     e = report.e2e

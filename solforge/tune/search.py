@@ -8,7 +8,8 @@ measure -> observe) with the budgets and the early stop. Both strategies propose
 first and never propose a candidate twice (nor one in `known`, the database's records).
 
   exhaustive    the space in order (heuristic, then `family.space`): small spaces.
-  evolutionary  large spaces: the heuristic, a random initial population drawn across variants,
+  evolutionary  large spaces: the heuristic, a random initial population drawn across variants
+                (a family whose space comes as a spread, tune/order.py: taken in that order),
                 then children of the best measured configs by mutation and crossover, of which a
                 cost model (cost_model.py) fitted on the times so far picks the one predicted
                 fastest. Every 4th proposal is a random unmeasured config instead, so a wrong model
@@ -97,11 +98,13 @@ class EvolutionarySearch:
 
     def __init__(self, cands: Sequence[Candidate], *, seed: int = 0,
                  valid: Callable[[Candidate], bool] | None = None, init: int | None = None,
-                 parents: int = 6, children: int = 32, explore_every: int = 4) -> None:
+                 parents: int = 6, children: int = 32, explore_every: int = 4, ordered: bool = False) -> None:
         """`cands`: the space, heuristic first. `valid`: a last check on every proposal (the
         family's is_valid). `init`: size of the random initial population (default 5% of the
         space, 8..24: 13 of swiglu's 264; 10 and 16 did as well on the synthetic landscapes).
-        `children`: mutation/crossover attempts per proposal."""
+        `children`: mutation/crossover attempts per proposal. `ordered`: `cands` come as a spread
+        (tune/order.py): the initial population takes each variant's members in that order, not
+        at random."""
         pool: list[Candidate] = []
         seen: set[Key] = set()
         for c in cands:
@@ -121,6 +124,7 @@ class EvolutionarySearch:
         self._rng = random.Random(seed)
         self._init = init if init is not None else max(8, min(24, round(0.05 * len(pool))))
         self._n_parents, self._n_children, self._explore_every = parents, children, explore_every
+        self._ordered = ordered
         self._proposed: set[int] = set()
         self._times: dict[int, float] = {}  # observed pool members -> µs (inf: failed)
         self._steps = 0  # proposals after the initial population
@@ -169,7 +173,7 @@ class EvolutionarySearch:
             v = variants[(len(self._proposed) + j) % len(variants)]
             of_v = [i for i in free if self._genes[i].get("variant") == v]
             if of_v:
-                return self._rng.choice(of_v)
+                return of_v[0] if self._ordered else self._rng.choice(of_v)
         return self._rng.choice(free)
 
     def _children(self, parents: list[int]) -> list[int]:
@@ -230,7 +234,7 @@ def make_strategy(name: str, family: ModuleType, workload: Workload, *, seed: in
     if name == "exhaustive":
         strategy = ExhaustiveSearch(cands, valid=valid)
     else:
-        strategy = EvolutionarySearch(cands, seed=seed, valid=valid)
+        strategy = EvolutionarySearch(cands, seed=seed, valid=valid, ordered=registry.space_spread(family))
     strategy.observe(list(known))
     return strategy
 

@@ -4,6 +4,7 @@ budget, or the database's winner."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from solforge.tune.baseline import region_baseline, untimed
 
 if TYPE_CHECKING:
     from solforge.db import KernelDB
+    from solforge.tune.runners import Runner
 
 
 @dataclass
@@ -40,6 +42,26 @@ def known(kdb: KernelDB, workload: Any, resume: bool) -> bool:
     return win is not None and (bool(dict(win.provenance).get("complete")) or not resume)
 
 
+def side_by_side(family: TuneResult, alternative: TuneResult, run: Runner) -> tuple[TuneResult, TuneResult]:
+    """The two winners of one region, the family's and its generated alternative's, timed again
+    together (the tune's confirmation: rounds timing each in turn), so the comparison that picks
+    one (integrate/select.py) is between times taken side by side, not minutes apart. Only where
+    both verified with times that mean something (the GPU); a confirmation that fails keeps the
+    search's time. The search's time is kept in the record's provenance ("search_us")."""
+    a, b = family.best, alternative.best
+    if a is None or b is None or not (a.ok and b.ok and a.run is not None and b.run is not None
+                                      and a.run.meaningful and b.run.meaningful):
+        return family, alternative
+    times = run.confirm([a.candidate, b.candidate])
+    out = []
+    for res, rec, t in zip((family, alternative), (a, b), times, strict=True):
+        if t.ok and t.meaningful:
+            rec = dataclasses.replace(rec, run=t, provenance=(*rec.provenance, ("search_us", rec.time_us)))
+            res = dataclasses.replace(res, best=rec)
+        out.append(res)
+    return out[0], out[1]
+
+
 def tune_groups(groups: Sequence[_plan.WorkloadGroup], *, device: str, opts: Options, kdb: KernelDB | None,
                 cached: set[Any], run_id: str, reporter: Reporter) -> TuneStage:
     """Tune each group's workload (`cached`: those the database answers without a search); the
@@ -55,15 +77,21 @@ def tune_groups(groups: Sequence[_plan.WorkloadGroup], *, device: str, opts: Opt
     run = make_runner(opts.runner, device=device, gpus=opts.gpus, timeout_s=opts.timeout,
                       build_workers=opts.build_workers) if todo else None
     stored_baselines = 0
+    # per workload, its result so far: a generated alternative (plan/alternatives.py) takes its
+    # family's baseline (the same nodes as the model ran them) and is timed beside its family's winner
+    done: dict[Any, TuneResult] = {}
     try:
         for group in groups:
             reporter.stage("tune", group.workload.key)
             assert group.example is not None
+            rival = done.get(group.alternative_of) if group.alternative_of is not None else None
             sig = _plan.region_signature(group.example[1])
             # a known kernel's region was timed by an earlier run on this device and software: a
             # warm run reuses that time rather than timing every region again
             baseline = kdb.baseline(group.workload, sig) if kdb is not None and group.workload in cached else None
-            if baseline is not None:
+            if baseline is None and rival is not None and not untimed(rival.baseline):
+                baseline = rival.baseline
+            elif baseline is not None:
                 stored_baselines += 1
             else:
                 baseline = region_baseline(group, device)
@@ -82,8 +110,13 @@ def tune_groups(groups: Sequence[_plan.WorkloadGroup], *, device: str, opts: Opt
                 res = tune(group.workload, baseline, device=device, budget_s=left / (len(todo) - todo.index(group)),
                            max_candidates=opts.max_candidates, progress=reporter.tune_step, runner=run,
                            strategy=opts.strategy, db=kdb, run_id=run_id, retune=opts.retune, resume=opts.resume)
+            if rival is not None and run is not None:
+                rival, res = side_by_side(rival, res, run)
+                out.results[out.results.index(done[group.alternative_of])] = rival
+                done[group.alternative_of] = rival
             reporter.tune_end(res)
             out.results.append(res)
+            done[group.workload] = res
             if res.source == "database" and res.best is not None and not dict(res.best.provenance).get("complete"):
                 out.notes.append(f"{group.workload.key}: the database's search was cut short by its budget "
                                  f"({res.known} candidates measured); --resume goes on with it")

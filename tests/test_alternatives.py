@@ -1,0 +1,202 @@
+"""A region a hand-written family matched also gets a generated candidate (plan/alternatives.py); both
+are tuned and verified, and the faster verified one is integrated (integrate/select.py). Times off
+the GPU mean nothing, so the tests that pick a winner stub the recorded times, both ways."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn as nn
+from conftest import DEVICE
+from test_plan import HFNorm
+from test_rope import Attention
+
+from solforge import capture, plan
+from solforge.integrate import integrate
+from solforge.integrate.select import generated_wins, kept_out, pick_alternatives, swaps, winner_configs
+from solforge.plan.alternatives import alternative_groups
+from solforge.records import RunResult, TuneResult
+from solforge.tune import tune
+from solforge.tune.baseline import region_baseline
+
+
+class NormThenScale(nn.Module):
+    """An RMSNorm (the rmsnorm family's) between two ops the generator takes (its own region)."""
+
+    def __init__(self, h: int) -> None:
+        super().__init__()
+        self.norm = HFNorm(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x * 2.0) * 0.5 + 1.0
+
+
+def _planned(m: nn.Module, x: torch.Tensor) -> list[plan.WorkloadGroup]:
+    with torch.no_grad():
+        groups = plan.plan(capture.capture(m, (x,)).graphs)
+    return groups + alternative_groups(groups)
+
+
+def _timed(res: TuneResult, us: float) -> TuneResult:
+    """`res` with its winner's time (and the region's) as if measured on a GPU."""
+    assert res.best is not None
+    best = dataclasses.replace(res.best, run=RunResult(us, us, us, meaningful=True))
+    return dataclasses.replace(res, best=best, baseline=RunResult(100.0, 100.0, 100.0, meaningful=True))
+
+
+@pytest.fixture(scope="module")
+def tuned() -> tuple[nn.Module, torch.Tensor, list[plan.WorkloadGroup], list[TuneResult]]:
+    torch.manual_seed(0)
+    m = NormThenScale(40).to(DEVICE)
+    x = torch.randn(3, 5, 40, device=DEVICE)  # odd rows, a row not a power of two
+    groups = _planned(m, x)
+    results = [tune(g.workload, region_baseline(g, DEVICE), device=DEVICE, budget_s=0, max_candidates=1)
+               for g in groups]
+    return m, x, groups, results
+
+
+def test_the_family_region_gets_a_generated_alternative_and_both_verify(tuned) -> None:  # noqa: ANN001
+    _m, _x, groups, results = tuned
+    fams = [g.workload.family for g in groups]
+    assert fams.count("rmsnorm") == 1
+    alt = next(g for g in groups if g.alternative_of is not None)
+    fam = next(g for g in groups if g.workload.family == "rmsnorm")
+    assert alt.alternative_of == fam.workload and alt.workload.family == "generated"
+    # the same nodes as the family's region, not a region of their own
+    assert set(alt.regions[0].nodes) == set(fam.regions[0].nodes)
+    by = {g.workload: r for g, r in zip(groups, results, strict=True)}
+    assert by[fam.workload].best is not None and by[fam.workload].best.verdict.passed
+    assert by[alt.workload].best is not None and by[alt.workload].best.verdict.passed
+    # off the GPU the family keeps its region: the interpreter's times rank nothing
+    assert generated_wins(by[fam.workload], by[alt.workload], meaningful=False)[0] is False
+
+
+@pytest.mark.parametrize("winner", ["generated", "rmsnorm"])
+def test_the_recorded_faster_kernel_is_integrated(tuned, winner: str) -> None:  # noqa: ANN001
+    m, x, groups, results = tuned
+    fast, slow = 10.0, 20.0
+
+    def stub(g: plan.WorkloadGroup, r: TuneResult) -> TuneResult:
+        kind = "generated" if g.alternative_of is not None else g.workload.family
+        return _timed(r, fast if kind == winner else slow) if kind in ("generated", "rmsnorm") \
+            and (g.alternative_of is not None or kind == "rmsnorm") else r
+
+    stubbed = [stub(g, r) for g, r in zip(groups, results, strict=True)]
+    rest, own, judged, picks = pick_alternatives(groups, stubbed, meaningful=True)
+    assert len(rest) == len(groups) - 1 and all(g.alternative_of is None for g in rest)
+    (pick,) = picks.values()
+    assert pick.won is (winner == "generated")
+    assert (pick.family_us, pick.generated_us) == ((fast, slow) if winner == "rmsnorm" else (slow, fast))
+    keep, _ = kept_out(rest, judged, meaningful=True)
+    swapped = swaps(picks, stubbed, keep)
+    winners = winner_configs(own, keep)
+    with torch.no_grad():
+        opt, stats = integrate(m, winners, swaps=swapped)
+        out, ref = opt(x), m(x)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    fam = next(g.workload for g in rest if g.workload.family == "rmsnorm")
+    used = pick.generated.key if winner == "generated" else fam.key
+    other = fam.key if winner == "generated" else pick.generated.key
+    assert stats.replaced.get(used) == 1 and other not in stats.replaced
+
+
+def test_a_tie_or_an_unverified_alternative_goes_to_the_family(tuned) -> None:  # noqa: ANN001
+    _m, _x, groups, results = tuned
+    fam = next(r for g, r in zip(groups, results, strict=True) if g.workload.family == "rmsnorm")
+    alt = next(r for g, r in zip(groups, results, strict=True) if g.alternative_of is not None)
+    assert generated_wins(_timed(fam, 5.0), _timed(alt, 5.0), meaningful=True)[0] is False
+    assert generated_wins(_timed(fam, 5.0), _timed(alt, 4.0), meaningful=True)[0] is True
+    failed = dataclasses.replace(_timed(alt, 1.0), best=None)
+    assert generated_wins(_timed(fam, 5.0), failed, meaningful=True)[0] is False
+    # the family without a verified kernel: a verified alternative takes the region
+    assert generated_wins(dataclasses.replace(fam, best=None), _timed(alt, 50.0), meaningful=True)[0] is True
+
+
+def test_a_family_region_the_generator_cannot_lower_says_why() -> None:
+    m = Attention(qk_norm=False).to(DEVICE)  # Llama's rope: rotate_half's cat has no lowering
+    groups = _planned(m, torch.randn(2, 5, 40, device=DEVICE))
+    rope = next(g for g in groups if g.workload.family == "rope")
+    assert not any(g.alternative_of == rope.workload for g in groups)
+    assert rope.no_alternative is not None and "aten.cat" in rope.no_alternative
+
+
+def test_optimize_reports_both_kernels_of_a_family_region(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    from solforge import optimize
+
+    torch.manual_seed(1)
+    m = NormThenScale(24).to(DEVICE)
+    x = torch.randn(5, 7, 24, device=DEVICE)
+    opt, report = optimize(m, (x,), budget=1, max_candidates=1, db=False, profile="off", out_dir=tmp_path)
+    row = next(r for r in report.regions if r.family == "rmsnorm")
+    assert row.alternative is not None and row.alternative.startswith("generated")
+    assert row.best_us is not None and row.alternative_us is not None  # both verified
+    assert row.won == "rmsnorm" and "interpreter" in (row.alternative_note or "")  # CPU: the family's
+    assert [r.family for r in report.regions].count("generated") == 1  # the x * 2.0 and the tail: one
+    assert report.e2e is not None and report.e2e.passed
+    saved = next(r for r in json.loads((tmp_path / "report.json").read_text())["regions"] if r["family"] == "rmsnorm")
+    assert (saved["won"], saved["best_us"], saved["alternative_us"]) == (row.won, row.best_us, row.alternative_us)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), m(x), atol=1e-5, rtol=1e-5)
+
+
+class _Confirming:
+    """A runner whose side-by-side times are given (the GPU's confirmation, stubbed)."""
+
+    def __init__(self, times: list[RunResult]) -> None:
+        self.times, self.asked = times, []
+
+    def confirm(self, cands):  # noqa: ANN001, ANN201
+        self.asked.append(list(cands))
+        return self.times
+
+
+def test_both_winners_are_timed_again_side_by_side(tuned) -> None:  # noqa: ANN001
+    from solforge.tune.stage import side_by_side
+
+    _m, _x, groups, results = tuned
+    fam = _timed(next(r for g, r in zip(groups, results, strict=True) if g.workload.family == "rmsnorm"), 10.0)
+    alt = _timed(next(r for g, r in zip(groups, results, strict=True) if g.alternative_of is not None), 9.0)
+    run = _Confirming([RunResult(7.0, 7.0, 7.0), RunResult(8.0, 8.0, 8.0)])
+    f2, a2 = side_by_side(fam, alt, run)  # type: ignore[arg-type]
+    assert [c.workload for c in run.asked[0]] == [fam.workload, alt.workload]
+    assert (f2.best.time_us, a2.best.time_us) == (7.0, 8.0)
+    assert dict(f2.best.provenance)["search_us"] == 10.0 and dict(a2.best.provenance)["search_us"] == 9.0
+    # the search had the alternative faster; side by side the family is: the family keeps the region
+    assert generated_wins(fam, alt, meaningful=True)[0] and not generated_wins(f2, a2, meaningful=True)[0]
+    # times that mean nothing (the interpreter's) are not confirmed
+    run = _Confirming([])
+    assert side_by_side(results[0], results[-1], run) == (results[0], results[-1]) and not run.asked  # type: ignore[arg-type]
+
+
+def test_every_swappable_family_region_of_a_decoder_runs_as_its_alternative() -> None:
+    """Qwen3-tiny with each family region that lowers (add_rmsnorm's two outputs, rmsnorm, swiglu,
+    softmax; not rope: its cat has no lowering) swapped for its generated alternative, heuristic
+    schedules: the logits match eager's."""
+    from test_arch_matching import _ids, _model
+
+    m = _model("qwen3")
+    with torch.no_grad():
+        groups = plan.plan(capture.capture(m, (_ids(0),)).graphs)
+    alts = alternative_groups(groups)
+    assert {g.workload.family for g in groups if any(a.alternative_of == g.workload for a in alts)} == \
+        {"add_rmsnorm", "rmsnorm", "swiglu", "softmax"}
+    swapped = {a.alternative_of: (a.workload, "") for a in alts}
+    own = {g.workload: "" for g in groups if g.workload.family != "generated"}  # the families' heuristics
+    with torch.no_grad():
+        opt, stats = integrate(m, own, swaps=swapped)
+        ids = _ids(3)
+        a, b = opt(ids).logits, m(ids).logits
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    # the regions whose alternative is the tuned one (the example's) ran as the generated op; one
+    # whose alternative is another workload kept the family's kernel: the final add_rmsnorm, whose
+    # sum nothing else reads (the family's op returns it anyway, the generated region does not)
+    counts = {g.workload: g.count for g in groups}
+    for alt in alts:
+        f = alt.alternative_of
+        got, kept = stats.replaced.get(alt.workload.key, 0), stats.replaced.get(f.key, 0)
+        assert got >= 1 and got + kept == counts[f], (f.family, got, kept)
+        assert kept == (1 if f.family == "add_rmsnorm" else 0), f.family
