@@ -35,6 +35,7 @@ Paths: the empty string is the default.
 | SOLFORGE_GENERATED_ALTERNATIVES | 1 | no    | use       | plan/alternatives.py: a family's region is also tuned as |
 |                           |         |         |           | a generated region; the faster verified one is used      |
 | SOLFORGE_LOWERING_CACHE   | 1       | no      | use       | the ATen lowering cache (`lowered/` beside the database) |
+| SOLFORGE_LOWERING_DIR     | unset   | no      | use       | the lowering cache's folder (`lowered/` beside the database) |
 | SOLFORGE_DB               | unset   | no      | use       | the kernel database file (~/.cache/solforge/kernels.db)  |
 | SOLFORGE_CEILINGS_DIR     | unset   | no      | use       | the device ceilings' cache (~/.cache/solforge/ceilings)  |
 | SOLFORGE_CODEGEN_DIR      | unset   | no      | use       | generated kernels' sources (~/.cache/solforge/codegen)   |
@@ -109,6 +110,8 @@ class Settings:
                                            "a family's region is also generated and tuned; the faster "
                                            "verified kernel is integrated")
     lowering_cache: bool = _switch("SOLFORGE_LOWERING_CACHE", True, "the ATen lowering cache beside the database")
+    lowering_dir: Path | None = _switch("SOLFORGE_LOWERING_DIR", None,
+                                        "the lowering cache's folder (None: lowered/ beside the database)")
     db: Path | None = _switch("SOLFORGE_DB", None, "the kernel database file (None: ~/.cache/solforge/kernels.db)")
     ceilings_dir: Path | None = _switch("SOLFORGE_CEILINGS_DIR", None,
                                         "the device ceilings' cache folder (None: ~/.cache/solforge/ceilings)")

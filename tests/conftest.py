@@ -45,13 +45,24 @@ def _fresh_dynamo():
     yield
 
 
+@pytest.fixture(scope="session")
+def _shared_lowerings(tmp_path_factory: pytest.TempPathFactory):
+    """One lowering cache for the whole run (each worker's own under pytest-xdist): the tiny models
+    many tests optimize are traced to ATen once, not once per test (entries are keyed by the graph,
+    inputs, versions and solforge's source, and checksummed; test_capture_cache tests the cache
+    itself in directories of its own)."""
+    return tmp_path_factory.mktemp("lowered")
+
+
 @pytest.fixture(autouse=True)
-def _private_kernel_db(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory):
+def _private_kernel_db(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory,
+                       _shared_lowerings):
     """No test reads or writes the real ~/.cache/solforge/kernels.db: each gets an empty one (the
     environment for the processes a test starts; this process read its settings once already)."""
     path = tmp_path_factory.mktemp("kernel-db") / "kernels.db"
     monkeypatch.setenv("SOLFORGE_DB", str(path))
-    with settings.override(db=path):
+    monkeypatch.setenv("SOLFORGE_LOWERING_DIR", str(_shared_lowerings))
+    with settings.override(db=path, lowering_dir=_shared_lowerings):
         yield
 
 

@@ -19,9 +19,12 @@ from solforge.errors import UserError
 def lowering_cache(db: str | Path | bool) -> LoweringCache | None:
     """The ATen lowering cache beside the kernel database (`lowered/` in its directory): a run that
     keeps no database keeps no lowerings either. SOLFORGE_LOWERING_CACHE=0 (settings.lowering_cache)
-    turns it off alone."""
+    turns it off alone; SOLFORGE_LOWERING_DIR (settings.lowering_dir) puts it elsewhere (entries are
+    keyed and checksummed, so several databases can share one: the CPU tests do)."""
     if db is False or not settings.current().lowering_cache:
         return None
+    if settings.current().lowering_dir is not None:
+        return LoweringCache(settings.current().lowering_dir)
     from solforge.db import default_path
 
     path = default_path() if db is True else Path(db).expanduser()
