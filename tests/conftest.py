@@ -62,7 +62,12 @@ def _private_kernel_db(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest
     path = tmp_path_factory.mktemp("kernel-db") / "kernels.db"
     monkeypatch.setenv("SOLFORGE_DB", str(path))
     monkeypatch.setenv("SOLFORGE_LOWERING_DIR", str(_shared_lowerings))
-    with settings.override(db=path, lowering_dir=_shared_lowerings):
+    # Off the GPU a family's generated alternative is tuned and verified but never chosen (the
+    # interpreter's times rank nothing: integrate/select.py): the whole-model CPU tests leave it out,
+    # test_alternatives.py turns it on (and a GPU run keeps the default).
+    alternatives = torch.cuda.is_available()
+    monkeypatch.setenv("SOLFORGE_GENERATED_ALTERNATIVES", str(int(alternatives)))
+    with settings.override(db=path, lowering_dir=_shared_lowerings, generated_alternatives=alternatives):
         yield
 
 

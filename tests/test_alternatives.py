@@ -13,7 +13,7 @@ from conftest import DEVICE
 from test_plan import HFNorm
 from test_rope import Attention
 
-from solforge import capture, plan
+from solforge import capture, plan, settings
 from solforge.integrate import integrate
 from solforge.integrate.select import generated_wins, kept_out, pick_alternatives, swaps, winner_configs
 from solforge.plan.alternatives import alternative_groups
@@ -44,6 +44,14 @@ def _timed(res: TuneResult, us: float) -> TuneResult:
     assert res.best is not None
     best = dataclasses.replace(res.best, run=RunResult(us, us, us, meaningful=True))
     return dataclasses.replace(res, best=best, baseline=RunResult(100.0, 100.0, 100.0, meaningful=True))
+
+
+@pytest.fixture(autouse=True)
+def _alternatives_on(monkeypatch: pytest.MonkeyPatch):
+    """conftest leaves the alternatives out of the other CPU tests; here they are the subject."""
+    monkeypatch.setenv("SOLFORGE_GENERATED_ALTERNATIVES", "1")
+    with settings.override(generated_alternatives=True):
+        yield
 
 
 @pytest.fixture(scope="module")
