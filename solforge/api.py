@@ -258,7 +258,7 @@ def optimize(
         cached = {g.workload for g in groups
                   if kdb is not None and not opts.retune and known(kdb, g.workload, opts.resume)}
         prof: Profile | None = None
-        if opts.profile == "on" or (opts.profile == "auto" and len(cached) < len(groups)):
+        if opts.profile == "on" or (opts.profile == "auto" and len(cached) < len(groups) and device == "cuda"):
             rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
             prof = _profile_stage(model, example_inputs, device=device, name=name, families=fams,
                                   trace=opts.out_dir / TRACE_BASELINE if opts.out_dir is not None else None,
@@ -267,6 +267,10 @@ def optimize(
             # the profile is of the forward, so a backward group ranks with its forward, right after it
             saving = _ranking(prof)
             groups.sort(key=lambda g: -saving((g.forward or g.alternative_of or g.workload).key))
+        elif opts.profile == "auto" and groups and device != "cuda":
+            # the profile ranks regions by GPU time to spend the budget where it pays; off the GPU
+            # every region gets its heuristic config, and the interpreter's times rank nothing
+            notes.append("profile skipped: off the GPU it ranks nothing (--profile on to profile anyway)")
         elif opts.profile == "auto" and groups:
             notes.append("profile skipped: every kernel came from the kernel database (--profile on to profile anyway)")
         tuned = tune_groups(groups, device=device, opts=opts, kdb=kdb, cached=cached, run_id=run_id, reporter=rep)

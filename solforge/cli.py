@@ -114,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="go on with searches an earlier run's budget cut short (what it measured is reused; "
                         "candidates that failed other than in compiling are measured again)")
     t.add_argument("--profile", default="auto", choices=["auto", "on", "off"],
-                   help="profile before and after (auto: unless every kernel comes from the database)")
+                   help="profile before and after (auto: on a GPU, unless every kernel comes from the database)")
     pr = sub.add_parser("profile", help="where the GPU time goes: regions, roofline, Amdahl ranking, traces",
                         description="Profile one forward: every kernel attributed to a graph region and module, "
                         "each region against the device's measured ceilings, ranked by the end-to-end time it "

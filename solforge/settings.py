@@ -35,7 +35,8 @@ Paths: the empty string is the default.
 | SOLFORGE_GENERATED_ALTERNATIVES | 1 | no    | use       | plan/alternatives.py: a family's region is also tuned as |
 |                           |         |         |           | a generated region; the faster verified one is used      |
 | SOLFORGE_LOWERING_CACHE   | 1       | no      | use       | the ATen lowering cache (`lowered/` beside the database) |
-| SOLFORGE_LOWERING_DIR     | unset   | no      | use       | the lowering cache's folder (`lowered/` beside the database) |
+| SOLFORGE_LOWERING_DIR     | unset   | no      | use       | the lowering cache's folder (`lowered/` beside the       |
+|                           |         |         |           | database)                                                |
 | SOLFORGE_DB               | unset   | no      | use       | the kernel database file (~/.cache/solforge/kernels.db)  |
 | SOLFORGE_CEILINGS_DIR     | unset   | no      | use       | the device ceilings' cache (~/.cache/solforge/ceilings)  |
 | SOLFORGE_CODEGEN_DIR      | unset   | no      | use       | generated kernels' sources (~/.cache/solforge/codegen)   |

@@ -23,7 +23,8 @@ E2E_KEYS = {"baseline_ms", "optimized_ms", "speedup", "max_abs_err", "max_rel_er
 
 def test_optimize_qwen3_tiny_writes_a_passing_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # on the CPU the default: each workload's heuristic config alone (the interpreter's times rank nothing)
-    rc = main(["optimize", "qwen3-tiny", "--device", DEVICE, "--out", str(tmp_path), "--quiet",
+    # (--profile on: off the GPU, auto skips the profile; this run checks it)
+    rc = main(["optimize", "qwen3-tiny", "--device", DEVICE, "--out", str(tmp_path), "--quiet", "--profile", "on",
                *(["--max-candidates", "2"] if DEVICE == "cuda" else [])])
     out = capsys.readouterr().out
     assert rc == 0, out
