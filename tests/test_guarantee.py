@@ -4,6 +4,7 @@ its check faked to fail, and, with the speed rule forced on, its subsets integra
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch
 from conftest import DEVICE
 
 from solforge.records import BuildResult, Candidate, E2EReport, RunResult, TuneResult, TuningRecord, Verdict, Workload
+from solforge.runtime.inplace import installed
 from solforge.validate import guarantee
 from solforge.validate.guarantee import MAX_SUBSETS, choose, gains, subsets
 
@@ -173,16 +175,18 @@ def test_optimize_returns_the_original_when_the_check_fails(monkeypatch: pytest.
     why in the report; keep_slower returns the optimized model all the same."""
     _failing_check(monkeypatch)
     m = TwoNorms().to(DEVICE).eval()
+    plain = copy.deepcopy(m)  # optimize works in place: the reference is a copy made before
     x = torch.randn(3, 32, device=DEVICE)
     opt, report = _optimize(m, keep_slower=keep_slower)
     assert report.e2e is not None and not report.e2e.passed and len(report.attempts) == 1
+    assert opt is m  # the user's model object either way
     if keep_slower:
-        assert opt is not m and report.returned == "optimized" and "keep_slower" in report.why
+        assert installed(m) is not None and report.returned == "optimized" and "keep_slower" in report.why
         assert all(r.integrated for r in report.regions) and sum(opt.solforge_stats.replaced.values()) == 2
         with torch.no_grad():
-            torch.testing.assert_close(opt(x), m(x), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(opt(x), plain(x), rtol=1e-5, atol=1e-5)
     else:
-        assert opt is m and report.returned == "original"
+        assert installed(m) is None and report.returned == "original"
         assert report.why.startswith("the end-to-end check failed (output: relative error 0.3 > 0.05 (faked))")
         assert not any(r.integrated for r in report.regions) and all(r.verified for r in report.regions)
         assert any(n.startswith("returned the original model: the end-to-end check failed") for n in report.notes)
