@@ -247,7 +247,7 @@ def test_transformers_gradient_checkpointing_gets_fused_kernels() -> None:
     own graph of the checkpointed model."""
     from solforge.zoo import load_model
 
-    loaded = load_model("qwen3-tiny", device=DEVICE, dtype="fp32")
+    loaded = load_model("qwen3-tiny", device=DEVICE, dtype="fp32", batch=2, seq=16)  # short: the interpreter
     m = loaded.model.train()
     m.gradient_checkpointing_enable()
     ids = loaded.example_inputs
