@@ -167,7 +167,7 @@ def test_backward_loops_over_many_token_blocks() -> None:
 def test_backward_configs_with_the_next_block_loaded_ahead(weight: bool) -> None:
     """Configs of bwd_space, one stage and two (the next token block loaded before this one is
     computed), with loops of many token blocks, against autograd through rope_ref."""
-    wl = _wl(2, 37, 4, 2, 16, BF16, norm=True, weight=weight, rbw=weight)
+    wl = _wl(2, 13, 4, 2, 16, BF16, norm=True, weight=weight, rbw=weight)  # 13 blocks of 2 tokens: loops of several
     args, kw = R.make_inputs(wl, seed=5)
     q, k, cos, sin, qw, kw_, eps = args
     refs = [t.clone().requires_grad_() if t is not None else None for t in (q, k, qw, kw_)]
