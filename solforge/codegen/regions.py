@@ -15,7 +15,7 @@ sibling: softmax and log_softmax of one x read it once); else it starts a region
 end (values read outside the region): an output the loop cannot store (a value of another shape
 than the loop's or its rows) leaves the region, with what it reads (a value of no reduction) or
 what reads it (a value computed from a reduction), until every output can be stored. Regions of
-views alone are dropped.
+views alone, and regions nothing reads (dead code), are dropped.
 """
 
 from __future__ import annotations
@@ -264,6 +264,8 @@ def form_regions(graph: fx.Graph, exclude: Collection[fx.Node] = ()) -> list[For
         if all(_is_view(n) for n in nodes):
             continue
         outs = outputs_of(nodes)
+        if not outs:
+            continue  # dead code: nothing reads it (a graph may keep an unused mean); no kernel to write
         _, ins = IR.build(nodes, outs)
         rec = RegionRecord(tuple(n.name for n in nodes), tuple(a.name for a in ins), tuple(o.name for o in outs),
                            low.ir.key, low.space)
