@@ -5,7 +5,8 @@ The kernel graph has five kinds of node, each with its shape and kernel type ('f
   load    input i, read through its strides at whatever index its reader asks for
   const   a Python scalar
   pw      one pointwise function (the `PW` templates in triton_gen.py) of its operands, broadcast
-  view    index arithmetic: reshape, permute, expand, slice, select (no data moves)
+  view    index arithmetic: reshape, permute, expand, slice, select (no data moves); pad (its input
+          shifted along one dim, a fill outside it: concatenation, constant pads, pooling windows)
   reduce  sum/max/min over some dims of one operand
 Composite ATen ops are written out here: mean = sum / n, var = sum((x - mean)^2) / (n - correction),
 softmax = exp(x - max) / sum(exp(x - max)), log_softmax, logsumexp, vector norms.
@@ -151,6 +152,20 @@ class _Builder:
         if math.prod(shape) != math.prod(self.shape(x)):
             raise LowerError(f"reshape {self.shape(x)} -> {tuple(shape)}")
         return self.view("reshape", x, (tuple(shape),), shape)
+
+    def pad(self, x: V, dim: int, before: int, size: int, fill: Any) -> V:
+        """x shifted by `before` along dim into a value `size` long there, `fill` outside it."""
+        s = self.shape(x)
+        if before == 0 and size == s[dim]:
+            return x
+        shape = (*s[:dim], size, *s[dim + 1:])
+        return self.view("pad", x, (dim, before, fill), shape)
+
+    def slice(self, x: V, dim: int, start: int, step: int, size: int) -> V:
+        s = self.shape(x)
+        if start == 0 and step == 1 and size == s[dim]:
+            return x
+        return self.view("slice", x, (dim, start, step), (*s[:dim], size, *s[dim + 1:]))
 
     def reduce(self, fn: str, x: V, dims: Sequence[int] | None, keepdim: bool) -> V:
         s = self.shape(x)
@@ -428,6 +443,168 @@ def _select(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, 
     return b.view("select", x, (dim, a[2] % s[dim]), out[0])
 
 
+# --- pads, concatenation, flips, rolls, pooling windows: pad and slice views
+
+_LIST_OPS = {"aten.cat.default"}  # ops whose list-of-tensors argument lower() passes as a tuple of values
+
+
+@_reg("aten.constant_pad_nd.default")
+def _constant_pad(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    pads = list(a[1])
+    value = kw.get("value", a[2] if len(a) > 2 else 0)
+    rank = len(b.shape(x))
+    for k in range(len(pads) // 2):  # pairs (before, after), from the last dim backwards
+        dim = rank - 1 - k
+        lo, hi = int(pads[2 * k]), int(pads[2 * k + 1])
+        n = b.shape(x)[dim]
+        # a negative pad crops
+        start, stop = max(-lo, 0), n - max(-hi, 0)
+        x = b.slice(x, dim, start, 1, stop - start)
+        x = b.pad(x, dim, max(lo, 0), max(lo, 0) + (stop - start) + max(hi, 0), value)
+    return x
+
+
+@_reg("aten.cat.default")
+def _cat(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    pieces = [b.t(x) for x in a[0]]
+    shape = tuple(out[0])
+    dim = kw.get("dim", a[1] if len(a) > 1 else 0) % len(shape)
+    # torch skips 1-D empty pieces of a cat of other ranks
+    pieces = [x for x in pieces if not (len(b.shape(x)) == 1 and b.shape(x)[0] == 0 and len(shape) > 1)]
+    kt = "f" if any(b.ktype(x) == "f" for x in pieces) else "i" if any(b.ktype(x) == "i" for x in pieces) else "b"
+    acc: V | None = None
+    off = 0
+    for x in pieces:
+        n = b.shape(x)[dim]
+        if n == 0:
+            continue
+        if kt != b.ktype(x):
+            x = b.pw("to_f" if kt == "f" else "to_i", x, params=() if kt == "f" else ("int64",), ktype=kt)
+        p = b.pad(x, dim, off, shape[dim], False if kt == "b" else 0)
+        acc = p if acc is None else b.pw("or" if kt == "b" else "add", acc, p, ktype=kt)
+        off += n
+    if acc is None or off != shape[dim]:
+        raise LowerError("cat of empty pieces")
+    return acc
+
+
+@_reg("aten.flip.default")
+def _flip(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    s = b.shape(x)
+    for d in _dims(a[1], len(s)) if a[1] else ():
+        if s[d] > 1:
+            x = b.view("slice", x, (d, s[d] - 1, -1), b.shape(x))
+    return x
+
+
+@_reg("aten.roll.default")
+def _roll(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    shifts = list(a[1]) if isinstance(a[1], (list, tuple)) else [a[1]]
+    dims = list(a[2]) if len(a) > 2 and isinstance(a[2], (list, tuple)) else [a[2]] if len(a) > 2 else []
+    shape = b.shape(x)
+    if not dims:  # a roll of the flattened tensor
+        flat = _roll_dim(b, b.reshape(x, (math.prod(shape),)), 0, shifts[0])
+        return b.reshape(flat, shape)
+    for sh, d in zip(shifts, dims, strict=True):
+        x = _roll_dim(b, x, d % len(shape), sh)
+    return x
+
+
+def _roll_dim(b: _Builder, x: V, dim: int, shift: int) -> V:
+    n = b.shape(x)[dim]
+    k = shift % n if n else 0
+    if k == 0:
+        return x
+    # out[:k] = x[n-k:], out[k:] = x[:n-k]
+    head = b.pad(b.slice(x, dim, n - k, 1, k), dim, 0, n, 0)
+    tail = b.pad(b.slice(x, dim, 0, 1, n - k), dim, k, n, 0)
+    return b.pw("or" if b.ktype(x) == "b" else "add", head, tail, ktype=b.ktype(x))
+
+
+def _ints(v: Any, n: int, default: Sequence[int]) -> list[int]:
+    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+        return list(default)
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return [int(x) for x in (v * n if len(v) == 1 else v)]
+
+
+def _windows(b: _Builder, x: V, out_sp: Sequence[int], k: Sequence[int], st: Sequence[int], pad: Sequence[int],
+             dil: Sequence[int], fill: float) -> list[V]:
+    """The taps of a pooling window over the last len(k) dims of x: one value of the output's shape
+    per window offset (x padded with `fill`, then a strided slice per offset)."""
+    rank, nd = len(b.shape(x)), len(k)
+    taps = [x]
+    for d in range(nd):
+        dim = rank - nd + d
+        n = b.shape(x)[dim]
+        need = (out_sp[d] - 1) * st[d] + (k[d] - 1) * dil[d] + 1
+        new = []
+        for t in taps:
+            tp = b.pad(t, dim, pad[d], max(need, 1), fill) if pad[d] or need > n else t
+            new += [b.slice(tp, dim, j * dil[d], st[d], out_sp[d]) for j in range(k[d])]
+        taps = new
+    return taps
+
+
+def _pool_args(b: _Builder, a: list[Any], x: V, nd: int) -> tuple[list[int], list[int], list[int]]:
+    k = _ints(a[1], nd, ())
+    st = _ints(a[2] if len(a) > 2 else None, nd, k)
+    pad = _ints(a[3] if len(a) > 3 else None, nd, [0] * nd)
+    if len(k) != nd or len(st) != nd or len(pad) != nd or b.ktype(x) != "f":
+        raise LowerError("pooling arguments")
+    return k, st, pad
+
+
+@_reg("aten.max_pool2d_with_indices.default", "aten.max_pool3d_with_indices.default", "aten.max_pool2d.default",
+      "aten.max_pool3d.default")
+def _max_pool(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> Any:
+    x = b.t(a[0])
+    nd = 3 if "3d" in b.current else 2
+    k, st, pad = _pool_args(b, a, x, nd)
+    dil = _ints(a[4] if len(a) > 4 else None, nd, [1] * nd)
+    taps = _windows(b, x, out[0][-nd:], k, st, pad, dil, float("-inf"))
+    r = taps[0]
+    for t in taps[1:]:
+        r = b.pw("max2", r, t, ktype="f")
+    # the indices (what max_pool's backward reads) are not computed: a region may not return them
+    return (r, None) if "with_indices" in b.current else r
+
+
+@_reg("aten.avg_pool2d.default", "aten.avg_pool3d.default")
+def _avg_pool(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    nd = 3 if "3d" in b.current else 2
+    k, st, pad = _pool_args(b, a, x, nd)
+    include = bool(a[5] if len(a) > 5 else kw.get("count_include_pad", True))
+    override = a[6] if len(a) > 6 else kw.get("divisor_override")
+    out_sp = out[0][-nd:]
+    taps = _windows(b, x, out_sp, k, st, pad, [1] * nd, 0.0)
+    total = taps[0]
+    for t in taps[1:]:
+        total = b.pw("add", total, t, ktype="f")
+    if override:
+        return b.pw("div", total, float(override), ktype="f")
+    sp = b.shape(x)[-nd:]
+    needs = [(o - 1) * s + kk for o, s, kk in zip(out_sp, st, k, strict=True)]
+    if include and all(n <= m + 2 * p for n, m, p in zip(needs, sp, pad, strict=True)):
+        return b.pw("div", total, float(math.prod(k)), ktype="f")
+    # the divisor per output point: the window's size within the input (within the padded input
+    # when count_include_pad), counted over a value of ones of the spatial shape
+    ones = b.view("expand", b.t(1.0), (tuple(sp),), sp)
+    if include:  # ones over the padded extent, zero past it (ceil_mode's last windows)
+        for d in range(nd):
+            ones = b.pad(ones, d, pad[d], sp[d] + 2 * pad[d], 1.0)
+        pad = [0] * nd
+    count = _windows(b, ones, out_sp, k, st, pad, [1] * nd, 0.0)
+    c = count[0]
+    for t in count[1:]:
+        c = b.pw("add", c, t, ktype="f")
+    return b.pw("div", total, c, ktype="f")
+
+
 # --- reductions
 
 
@@ -455,6 +632,22 @@ def _amax(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ..
     dims = _dims(a[1] if len(a) > 1 else None, len(b.shape(x)))
     keepdim = bool(kw.get("keepdim", a[2] if len(a) > 2 else False))
     return b.reduce("max" if "amax" in b.current else "min", x, dims, keepdim)
+
+
+@_reg("aten.max.dim", "aten.min.dim")
+def _max_dim(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> tuple[V, None]:
+    x = b.t(a[0])
+    dims = _dims(a[1], len(b.shape(x)))
+    keepdim = bool(kw.get("keepdim", a[2] if len(a) > 2 else False))
+    # the indices are not computed: a region may not return them
+    return b.reduce("max" if "max" in b.current else "min", x, dims, keepdim), None
+
+
+@_reg("aten.xlogy.Tensor", "aten.xlogy.Scalar_Other")
+def _xlogy(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x, y = a[0], a[1]
+    v = b.pw("where", b.pw("eq", x, 0.0, ktype="b"), 0.0, b.pw("mul", x, b.pw("log", y, ktype="f")), ktype="f")
+    return b.pw("where", b.pw("isnan", y, ktype="b"), float("nan"), v, ktype="f")
 
 
 def _var_parts(b: _Builder, a: list[Any], kw: dict[str, Any]) -> tuple[V, V, tuple[int, ...], bool]:
@@ -547,7 +740,7 @@ def lower(ir: RegionIR) -> KernelGraph:
     """The kernel graph of a region (raises LowerError for an op or argument it cannot write)."""
     b = _Builder()
     loads: dict[int, V] = {}
-    results: list[tuple[V, ...]] = []
+    results: list[tuple[V | None, ...]] = []
 
     def val(r: Ref) -> V:
         if r.src == "in":
@@ -555,13 +748,18 @@ def lower(ir: RegionIR) -> KernelGraph:
                 m = ir.inputs[r.i]
                 loads[r.i] = b.add("load", "", (), (r.i,), m.shape, ktype_of(m.dtype))
             return loads[r.i]
-        return results[r.i][r.item or 0]
+        got = results[r.i][r.item or 0]
+        if got is None:  # an item the lowering does not compute (max_pool's indices): only if nothing reads it
+            raise LowerError(f"{ir.ops[r.i].target}: item {r.item} is not computed by the generator")
+        return got
 
     def conv(a: Any) -> Any:
         if isinstance(a, Ref):
             return val(a)
         if isinstance(a, tuple) and any(isinstance(x, Ref) for x in a):
-            raise LowerError("a list of tensors as an argument")
+            if b.current not in _LIST_OPS:
+                raise LowerError("a list of tensors as an argument")
+            return tuple(conv(x) for x in a)
         return a
 
     for op in ir.ops:
@@ -571,9 +769,9 @@ def lower(ir: RegionIR) -> KernelGraph:
         b.current = op.target
         got = low(b, [conv(a) for a in op.args], {k: conv(v) for k, v in op.kwargs}, [m.shape for m in op.out])
         got = got if isinstance(got, tuple) else (got,)
-        got = tuple(b.t(g) for g in got)
+        got = tuple(None if g is None else b.t(g) for g in got)
         for g, m in zip(got, op.out, strict=True):
-            if b.shape(g) != m.shape:
+            if g is not None and b.shape(g) != m.shape:
                 raise LowerError(f"{op.target}: lowered shape {b.shape(g)} != {m.shape}")
         results.append(got)
     return KernelGraph(tuple(b.nodes), tuple(val(r).id for r in ir.outputs))

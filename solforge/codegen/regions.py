@@ -14,7 +14,9 @@ latest producer region it can join alone; else a region that reads one of its in
 sibling: softmax and log_softmax of one x read it once); else it starts a region. Outputs are known only at the
 end (values read outside the region): an output the loop cannot store (a value of another shape
 than the loop's or its rows) leaves the region, with what it reads (a value of no reduction) or
-what reads it (a value computed from a reduction), until every output can be stored. Regions of
+what reads it (a value computed from a reduction), until every output can be stored; the nodes
+that left form regions of their own in a further pass (the earlier regions frozen, so that no
+cycle appears through them). Regions of
 views alone, and regions nothing reads (dead code), are dropped.
 """
 
@@ -99,6 +101,16 @@ class _Former:
         self.region: dict[fx.Node, int] = {}
         self.src: dict[fx.Node, frozenset[fx.Node]] = {}  # non-region node -> nearest region nodes above it
         self.next = 0
+        self.frozen: set[int] = set()  # regions of an earlier pass: no node joins them, cycles through them count
+
+    def seed(self, nodes: list[fx.Node]) -> None:
+        """An earlier pass's region, frozen."""
+        r = self.next
+        self.parent[r] = r
+        self.members[r] = list(nodes)
+        self.region.update(dict.fromkeys(nodes, r))
+        self.frozen.add(r)
+        self.next += 1
 
     def find(self, r: int) -> int:
         while self.parent[r] != r:
@@ -158,14 +170,14 @@ class _Former:
         producers = []
         for a in node.all_input_nodes:
             r = self.of(a)
-            if r is not None and r not in producers:
+            if r is not None and r not in producers and r not in self.frozen:
                 producers.append(r)
         # siblings: regions that read one of the same values (reading it once serves both)
         siblings = []
         for a in node.all_input_nodes:
             for u in a.users:
                 r = self.of(u)
-                if r is not None and r not in producers and r not in siblings:
+                if r is not None and r not in producers and r not in siblings and r not in self.frozen:
                     siblings.append(r)
         tries = ([set(producers)] if len(producers) > 1 else []) + [{r} for r in reversed(producers)]
         tries += [{*producers, r} for r in reversed(siblings)]
@@ -241,25 +253,51 @@ def _settle(nodes: list[fx.Node]) -> tuple[list[fx.Node], Lowered] | None:
 def form_regions(graph: fx.Graph, exclude: Collection[fx.Node] = ()) -> list[Formed]:
     """Every region of fusible nodes in `graph` (see the module docstring), in graph order.
     `exclude`: nodes taken as anchors whatever they are (those a kernel family claimed)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    out: list[Formed] = []
+    allowed: set[fx.Node] | None = None
+    # the nodes a region's settling dropped (an output of another shape than its loop: a sibling max
+    # pool of another size) form regions of their own in a further pass, beside the earlier ones
+    for _ in range(_PASSES):
+        formed, dropped = _form_pass(graph, exclude, allowed, out)
+        out += formed
+        if not any(not _is_view(n) for n in dropped):
+            break
+        allowed = dropped
+    out.sort(key=lambda fr: order[fr.nodes[0]])
+    return out
+
+
+_PASSES = 3
+
+
+def _form_pass(graph: fx.Graph, exclude: Collection[fx.Node], allowed: set[fx.Node] | None,
+               earlier: list[Formed]) -> tuple[list[Formed], set[fx.Node]]:
+    """One pass of region formation over the fusible nodes (of `allowed` only, when given), the
+    `earlier` regions frozen; the regions, and the nodes their settling dropped."""
     f = _Former(graph)
+    for fr in earlier:
+        f.seed(fr.nodes)
     for node in graph.nodes:
-        if node.op != "call_function":
+        if node.op != "call_function" or node in f.region:
             continue
         if node.target is operator.getitem:
             r = f.of(node.args[0])  # type: ignore[arg-type]
-            if r is not None and IR.node_metas(node) is not None:
+            if r is not None and r not in f.frozen and IR.node_metas(node) is not None:
                 f.members[r].append(node)
                 f.region[node] = r
             continue
-        if node not in exclude and anchor_reason(node) is None:
+        if node not in exclude and anchor_reason(node) is None and (allowed is None or node in allowed):
             f.join(node)
     out: list[Formed] = []
-    for nodes in f.members.values():
-        if all(_is_view(n) for n in nodes):
+    dropped: set[fx.Node] = set()
+    for r, nodes in f.members.items():
+        if r in f.frozen or all(_is_view(n) for n in nodes):
             continue
         settled = _settle(nodes)
         if settled is None:
             continue
+        dropped |= set(nodes) - set(settled[0])
         nodes, low = settled
         if all(_is_view(n) for n in nodes):
             continue
@@ -270,8 +308,7 @@ def form_regions(graph: fx.Graph, exclude: Collection[fx.Node] = ()) -> list[For
         rec = RegionRecord(tuple(n.name for n in nodes), tuple(a.name for a in ins), tuple(o.name for o in outs),
                            low.ir.key, low.space)
         out.append(Formed(rec, nodes, ins, outs, low))
-    out.sort(key=lambda fr: f.order[fr.nodes[0]])
-    return out
+    return out, dropped
 
 
 def describe(regions: list[Formed]) -> list[dict[str, Any]]:

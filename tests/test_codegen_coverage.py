@@ -1,0 +1,114 @@
+"""Generic fusion, coverage gaps found by tools/codegen_coverage.py over KernelBench: concatenation,
+constant pads, flips, rolls, pooling windows (pad and slice views), max/min over a dim, xlogy. Each
+region's generated kernels against its fp64 reference (and the reference against the graph), odd
+and strided shapes, fp32 and bf16."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from codegen_helpers import form_and_check, trace
+
+from solforge.capture import op_name
+from solforge.codegen.regions import Formed, form_regions
+
+pytestmark = pytest.mark.usefixtures("on_device")
+
+torch.manual_seed(0)
+
+
+def ops(fr: Formed) -> list[str]:
+    return [op_name(n.target).split(".")[1] for n in fr.nodes if n.target is not operator.getitem]
+
+
+def _r(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cat_of_computed_and_strided_pieces(dtype: torch.dtype) -> None:
+    def f(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.sigmoid(x), y * 2, z], dim=1).relu() + 1
+
+    x, y = _r(3, 5, 7, dtype=dtype), _r(3, 2, 7, dtype=dtype)
+    z = _r(3, 7, 4, dtype=dtype).transpose(1, 2)  # a strided piece (3, 4, 7)
+    (r,) = form_and_check(f, x, y, z)
+    assert "cat" in ops(r) and r.record.space.shape == (3, 11, 7) and len(r.inputs) == 3
+
+
+def test_cat_last_dim_feeds_a_reduction() -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(torch.cat([x, y.exp()], dim=-1), dim=-1)
+
+    (r,) = form_and_check(f, _r(5, 9), _r(5, 4))
+    assert "cat" in ops(r) and r.record.space.reduced == (1,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_constant_pad_positive_negative_and_value(dtype: torch.dtype) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return F.pad(x * 3, (2, -1, 1, 3), value=0.5).tanh()
+
+    (r,) = form_and_check(f, _r(2, 5, 9, dtype=dtype))
+    assert "constant_pad_nd" in ops(r) and r.record.space.shape == (2, 9, 10)
+
+
+def test_flip_and_roll() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.flip(x, (0, 2)) * 2, torch.roll(x + 1, shifts=(2, -3), dims=(1, 2)).neg()
+
+    (r,) = form_and_check(f, _r(3, 5, 7))
+    assert {"flip", "roll"} <= set(ops(r))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_max_pool2d_padded_strided_dilated(dtype: torch.dtype) -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (F.max_pool2d(x.relu(), 3, 2, 1) * 2,
+                F.max_pool2d(x * 2, (2, 3), (1, 2), (1, 1), dilation=(2, 1), ceil_mode=True) + 1)
+
+    regions = form_and_check(f, _r(2, 3, 9, 11, dtype=dtype))
+    assert sum(ops(r).count("max_pool2d_with_indices") for r in regions) == 2
+
+
+def test_max_pool3d_and_avg_pool3d() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return F.max_pool3d(x.sigmoid(), 2) - 1, F.avg_pool3d(x * 3, 3, 2, 1)
+
+    regions = form_and_check(f, _r(1, 2, 5, 7, 6))
+    got = [o for r in regions for o in ops(r)]
+    assert "max_pool3d_with_indices" in got and "avg_pool3d" in got
+
+
+@pytest.mark.parametrize(("include", "ceil"), [(True, False), (False, False), (True, True), (False, True)])
+def test_avg_pool2d_divisors(include: bool, ceil: bool) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool2d(x.exp(), 3, 2, 1, ceil_mode=ceil, count_include_pad=include) * 2
+
+    (r,) = form_and_check(f, _r(2, 3, 8, 11))
+    assert "avg_pool2d" in ops(r)
+
+
+def test_max_pool_indices_read_keep_it_out() -> None:
+    """max_pool's indices are not computed: a region that would return them leaves the op out."""
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        v, i = F.max_pool2d(x.relu(), 2, return_indices=True)
+        return v * 2, i
+
+    gm = trace(f, _r(2, 3, 6, 8))
+    assert all("max_pool2d_with_indices" not in ops(r) for r in form_regions(gm.graph))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_max_min_over_a_dim_and_xlogy(dtype: torch.dtype) -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t = torch.where(x > 0.5, 0.0, x.abs())
+        return torch.max(x * 2, dim=1)[0], torch.min(x, dim=1, keepdim=True).values + 1, torch.xlogy(t, y.abs())
+
+    x = _r(4, 7, 5, dtype=dtype)
+    regions = form_and_check(f, x, _r(4, 7, 5, dtype=dtype))
+    got = [o for r in regions for o in ops(r)]
+    assert "max" in got and "min" in got and "xlogy" in got
