@@ -112,3 +112,17 @@ def test_max_min_over_a_dim_and_xlogy(dtype: torch.dtype) -> None:
     regions = form_and_check(f, x, _r(4, 7, 5, dtype=dtype))
     got = [o for r in regions for o in ops(r)]
     assert "max" in got and "min" in got and "xlogy" in got
+
+
+def test_densenet_cats_of_growing_width_stay_apart() -> None:
+    """Cats that read the same first features are siblings; one region of them all would have
+    outputs of several widths (no loop stores them): each cat stays with its own consumer."""
+    def f(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        c1 = torch.cat([x, a], 1)
+        c2 = torch.cat([x, a, b], 1)
+        return (c1 * 2).relu(), (c2 + 1).sigmoid()
+
+    regions = form_and_check(f, _r(2, 3, 5, 4), _r(2, 2, 5, 4), _r(2, 2, 5, 4))
+    spaces = sorted(r.record.space.shape for r in regions if "cat" in ops(r))
+    assert spaces == [(2, 5, 5, 4), (2, 7, 5, 4)]
+

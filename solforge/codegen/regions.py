@@ -94,7 +94,8 @@ def _is_view(node: fx.Node) -> bool:
 
 
 class _Former:
-    def __init__(self, graph: fx.Graph) -> None:
+    def __init__(self, graph: fx.Graph, exclude: Collection[fx.Node] = ()) -> None:
+        self.exclude = exclude
         self.order = {n: i for i, n in enumerate(graph.nodes)}
         self.parent: dict[int, int] = {}
         self.members: dict[int, list[fx.Node]] = {}
@@ -159,12 +160,21 @@ class _Former:
             todo += list(self.direct(ms, ms))
         return False
 
-    def valid(self, nodes: list[fx.Node]) -> bool:
+    def stuck(self, node: fx.Node) -> bool:
+        """Is `node` read by a node that can never join it (an anchor, an excluded node, the output)?"""
+        users = list(node.users)
+        if isinstance(node.meta.get("val"), (tuple, list)):
+            users = [u for g in users for u in g.users]
+        return any(u in self.exclude or anchor_reason(u) is not None for u in users)
+
+    def valid(self, nodes: list[fx.Node]) -> set[fx.Node] | None:
+        """The outputs its loop cannot store if `nodes` lower to one loop; None if they do not."""
         try:
-            ir = IR.from_nodes(nodes, outputs_of(nodes))
-            return analyze(lower(ir)).error is None
+            outs = outputs_of(nodes)
+            an = analyze(lower(IR.from_nodes(nodes, outs)))
         except (LowerError, ValueError):
-            return False
+            return None
+        return None if an.error is not None else {outs[k] for k in an.bad_outputs}
 
     def join(self, node: fx.Node) -> None:
         producers = []
@@ -180,18 +190,31 @@ class _Former:
                 if r is not None and r not in producers and r not in siblings and r not in self.frozen:
                     siblings.append(r)
         tries = ([set(producers)] if len(producers) > 1 else []) + [{r} for r in reversed(producers)]
+        sib = len(tries)
         tries += [{*producers, r} for r in reversed(siblings)]
-        for group in tries:
+        for k, group in enumerate(tries):
             nodes = sorted([n for r in group for n in self.members[r]] + [node], key=self.order.__getitem__)
-            if not self.cyclic(group, node) and self.valid(nodes):
-                keep = min(group)
-                for r in group:
-                    self.parent[r] = keep
-                    if r != keep:
-                        del self.members[r]
-                self.members[keep] = nodes
-                self.region[node] = keep
-                return
+            if self.cyclic(group, node):
+                continue
+            bad = self.valid(nodes)
+            if bad is None:
+                continue
+            # a join may not leave an output its loop cannot store, for good: a sibling's at all,
+            # a producer's when an anchor reads it (DenseNet's cats of growing width all read the
+            # first features: one region of them all would be split again by _settle, losing
+            # them; a value read by an op that may join later is an output for now only)
+            new = bad - (self.valid(sorted([n for r in group for n in self.members[r]], key=self.order.__getitem__))
+                         or set())
+            if new and (k >= sib or any(self.stuck(o) for o in new)):
+                continue
+            keep = min(group)
+            for r in group:
+                self.parent[r] = keep
+                if r != keep:
+                    del self.members[r]
+            self.members[keep] = nodes
+            self.region[node] = keep
+            return
         self.parent[self.next] = self.next
         self.members[self.next] = [node]
         self.region[node] = self.next
@@ -275,7 +298,7 @@ def _form_pass(graph: fx.Graph, exclude: Collection[fx.Node], allowed: set[fx.No
                earlier: list[Formed]) -> tuple[list[Formed], set[fx.Node]]:
     """One pass of region formation over the fusible nodes (of `allowed` only, when given), the
     `earlier` regions frozen; the regions, and the nodes their settling dropped."""
-    f = _Former(graph)
+    f = _Former(graph, exclude)
     for fr in earlier:
         f.seed(fr.nodes)
     for node in graph.nodes:
