@@ -126,3 +126,17 @@ def test_densenet_cats_of_growing_width_stay_apart() -> None:
     spaces = sorted(r.record.space.shape for r in regions if "cat" in ops(r))
     assert spaces == [(2, 5, 5, 4), (2, 7, 5, 4)]
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reductions_over_size_one_dims(dtype: torch.dtype) -> None:
+    """GroupNorm of one channel per group on a 2-D input (what a GEMM feeds): statistics over a
+    dim of size 1, the variance reading the mean; a value of `rows` elements is one of the loop."""
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        xg = (x * torch.sigmoid(x)).reshape(5, 7, 1)
+        var, mean = torch.var_mean(xg, dim=-1, correction=0, keepdim=True)
+        y = ((xg - mean) * torch.rsqrt(var + 1e-5)).reshape(5, 7)
+        return y * w + b
+
+    (r,) = form_and_check(f, _r(5, 7, dtype=dtype), _r(7, dtype=dtype), _r(7, dtype=dtype))
+    assert "var_mean" in ops(r) and "sigmoid" in ops(r)

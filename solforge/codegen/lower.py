@@ -833,8 +833,10 @@ def analyze(kg: KernelGraph) -> Analysis:
         # pw
         dk = {kinds[j] for j in dep}
         keep = tuple(1 if d in D else s for d, s in enumerate(S))
-        if dk == {"row"} and numel == rows and all(_strip(nodes[j].shape) == _strip(n.shape) or
-                                                   math.prod(nodes[j].shape) == 1 for j in dep):
+        # (reduced dims all of size 1: a value of `rows` elements is one of the loop too; "loop"
+        # lets a later reduction read it, as GroupNorm's of one channel per group does)
+        if dk == {"row"} and numel == rows and numel != numel_s and all(
+                _strip(nodes[j].shape) == _strip(n.shape) or math.prod(nodes[j].shape) == 1 for j in dep):
             kinds.append("row")
         elif numel == numel_s and all(
                 _strip(nodes[j].shape) == _strip(n.shape) if kinds[j] == "loop" else
