@@ -131,7 +131,7 @@ def test_densenet_cats_of_growing_width_stay_apart() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reductions_over_size_one_dims(dtype: torch.dtype) -> None:
     """GroupNorm of one channel per group on a 2-D input (what a GEMM feeds): statistics over a
-    dim of size 1, the variance reading the mean; a value of `rows` elements is one of the loop."""
+    dim of size 1 (the input itself), the variance reading the mean."""
     def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         xg = (x * torch.sigmoid(x)).reshape(5, 7, 1)
         var, mean = torch.var_mean(xg, dim=-1, correction=0, keepdim=True)
@@ -140,3 +140,15 @@ def test_reductions_over_size_one_dims(dtype: torch.dtype) -> None:
 
     (r,) = form_and_check(f, _r(5, 7, dtype=dtype), _r(7, dtype=dtype), _r(7, dtype=dtype))
     assert "var_mean" in ops(r) and "sigmoid" in ops(r)
+
+
+def test_reductions_of_a_reduced_row_over_its_size_one_dim() -> None:
+    """KernelBench's GEMM + sum + max + logsumexp chains: after a keepdim reduction, reductions over
+    the dim of size 1 left are their input, and the chain is one region."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        s = (x * 2).sum(1, keepdim=True)
+        m = torch.max(s, 1, keepdim=True)[0].mean(1, keepdim=True)
+        return torch.logsumexp(torch.logsumexp(m, 1, keepdim=True), 1, keepdim=True)
+
+    (r,) = form_and_check(f, _r(7, 13))
+    assert "logsumexp" in ops(r) and r.record.space.reduced == (1,)

@@ -174,6 +174,10 @@ class _Builder:
             tuple(n for d, n in enumerate(s) if d not in ds)
         if self.nodes[x.id].ktype != "f":  # accumulate in fp32 (an integer sum is exact below 2^24)
             x = self.pw("to_f", x, ktype="f")
+        if math.prod(s[d] for d in ds) == 1 and math.prod(s) > 0:
+            # over dims of size 1 a sum, max or min is its input: no loop of its own (a logsumexp of
+            # a (B, 1) row sum, after a GEMM, would otherwise reduce a per-row value)
+            return self.reshape(x, out)
         return self.add("reduce", fn, (x.id,), (ds, keepdim), out, "f")
 
 
@@ -833,10 +837,8 @@ def analyze(kg: KernelGraph) -> Analysis:
         # pw
         dk = {kinds[j] for j in dep}
         keep = tuple(1 if d in D else s for d, s in enumerate(S))
-        # (reduced dims all of size 1: a value of `rows` elements is one of the loop too; "loop"
-        # lets a later reduction read it, as GroupNorm's of one channel per group does)
-        if dk == {"row"} and numel == rows and numel != numel_s and all(
-                _strip(nodes[j].shape) == _strip(n.shape) or math.prod(nodes[j].shape) == 1 for j in dep):
+        if dk == {"row"} and numel == rows and all(_strip(nodes[j].shape) == _strip(n.shape) or
+                                                   math.prod(nodes[j].shape) == 1 for j in dep):
             kinds.append("row")
         elif numel == numel_s and all(
                 _strip(nodes[j].shape) == _strip(n.shape) if kinds[j] == "loop" else
