@@ -152,3 +152,15 @@ def test_reductions_of_a_reduced_row_over_its_size_one_dim() -> None:
 
     (r,) = form_and_check(f, _r(7, 13))
     assert "logsumexp" in ops(r) and r.record.space.reduced == (1,)
+
+
+def test_max_pool1d_with_a_dead_view_of_its_indices() -> None:
+    """MaxPool1d's graph squeezes both items of max_pool2d_with_indices; the indices' view is
+    read by nothing, so the op still joins a region."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        v, i = torch.ops.aten.max_pool2d_with_indices.default(x.unsqueeze(-2), [1, 4], [1, 2], [0, 2], [1, 2])
+        i.squeeze(-2)
+        return v.squeeze(-2) * 2
+
+    (r,) = form_and_check(f, _r(2, 3, 17))
+    assert "max_pool2d_with_indices" in ops(r)

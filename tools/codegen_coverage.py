@@ -24,7 +24,7 @@ Each call_function node of each graph is then one of:
 
 Bytes: the shrunk sizes make every region tiny, so the generated matcher's MIN_BYTES floor is set to
 0 here (at the official sizes those regions clear it); "one pointwise op" refusals are reported as
-their own row (eager's kernel is already one pass: not a coverage gap).
+their own row, as are layout copies alone (eager's kernel is already one pass: not a coverage gap).
 """
 
 from __future__ import annotations
@@ -247,9 +247,11 @@ def audit_graph(graph: fx.Graph) -> dict[str, Any]:
         else:
             scs = [s for s in copies.get(n, []) if s.graph is sc.graph and s.op == "call_function"]
             why = _scratch_reason(scs[0], region_reason, in_region) if scs else "no scratch copy"
-        if why.startswith("not worth a kernel: one pointwise op"):
+        if why.startswith(("not worth a kernel: one pointwise op", "not worth a kernel: no compute op")):
+            # one pointwise op, or a layout copy (a permuted view's clone) between anchors: eager's
+            # kernel is one pass already, not a coverage gap
             counts["left"] -= 1
-            counts["single"] += 1  # eager's kernel is one pass already: not a coverage gap
+            counts["single"] += 1
             single[op_name(n.target)] += 1
             continue
         left.append({"op": op_name(n.target), "why": why})
@@ -344,13 +346,13 @@ def table(rows: list[dict[str, Any]], command: str) -> str:
         f"Problems: {len(rows)} ({len(errs)} failed to load or capture); with a memory-bound node left out: "
         f"{with_left}.",
         "",
-        "| family | generated | anchor | view/alloc (outside) | dead | single pointwise op | left out |",
+        "| family | generated | anchor | view/alloc (outside) | dead | single op or copy | left out |",
         "|---:|---:|---:|---:|---:|---:|---:|",
         f"| {total['family']} | {total['generated']} | {total['anchor']} | {total['view']} | {total['dead']} "
         f"| {total['single']} | {total['left']} |",
         "",
-        "A single pointwise op with no fusible neighbour stays an eager op on purpose (its kernel is one pass",
-        "already): counted apart, not a gap.",
+        "A single pointwise op, or a layout copy (clone of a permuted view), with no fusible neighbour stays",
+        "an eager op on purpose (its kernel is one pass already): counted apart, not a gap.",
         "",
         "## Left-out ops by count",
         "",
@@ -361,7 +363,7 @@ def table(rows: list[dict[str, Any]], command: str) -> str:
         reasons = sorted(((k[1], v) for k, v in by_reason.items() if k[0] == op), key=lambda t: -t[1])
         why = "; ".join(f"{w} ({v})" for w, v in reasons[:3]) + (" ..." if len(reasons) > 3 else "")
         lines.append(f"| {op} | {n} | {len(problems_of[op])} | {why.replace('|', '/')} |")
-    lines += ["", "## Single pointwise ops (not gaps)", "", "| op | nodes |", "|---|---:|"]
+    lines += ["", "## Single pointwise ops and layout copies (not gaps)", "", "| op | nodes |", "|---|---:|"]
     lines += [f"| {op} | {n} |" for op, n in single.most_common()]
     lines += ["", "## Anchors by count", "", "| op | nodes |", "|---|---:|"]
     lines += [f"| {op} | {n} |" for op, n in anchors.most_common()]

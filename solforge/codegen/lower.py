@@ -766,10 +766,20 @@ def lower(ir: RegionIR) -> KernelGraph:
             return tuple(conv(x) for x in a)
         return a
 
+    def missing(a: Any) -> bool:
+        if isinstance(a, Ref):
+            return a.src == "op" and results[a.i][a.item or 0] is None
+        return isinstance(a, tuple) and any(missing(x) for x in a)
+
     for op in ir.ops:
         low = LOWERINGS.get(op.target)
         if low is None:
             raise LowerError(f"no lowering for {op.target}")
+        if any(missing(a) for a in op.args) or any(missing(v) for _, v in op.kwargs):
+            # reads an item not computed (max_pool's indices, through a dead squeeze): so is its
+            # result; an error only if the region returns it
+            results.append((None,) * len(op.out))
+            continue
         b.current = op.target
         got = low(b, [conv(a) for a in op.args], {k: conv(v) for k, v in op.kwargs}, [m.shape for m in op.out])
         got = got if isinstance(got, tuple) else (got,)
