@@ -164,3 +164,58 @@ def test_max_pool1d_with_a_dead_view_of_its_indices() -> None:
 
     (r,) = form_and_check(f, _r(2, 3, 17))
     assert "max_pool2d_with_indices" in ops(r)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_more_activations_and_unary_functions(dtype: torch.dtype) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        s = torch.sigmoid(x)
+        return (F.celu(x, 0.7) + F.logsigmoid(x * 3) + F.softshrink(x, 0.3) + F.hardshrink(x, 0.4)
+                + F.threshold(x, 0.1, 2.0) + torch.logit(s, 1e-3) + torch.erfc(x) + torch.sgn(x)
+                + torch.log10(x.abs() + 1) + torch.tan(x * 0.5) + torch.sinh(x) + torch.cosh(x) + torch.asinh(x * 4))
+
+    (r,) = form_and_check(f, _r(3, 5, 17, dtype=dtype))
+    assert {"celu", "log_sigmoid_forward", "logit", "asinh"} <= set(ops(r))
+
+
+def test_round_half_even_and_frac() -> None:
+    """fp32 only: in bf16 the graph's own rounding of x * 4 moves values across round's steps."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.round(x * 4) + torch.frac(x * 3)
+
+    x = _r(3, 5, 17)
+    x.view(-1)[:5] = torch.tensor([0.5, -1.5, 2.5, -0.5, 3.5]) / 4  # ties, to the even neighbour
+    (r,) = form_and_check(f, x)
+    assert {"round", "frac"} <= set(ops(r))
+
+
+def test_prelu() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.prelu(x * 2, w) + 1
+
+    (r,) = form_and_check(f, _r(2, 3, 7), torch.rand(3))
+    assert "_prelu_kernel" in ops(r)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_binary_powers_remainders_rounding_divisions(dtype: torch.dtype) -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        e = torch.round(y * 2) / 2  # whole and half exponents, negative bases among them
+        return (torch.pow(x, e) + torch.pow(2.0, y) + torch.remainder(x, 0.7) + torch.fmod(x, y.abs() + 0.5)
+                + torch.floor_divide(x, 0.3) + torch.div(x, y.abs() + 0.5, rounding_mode="trunc")
+                + torch.fmax(x, torch.where(y > 1, float("nan"), y)) + torch.fmin(x, y)).nan_to_num(0.0)
+
+    x, y = _r(4, 9, dtype=dtype), _r(4, 9, dtype=dtype)
+    regions = form_and_check(f, x, y)
+    got = {o for r in regions for o in ops(r)}
+    assert {"pow", "remainder", "fmod", "floor_divide", "div", "fmax", "fmin"} <= got
+
+
+def test_any_all_and_boolean_ops() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = torch.logical_xor(x > 0, x < 0.5)
+        return (~a).any(-1).float() * 2, (x > -1.5).all(-1).float() + x.sum(-1)
+
+    regions = form_and_check(f, _r(6, 11))
+    got = {o for r in regions for o in ops(r)}
+    assert {"any", "all", "logical_xor", "bitwise_not"} <= got

@@ -447,6 +447,166 @@ def _select(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, 
     return b.view("select", x, (dim, a[2] % s[dim]), out[0])
 
 
+# --- more pointwise ops, written with the templates above (no generator change)
+
+
+def _f(b: _Builder, x: Any) -> V:
+    x = b.t(x)
+    return x if b.ktype(x) == "f" else b.pw("to_f", x, ktype="f")
+
+
+@_reg("aten.celu.default")
+def _celu(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    alpha = float(kw.get("alpha", a[1] if len(a) > 1 else 1.0))
+    if alpha == 0:
+        raise LowerError("celu with alpha 0")
+    return b.pw("elu", a[0], params=(alpha, 1.0, 1.0 / alpha), ktype="f")
+
+
+@_reg("aten.log_sigmoid_forward.default")
+def _log_sigmoid(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> tuple[V, None]:
+    # min(x, 0) - log1p(exp(-|x|)): no overflow either side; the buffer (for the backward) is not computed
+    x = _f(b, a[0])
+    e = b.pw("log1p", b.pw("exp", b.pw("neg", b.pw("abs", x)), ktype="f"), ktype="f")
+    return b.pw("sub", b.pw("min2", x, 0.0), e, ktype="f"), None
+
+
+@_reg("aten.softshrink.default", "aten.hardshrink.default")
+def _shrink(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = _f(b, a[0])
+    lam = float(kw.get("lambd", a[1] if len(a) > 1 else 0.5))
+    if "hardshrink" in b.current:
+        return b.pw("where", b.pw("gt", b.pw("abs", x), lam, ktype="b"), x, 0.0, ktype="f")
+    inner = b.pw("where", b.pw("lt", x, -lam, ktype="b"), b.pw("add", x, lam), 0.0, ktype="f")
+    return b.pw("where", b.pw("gt", x, lam, ktype="b"), b.pw("sub", x, lam), inner, ktype="f")
+
+
+@_reg("aten.threshold.default")
+def _threshold(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    return b.pw("where", b.pw("gt", x, a[1], ktype="b"), x, a[2], ktype=b.ktype(x))
+
+
+@_reg("aten._prelu_kernel.default")
+def _prelu(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x, w = _f(b, a[0]), b.t(a[1])
+    if broadcast(b.shape(x), b.shape(w)) != b.shape(x):
+        raise LowerError("prelu weight does not broadcast to the input")
+    return b.pw("where", b.pw("gt", x, 0.0, ktype="b"), x, b.pw("mul", w, x), ktype="f")
+
+
+@_reg("aten.logit.default")
+def _logit(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = _f(b, a[0])
+    eps = kw.get("eps", a[1] if len(a) > 1 else None)
+    if eps is not None:
+        x = _bounds(b, x, float(eps), 1.0 - float(eps))
+    return b.pw("log", b.pw("div", x, b.pw("sub", 1.0, x), ktype="f"), ktype="f")
+
+
+def _pw1(expr: Callable[[_Builder, V], V]) -> Lowering:
+    return lambda b, a, kw, out: expr(b, _f(b, a[0]))
+
+
+_LN10, _LN2 = math.log(10.0), math.log(2.0)
+_reg("aten.erfc.default")(_pw1(lambda b, x: b.pw("sub", 1.0, b.pw("erf", x, ktype="f"))))
+_reg("aten.sgn.default")(lambda b, a, kw, out: b.pw("sign", a[0]))
+_reg("aten.frac.default")(_pw1(lambda b, x: b.pw("sub", x, b.pw("trunc", x, ktype="f"))))
+_reg("aten.log10.default")(_pw1(lambda b, x: b.pw("mul", b.pw("log", x, ktype="f"), 1.0 / _LN10)))
+_reg("aten.tan.default")(_pw1(lambda b, x: b.pw("div", b.pw("sin", x, ktype="f"), b.pw("cos", x, ktype="f"))))
+_reg("aten.cosh.default")(_pw1(lambda b, x: b.pw("mul", b.pw("add", b.pw("exp", x, ktype="f"), b.pw(
+    "exp", b.pw("neg", x), ktype="f")), 0.5)))
+# sinh through expm1 of |x| keeps small arguments accurate: sinh = sign(x) * (e - 1/e) / 2, e = exp(|x|)
+_reg("aten.sinh.default")(_pw1(lambda b, x: b.pw("mul", b.pw("sign", x), b.pw("mul", b.pw(
+    "sub", b.pw("exp", b.pw("abs", x), ktype="f"), b.pw("exp", b.pw("neg", b.pw("abs", x)), ktype="f")), 0.5))))
+_reg("aten.asinh.default")(_pw1(lambda b, x: b.pw("mul", b.pw("sign", x), b.pw("log", b.pw(
+    "add", b.pw("abs", x), b.pw("sqrt", b.pw("add", b.pw("mul", x, x), 1.0), ktype="f")), ktype="f"))))
+
+
+@_reg("aten.round.default")
+def _round_half_even(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = _f(b, a[0])
+    r = b.pw("floor", b.pw("add", x, 0.5), ktype="f")
+    # a tie (x + 0.5 whole) rounds to the even neighbour
+    tie = b.pw("eq", b.pw("sub", r, x), 0.5, ktype="b")
+    odd = b.pw("ne", b.pw("sub", r, b.pw("mul", b.pw("floor", b.pw("mul", r, 0.5), ktype="f"), 2.0)), 0.0, ktype="b")
+    return b.pw("where", b.pw("and", tie, odd, ktype="b"), b.pw("sub", r, 1.0), r, ktype="f")
+
+
+@_reg("aten.remainder.Scalar", "aten.remainder.Tensor", "aten.fmod.Scalar", "aten.fmod.Tensor")
+def _remainder(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    if b.ktype(a[0]) != "f" and b.ktype(a[1]) != "f":
+        raise LowerError("an integer remainder")
+    q = b.pw("div", a[0], a[1], ktype="f")
+    q = b.pw("floor" if "remainder" in b.current else "trunc", q, ktype="f")
+    return b.pw("sub", _f(b, a[0]), b.pw("mul", q, a[1]), ktype="f")
+
+
+@_reg("aten.floor_divide.default", "aten.div.Tensor_mode", "aten.div.Scalar_mode")
+def _div_mode(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    mode = kw.get("rounding_mode", a[2] if len(a) > 2 else "floor" if "floor_divide" in b.current else None)
+    ints = b.ktype(a[0]) != "f" and b.ktype(a[1]) != "f"
+    q = b.pw("div", a[0], a[1], ktype="f")
+    if mode is not None:
+        q = b.pw("floor" if mode == "floor" else "trunc", q, ktype="f")
+    if ints:
+        if mode is None:
+            return q
+        if b.ktype(a[1]) != "i" and b.ktype(a[0]) != "i":
+            raise LowerError("a rounding division of booleans")
+        return b.pw("to_i", q, params=("int64",), ktype="i")  # exact below 2^24
+    return q
+
+
+def _pow_ff(b: _Builder, x: Any, y: Any) -> V:
+    """x ** y for float tensors: |x| ** y, negated for a negative x and an odd whole y, NaN for a
+    negative x and a fractional y; 1 where y is 0 (0 ** 0 too)."""
+    xf, yf = _f(b, x), _f(b, y)
+    mag = b.pw("exp2", b.pw("mul", yf, b.pw("log2", b.pw("abs", xf), ktype="f")), ktype="f")
+    whole = b.pw("eq", b.pw("floor", yf, ktype="f"), yf, ktype="b")
+    half = b.pw("mul", yf, 0.5)
+    odd = b.pw("and", whole, b.pw("ne", b.pw("floor", half, ktype="f"), half, ktype="b"), ktype="b")
+    neg = b.pw("where", whole, b.pw("where", odd, b.pw("neg", mag), mag, ktype="f"), float("nan"), ktype="f")
+    r = b.pw("where", b.pw("lt", xf, 0.0, ktype="b"), neg, mag, ktype="f")
+    return b.pw("where", b.pw("eq", yf, 0.0, ktype="b"), 1.0, r, ktype="f")
+
+
+@_reg("aten.pow.Tensor_Tensor", "aten.pow.Scalar")
+def _pow_t(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    if b.ktype(a[0]) != "f" and b.ktype(a[1]) != "f":
+        raise LowerError("an integer power")
+    return _pow_ff(b, a[0], a[1])
+
+
+@_reg("aten.fmax.default", "aten.fmin.default")
+def _fmax(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x, y = _f(b, a[0]), _f(b, a[1])
+    m = b.pw("max2" if "fmax" in b.current else "min2", x, y, ktype="f")
+    m = b.pw("where", b.pw("isnan", y, ktype="b"), x, m, ktype="f")  # a NaN loses to a number
+    return b.pw("where", b.pw("isnan", x, ktype="b"), y, m, ktype="f")
+
+
+_reg("aten.logical_xor.default")(lambda b, a, kw, out: b.pw("ne", b.pw("to_b", a[0], ktype="b"),
+                                                             b.pw("to_b", a[1], ktype="b"), ktype="b"))
+
+
+@_reg("aten.bitwise_not.default")
+def _bitwise_not(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    if b.ktype(a[0]) != "b":
+        raise LowerError("bitwise_not of an integer")
+    return b.pw("not", a[0], ktype="b")
+
+
+@_reg("aten.any.dim", "aten.any.dims", "aten.any.default", "aten.all.dim", "aten.all.dims", "aten.all.default")
+def _any(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    dims = _dims(a[1] if len(a) > 1 else None, len(b.shape(x)))
+    keepdim = bool(kw.get("keepdim", a[2] if len(a) > 2 else False))
+    nz = b.pw("to_f", b.pw("to_b", x, ktype="b"), ktype="f")
+    r = b.reduce("max" if ".any" in b.current else "min", nz, dims, keepdim)
+    return b.pw("gt", r, 0.0, ktype="b")
+
+
 # --- pads, concatenation, flips, rolls, pooling windows: pad and slice views
 
 _LIST_OPS = {"aten.cat.default"}  # ops whose list-of-tensors argument lower() passes as a tuple of values
