@@ -219,3 +219,23 @@ def test_any_all_and_boolean_ops() -> None:
     regions = form_and_check(f, _r(6, 11))
     got = {o for r in regions for o in ops(r)}
     assert {"any", "all", "logical_xor", "bitwise_not"} <= got
+
+
+def test_no_region_reads_an_anchor_that_reads_it() -> None:
+    """A region whose value feeds a matmul may not take in what reads the matmul's result (one
+    kernel cannot run both before and after it)."""
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        a = (x * 2).exp()
+        return a @ w + a.sum(-1, keepdim=True)
+
+    gm = trace(f, _r(5, 7), _r(7, 7))
+    for r in form_regions(gm.graph):
+        ins = set(r.inputs)
+        # nothing the region reads is computed from what it returns
+        todo, seen = list(r.outputs), set()
+        while todo:
+            n = todo.pop()
+            assert n not in ins, f"region {ops(r)} reads {n.name}, computed from its own output"
+            if n not in seen:
+                seen.add(n)
+                todo += list(n.users)

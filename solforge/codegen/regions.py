@@ -147,6 +147,12 @@ class _Former:
     def cyclic(self, group: set[int], node: fx.Node) -> bool:
         """Would the union of regions `group` and `node` read a value computed from itself?"""
         inside = {n for r in group for n in self.members[r]} | {node}
+        # through non-region nodes alone (an anchor reads a value of the group, the group reads the
+        # anchor: NetVLAD's softmax feeds a bmm whose result joins its column sums)
+        for n in inside:
+            for a in n.all_input_nodes:
+                if a not in inside and a not in self.region and not self.above(a).isdisjoint(inside):
+                    return True
         todo = list(self.direct(inside, inside) - group)
         seen: set[int] = set()
         while todo:
