@@ -8,6 +8,7 @@ The kernel graph has five kinds of node, each with its shape and kernel type ('f
   view    index arithmetic: reshape, permute, expand, slice, select (no data moves); pad (its input
           shifted along one dim, a fill outside it: concatenation, constant pads, pooling windows)
   reduce  sum/max/min over some dims of one operand
+  index   the index along one dim of its shape (an integer: triu/tril's masks)
 Composite ATen ops are written out here: mean = sum / n, var = sum((x - mean)^2) / (n - correction),
 softmax = exp(x - max) / sum(exp(x - max)), log_softmax, logsumexp, vector norms.
 
@@ -479,6 +480,20 @@ def _shrink(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, 
         return b.pw("where", b.pw("gt", b.pw("abs", x), lam, ktype="b"), x, 0.0, ktype="f")
     inner = b.pw("where", b.pw("lt", x, -lam, ktype="b"), b.pw("add", x, lam), 0.0, ktype="f")
     return b.pw("where", b.pw("gt", x, lam, ktype="b"), b.pw("sub", x, lam), inner, ktype="f")
+
+
+@_reg("aten.triu.default", "aten.tril.default")
+def _triu(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    s = b.shape(x)
+    k = int(kw.get("diagonal", a[1] if len(a) > 1 else 0))
+    if len(s) < 2:
+        raise LowerError("triu/tril of fewer than 2 dims")
+    col = b.add("index", "", (), (len(s) - 1,), s, "i")
+    row = b.add("index", "", (), (len(s) - 2,), s, "i")
+    d = b.pw("sub", col, row, ktype="i")
+    keep = b.pw("ge" if "triu" in b.current else "le", d, k, ktype="b")
+    return b.pw("where", keep, x, False if b.ktype(x) == "b" else 0, ktype=b.ktype(x))
 
 
 @_reg("aten.threshold.default")

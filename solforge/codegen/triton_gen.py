@@ -213,6 +213,9 @@ class _Gen:
             return self.acc[i], "f"
         if node.kind == "const":
             return _lit(node.params[0], node.ktype), node.ktype
+        if node.kind == "index":  # the loop point's index along one dim of the value (triu's masks)
+            j = idx[node.params[0]]
+            return (f"tl.full([], {j}, tl.int32)" if re.fullmatch(r"-?\d+", j) else j), "i"
         if node.kind == "view" and node.fn == "pad":
             return self.pad(i, node, idx)
         if node.kind == "view":
