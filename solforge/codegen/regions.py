@@ -11,13 +11,15 @@ Growth, in graph order: a fusible node joins the region(s) of its producers (mer
 result still has one loop space (lower.analyze) and no cycle appears between regions (a region
 runs as one kernel: it may not read, through other nodes, a value computed from itself); else the
 latest producer region it can join alone; else a region that reads one of its inputs too (a
-sibling: softmax and log_softmax of one x read it once); else it starts a region. Outputs are known only at the
+sibling: softmax and log_softmax of one x read it once); else it starts a region. A join may not
+leave an output the loop cannot store for good (a sibling's at all; a producer's when an anchor
+reads it): settling would cut it out again, with all it reads. Outputs are known only at the
 end (values read outside the region): an output the loop cannot store (a value of another shape
 than the loop's or its rows) leaves the region, with what it reads (a value of no reduction) or
 what reads it (a value computed from a reduction), until every output can be stored; the nodes
 that left form regions of their own in a further pass (the earlier regions frozen, so that no
-cycle appears through them). Regions of
-views alone, and regions nothing reads (dead code), are dropped.
+cycle appears through them; a max pool of another size than its sibling's). Regions of views
+alone, and regions nothing reads (dead code), are dropped.
 """
 
 from __future__ import annotations
