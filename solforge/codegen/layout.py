@@ -3,7 +3,7 @@
 The schedules need to know which dim of the loop space S the inputs are contiguous along: a row
 reduction reads coalesced only when the reduced dims are the inputs' innermost; otherwise a 2-D
 tile along the innermost KEPT dim does (schedule.py's "tiles"). The inputs' strides are in the IR,
-but a load reaches its input through views (permute, reshape, expand, slice, select), so the map
+but a load reaches its input through views (permute, reshape, expand, slice, select, pad), so the map
 from loop dims to input strides is found by walking the kernel graph with concrete indices: the
 loop's origin and one unit step along each dim, evaluated together (a reshape is div/mod, so the
 step at the origin stands for the dim's stride, exact for every view but a reshape that splits a
@@ -81,6 +81,9 @@ def _view(node: KNode, src: Sequence[int], idx: Idx, points: int) -> Idx:
     if node.fn == "select":
         dim, at = node.params
         return (*idx[:dim], (at,) * points, *idx[dim:])
+    if node.fn == "pad":
+        dim, before, _fill = node.params
+        return tuple(tuple(v - before for v in x) if d == dim else x for d, x in enumerate(idx))
     raise AssertionError(node.fn)
 
 

@@ -5,8 +5,10 @@ The kernel graph has five kinds of node, each with its shape and kernel type ('f
   load    input i, read through its strides at whatever index its reader asks for
   const   a Python scalar
   pw      one pointwise function (the `PW` templates in triton_gen.py) of its operands, broadcast
-  view    index arithmetic: reshape, permute, expand, slice, select (no data moves)
+  view    index arithmetic: reshape, permute, expand, slice, select (no data moves); pad (its input
+          shifted along one dim, a fill outside it: concatenation, constant pads, pooling windows)
   reduce  sum/max/min over some dims of one operand
+  index   the index along one dim of its shape (an integer: triu/tril's masks)
 Composite ATen ops are written out here: mean = sum / n, var = sum((x - mean)^2) / (n - correction),
 softmax = exp(x - max) / sum(exp(x - max)), log_softmax, logsumexp, vector norms.
 
@@ -152,6 +154,20 @@ class _Builder:
             raise LowerError(f"reshape {self.shape(x)} -> {tuple(shape)}")
         return self.view("reshape", x, (tuple(shape),), shape)
 
+    def pad(self, x: V, dim: int, before: int, size: int, fill: Any) -> V:
+        """x shifted by `before` along dim into a value `size` long there, `fill` outside it."""
+        s = self.shape(x)
+        if before == 0 and size == s[dim]:
+            return x
+        shape = (*s[:dim], size, *s[dim + 1:])
+        return self.view("pad", x, (dim, before, fill), shape)
+
+    def slice(self, x: V, dim: int, start: int, step: int, size: int) -> V:
+        s = self.shape(x)
+        if start == 0 and step == 1 and size == s[dim]:
+            return x
+        return self.view("slice", x, (dim, start, step), (*s[:dim], size, *s[dim + 1:]))
+
     def reduce(self, fn: str, x: V, dims: Sequence[int] | None, keepdim: bool) -> V:
         s = self.shape(x)
         ds = _dims(dims, len(s))
@@ -159,6 +175,10 @@ class _Builder:
             tuple(n for d, n in enumerate(s) if d not in ds)
         if self.nodes[x.id].ktype != "f":  # accumulate in fp32 (an integer sum is exact below 2^24)
             x = self.pw("to_f", x, ktype="f")
+        if math.prod(s[d] for d in ds) == 1 and math.prod(s) > 0:
+            # over dims of size 1 a sum, max or min is its input: no loop of its own (a logsumexp of
+            # a (B, 1) row sum, after a GEMM, would otherwise reduce a per-row value)
+            return self.reshape(x, out)
         return self.add("reduce", fn, (x.id,), (ds, keepdim), out, "f")
 
 
@@ -428,6 +448,342 @@ def _select(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, 
     return b.view("select", x, (dim, a[2] % s[dim]), out[0])
 
 
+# --- more pointwise ops, written with the templates above (no generator change)
+
+
+def _f(b: _Builder, x: Any) -> V:
+    x = b.t(x)
+    return x if b.ktype(x) == "f" else b.pw("to_f", x, ktype="f")
+
+
+@_reg("aten.celu.default")
+def _celu(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    alpha = float(kw.get("alpha", a[1] if len(a) > 1 else 1.0))
+    if alpha == 0:
+        raise LowerError("celu with alpha 0")
+    return b.pw("elu", a[0], params=(alpha, 1.0, 1.0 / alpha), ktype="f")
+
+
+@_reg("aten.log_sigmoid_forward.default")
+def _log_sigmoid(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> tuple[V, None]:
+    # min(x, 0) - log1p(exp(-|x|)): no overflow either side; the buffer (for the backward) is not computed
+    x = _f(b, a[0])
+    e = b.pw("log1p", b.pw("exp", b.pw("neg", b.pw("abs", x)), ktype="f"), ktype="f")
+    return b.pw("sub", b.pw("min2", x, 0.0), e, ktype="f"), None
+
+
+@_reg("aten.softshrink.default", "aten.hardshrink.default")
+def _shrink(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = _f(b, a[0])
+    lam = float(kw.get("lambd", a[1] if len(a) > 1 else 0.5))
+    if "hardshrink" in b.current:
+        return b.pw("where", b.pw("gt", b.pw("abs", x), lam, ktype="b"), x, 0.0, ktype="f")
+    inner = b.pw("where", b.pw("lt", x, -lam, ktype="b"), b.pw("add", x, lam), 0.0, ktype="f")
+    return b.pw("where", b.pw("gt", x, lam, ktype="b"), b.pw("sub", x, lam), inner, ktype="f")
+
+
+@_reg("aten.triu.default", "aten.tril.default")
+def _triu(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    s = b.shape(x)
+    k = int(kw.get("diagonal", a[1] if len(a) > 1 else 0))
+    if len(s) < 2:
+        raise LowerError("triu/tril of fewer than 2 dims")
+    col = b.add("index", "", (), (len(s) - 1,), s, "i")
+    row = b.add("index", "", (), (len(s) - 2,), s, "i")
+    d = b.pw("sub", col, row, ktype="i")
+    keep = b.pw("ge" if "triu" in b.current else "le", d, k, ktype="b")
+    return b.pw("where", keep, x, False if b.ktype(x) == "b" else 0, ktype=b.ktype(x))
+
+
+@_reg("aten.threshold.default")
+def _threshold(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    return b.pw("where", b.pw("gt", x, a[1], ktype="b"), x, a[2], ktype=b.ktype(x))
+
+
+@_reg("aten._prelu_kernel.default")
+def _prelu(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x, w = _f(b, a[0]), b.t(a[1])
+    if broadcast(b.shape(x), b.shape(w)) != b.shape(x):
+        raise LowerError("prelu weight does not broadcast to the input")
+    return b.pw("where", b.pw("gt", x, 0.0, ktype="b"), x, b.pw("mul", w, x), ktype="f")
+
+
+@_reg("aten.logit.default")
+def _logit(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = _f(b, a[0])
+    eps = kw.get("eps", a[1] if len(a) > 1 else None)
+    if eps is not None:
+        x = _bounds(b, x, float(eps), 1.0 - float(eps))
+    return b.pw("log", b.pw("div", x, b.pw("sub", 1.0, x), ktype="f"), ktype="f")
+
+
+def _pw1(expr: Callable[[_Builder, V], V]) -> Lowering:
+    return lambda b, a, kw, out: expr(b, _f(b, a[0]))
+
+
+_LN10, _LN2 = math.log(10.0), math.log(2.0)
+_reg("aten.erfc.default")(_pw1(lambda b, x: b.pw("sub", 1.0, b.pw("erf", x, ktype="f"))))
+_reg("aten.sgn.default")(lambda b, a, kw, out: b.pw("sign", a[0]))
+_reg("aten.frac.default")(_pw1(lambda b, x: b.pw("sub", x, b.pw("trunc", x, ktype="f"))))
+_reg("aten.log10.default")(_pw1(lambda b, x: b.pw("mul", b.pw("log", x, ktype="f"), 1.0 / _LN10)))
+_reg("aten.tan.default")(_pw1(lambda b, x: b.pw("div", b.pw("sin", x, ktype="f"), b.pw("cos", x, ktype="f"))))
+_reg("aten.cosh.default")(_pw1(lambda b, x: b.pw("mul", b.pw("add", b.pw("exp", x, ktype="f"), b.pw(
+    "exp", b.pw("neg", x), ktype="f")), 0.5)))
+# sinh through expm1 of |x| keeps small arguments accurate: sinh = sign(x) * (e - 1/e) / 2, e = exp(|x|)
+_reg("aten.sinh.default")(_pw1(lambda b, x: b.pw("mul", b.pw("sign", x), b.pw("mul", b.pw(
+    "sub", b.pw("exp", b.pw("abs", x), ktype="f"), b.pw("exp", b.pw("neg", b.pw("abs", x)), ktype="f")), 0.5))))
+_reg("aten.asinh.default")(_pw1(lambda b, x: b.pw("mul", b.pw("sign", x), b.pw("log", b.pw(
+    "add", b.pw("abs", x), b.pw("sqrt", b.pw("add", b.pw("mul", x, x), 1.0), ktype="f")), ktype="f"))))
+
+
+@_reg("aten.round.default")
+def _round_half_even(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = _f(b, a[0])
+    r = b.pw("floor", b.pw("add", x, 0.5), ktype="f")
+    # a tie (x + 0.5 whole) rounds to the even neighbour
+    tie = b.pw("eq", b.pw("sub", r, x), 0.5, ktype="b")
+    odd = b.pw("ne", b.pw("sub", r, b.pw("mul", b.pw("floor", b.pw("mul", r, 0.5), ktype="f"), 2.0)), 0.0, ktype="b")
+    return b.pw("where", b.pw("and", tie, odd, ktype="b"), b.pw("sub", r, 1.0), r, ktype="f")
+
+
+@_reg("aten.remainder.Scalar", "aten.remainder.Tensor", "aten.fmod.Scalar", "aten.fmod.Tensor")
+def _remainder(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    if b.ktype(a[0]) != "f" and b.ktype(a[1]) != "f":
+        raise LowerError("an integer remainder")
+    q = b.pw("div", a[0], a[1], ktype="f")
+    q = b.pw("floor" if "remainder" in b.current else "trunc", q, ktype="f")
+    return b.pw("sub", _f(b, a[0]), b.pw("mul", q, a[1]), ktype="f")
+
+
+@_reg("aten.floor_divide.default", "aten.div.Tensor_mode", "aten.div.Scalar_mode")
+def _div_mode(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    mode = kw.get("rounding_mode", a[2] if len(a) > 2 else "floor" if "floor_divide" in b.current else None)
+    ints = b.ktype(a[0]) != "f" and b.ktype(a[1]) != "f"
+    q = b.pw("div", a[0], a[1], ktype="f")
+    if mode is not None:
+        q = b.pw("floor" if mode == "floor" else "trunc", q, ktype="f")
+    if ints:
+        if mode is None:
+            return q
+        if b.ktype(a[1]) != "i" and b.ktype(a[0]) != "i":
+            raise LowerError("a rounding division of booleans")
+        return b.pw("to_i", q, params=("int64",), ktype="i")  # exact below 2^24
+    return q
+
+
+def _pow_ff(b: _Builder, x: Any, y: Any) -> V:
+    """x ** y for float tensors: |x| ** y, negated for a negative x and an odd whole y, NaN for a
+    negative x and a fractional y; 1 where y is 0 (0 ** 0 too)."""
+    xf, yf = _f(b, x), _f(b, y)
+    mag = b.pw("exp2", b.pw("mul", yf, b.pw("log2", b.pw("abs", xf), ktype="f")), ktype="f")
+    whole = b.pw("eq", b.pw("floor", yf, ktype="f"), yf, ktype="b")
+    half = b.pw("mul", yf, 0.5)
+    odd = b.pw("and", whole, b.pw("ne", b.pw("floor", half, ktype="f"), half, ktype="b"), ktype="b")
+    neg = b.pw("where", whole, b.pw("where", odd, b.pw("neg", mag), mag, ktype="f"), float("nan"), ktype="f")
+    r = b.pw("where", b.pw("lt", xf, 0.0, ktype="b"), neg, mag, ktype="f")
+    return b.pw("where", b.pw("eq", yf, 0.0, ktype="b"), 1.0, r, ktype="f")
+
+
+@_reg("aten.pow.Tensor_Tensor", "aten.pow.Scalar")
+def _pow_t(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    if b.ktype(a[0]) != "f" and b.ktype(a[1]) != "f":
+        raise LowerError("an integer power")
+    return _pow_ff(b, a[0], a[1])
+
+
+@_reg("aten.fmax.default", "aten.fmin.default")
+def _fmax(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x, y = _f(b, a[0]), _f(b, a[1])
+    m = b.pw("max2" if "fmax" in b.current else "min2", x, y, ktype="f")
+    m = b.pw("where", b.pw("isnan", y, ktype="b"), x, m, ktype="f")  # a NaN loses to a number
+    return b.pw("where", b.pw("isnan", x, ktype="b"), y, m, ktype="f")
+
+
+_reg("aten.logical_xor.default")(lambda b, a, kw, out: b.pw("ne", b.pw("to_b", a[0], ktype="b"),
+                                                             b.pw("to_b", a[1], ktype="b"), ktype="b"))
+
+
+@_reg("aten.bitwise_not.default")
+def _bitwise_not(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    if b.ktype(a[0]) != "b":
+        raise LowerError("bitwise_not of an integer")
+    return b.pw("not", a[0], ktype="b")
+
+
+@_reg("aten.any.dim", "aten.any.dims", "aten.any.default", "aten.all.dim", "aten.all.dims", "aten.all.default")
+def _any(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    dims = _dims(a[1] if len(a) > 1 else None, len(b.shape(x)))
+    keepdim = bool(kw.get("keepdim", a[2] if len(a) > 2 else False))
+    nz = b.pw("to_f", b.pw("to_b", x, ktype="b"), ktype="f")
+    r = b.reduce("max" if ".any" in b.current else "min", nz, dims, keepdim)
+    return b.pw("gt", r, 0.0, ktype="b")
+
+
+# --- pads, concatenation, flips, rolls, pooling windows: pad and slice views
+
+_LIST_OPS = {"aten.cat.default"}  # ops whose list-of-tensors argument lower() passes as a tuple of values
+
+
+@_reg("aten.constant_pad_nd.default")
+def _constant_pad(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    pads = list(a[1])
+    value = kw.get("value", a[2] if len(a) > 2 else 0)
+    rank = len(b.shape(x))
+    for k in range(len(pads) // 2):  # pairs (before, after), from the last dim backwards
+        dim = rank - 1 - k
+        lo, hi = int(pads[2 * k]), int(pads[2 * k + 1])
+        n = b.shape(x)[dim]
+        # a negative pad crops
+        start, stop = max(-lo, 0), n - max(-hi, 0)
+        x = b.slice(x, dim, start, 1, stop - start)
+        x = b.pad(x, dim, max(lo, 0), max(lo, 0) + (stop - start) + max(hi, 0), value)
+    return x
+
+
+@_reg("aten.cat.default")
+def _cat(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    pieces = [b.t(x) for x in a[0]]
+    shape = tuple(out[0])
+    dim = kw.get("dim", a[1] if len(a) > 1 else 0) % len(shape)
+    # torch skips 1-D empty pieces of a cat of other ranks
+    pieces = [x for x in pieces if not (len(b.shape(x)) == 1 and b.shape(x)[0] == 0 and len(shape) > 1)]
+    kt = "f" if any(b.ktype(x) == "f" for x in pieces) else "i" if any(b.ktype(x) == "i" for x in pieces) else "b"
+    acc: V | None = None
+    off = 0
+    for x in pieces:
+        n = b.shape(x)[dim]
+        if n == 0:
+            continue
+        if kt != b.ktype(x):
+            x = b.pw("to_f" if kt == "f" else "to_i", x, params=() if kt == "f" else ("int64",), ktype=kt)
+        p = b.pad(x, dim, off, shape[dim], False if kt == "b" else 0)
+        acc = p if acc is None else b.pw("or" if kt == "b" else "add", acc, p, ktype=kt)
+        off += n
+    if acc is None or off != shape[dim]:
+        raise LowerError("cat of empty pieces")
+    return acc
+
+
+@_reg("aten.flip.default")
+def _flip(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    s = b.shape(x)
+    for d in _dims(a[1], len(s)) if a[1] else ():
+        if s[d] > 1:
+            x = b.view("slice", x, (d, s[d] - 1, -1), b.shape(x))
+    return x
+
+
+@_reg("aten.roll.default")
+def _roll(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    shifts = list(a[1]) if isinstance(a[1], (list, tuple)) else [a[1]]
+    dims = list(a[2]) if len(a) > 2 and isinstance(a[2], (list, tuple)) else [a[2]] if len(a) > 2 else []
+    shape = b.shape(x)
+    if not dims:  # a roll of the flattened tensor
+        flat = _roll_dim(b, b.reshape(x, (math.prod(shape),)), 0, shifts[0])
+        return b.reshape(flat, shape)
+    for sh, d in zip(shifts, dims, strict=True):
+        x = _roll_dim(b, x, d % len(shape), sh)
+    return x
+
+
+def _roll_dim(b: _Builder, x: V, dim: int, shift: int) -> V:
+    n = b.shape(x)[dim]
+    k = shift % n if n else 0
+    if k == 0:
+        return x
+    # out[:k] = x[n-k:], out[k:] = x[:n-k]
+    head = b.pad(b.slice(x, dim, n - k, 1, k), dim, 0, n, 0)
+    tail = b.pad(b.slice(x, dim, 0, 1, n - k), dim, k, n, 0)
+    return b.pw("or" if b.ktype(x) == "b" else "add", head, tail, ktype=b.ktype(x))
+
+
+def _ints(v: Any, n: int, default: Sequence[int]) -> list[int]:
+    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+        return list(default)
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return [int(x) for x in (v * n if len(v) == 1 else v)]
+
+
+def _windows(b: _Builder, x: V, out_sp: Sequence[int], k: Sequence[int], st: Sequence[int], pad: Sequence[int],
+             dil: Sequence[int], fill: float) -> list[V]:
+    """The taps of a pooling window over the last len(k) dims of x: one value of the output's shape
+    per window offset (x padded with `fill`, then a strided slice per offset)."""
+    rank, nd = len(b.shape(x)), len(k)
+    taps = [x]
+    for d in range(nd):
+        dim = rank - nd + d
+        n = b.shape(x)[dim]
+        need = (out_sp[d] - 1) * st[d] + (k[d] - 1) * dil[d] + 1
+        new = []
+        for t in taps:
+            tp = b.pad(t, dim, pad[d], max(need, 1), fill) if pad[d] or need > n else t
+            new += [b.slice(tp, dim, j * dil[d], st[d], out_sp[d]) for j in range(k[d])]
+        taps = new
+    return taps
+
+
+def _pool_args(b: _Builder, a: list[Any], x: V, nd: int) -> tuple[list[int], list[int], list[int]]:
+    k = _ints(a[1], nd, ())
+    st = _ints(a[2] if len(a) > 2 else None, nd, k)
+    pad = _ints(a[3] if len(a) > 3 else None, nd, [0] * nd)
+    if len(k) != nd or len(st) != nd or len(pad) != nd or b.ktype(x) != "f":
+        raise LowerError("pooling arguments")
+    return k, st, pad
+
+
+@_reg("aten.max_pool2d_with_indices.default", "aten.max_pool3d_with_indices.default", "aten.max_pool2d.default",
+      "aten.max_pool3d.default")
+def _max_pool(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> Any:
+    x = b.t(a[0])
+    nd = 3 if "3d" in b.current else 2
+    k, st, pad = _pool_args(b, a, x, nd)
+    dil = _ints(a[4] if len(a) > 4 else None, nd, [1] * nd)
+    taps = _windows(b, x, out[0][-nd:], k, st, pad, dil, float("-inf"))
+    r = taps[0]
+    for t in taps[1:]:
+        r = b.pw("max2", r, t, ktype="f")
+    # the indices (what max_pool's backward reads) are not computed: a region may not return them
+    return (r, None) if "with_indices" in b.current else r
+
+
+@_reg("aten.avg_pool2d.default", "aten.avg_pool3d.default")
+def _avg_pool(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    nd = 3 if "3d" in b.current else 2
+    k, st, pad = _pool_args(b, a, x, nd)
+    include = bool(a[5] if len(a) > 5 else kw.get("count_include_pad", True))
+    override = a[6] if len(a) > 6 else kw.get("divisor_override")
+    out_sp = out[0][-nd:]
+    taps = _windows(b, x, out_sp, k, st, pad, [1] * nd, 0.0)
+    total = taps[0]
+    for t in taps[1:]:
+        total = b.pw("add", total, t, ktype="f")
+    if override:
+        return b.pw("div", total, float(override), ktype="f")
+    sp = b.shape(x)[-nd:]
+    needs = [(o - 1) * s + kk for o, s, kk in zip(out_sp, st, k, strict=True)]
+    if include and all(n <= m + 2 * p for n, m, p in zip(needs, sp, pad, strict=True)):
+        return b.pw("div", total, float(math.prod(k)), ktype="f")
+    # the divisor per output point: the window's size within the input (within the padded input
+    # when count_include_pad), counted over a value of ones of the spatial shape
+    ones = b.view("expand", b.t(1.0), (tuple(sp),), sp)
+    if include:  # ones over the padded extent, zero past it (ceil_mode's last windows)
+        for d in range(nd):
+            ones = b.pad(ones, d, pad[d], sp[d] + 2 * pad[d], 1.0)
+        pad = [0] * nd
+    count = _windows(b, ones, out_sp, k, st, pad, [1] * nd, 0.0)
+    c = count[0]
+    for t in count[1:]:
+        c = b.pw("add", c, t, ktype="f")
+    return b.pw("div", total, c, ktype="f")
+
+
 # --- reductions
 
 
@@ -455,6 +811,22 @@ def _amax(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ..
     dims = _dims(a[1] if len(a) > 1 else None, len(b.shape(x)))
     keepdim = bool(kw.get("keepdim", a[2] if len(a) > 2 else False))
     return b.reduce("max" if "amax" in b.current else "min", x, dims, keepdim)
+
+
+@_reg("aten.max.dim", "aten.min.dim")
+def _max_dim(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> tuple[V, None]:
+    x = b.t(a[0])
+    dims = _dims(a[1], len(b.shape(x)))
+    keepdim = bool(kw.get("keepdim", a[2] if len(a) > 2 else False))
+    # the indices are not computed: a region may not return them
+    return b.reduce("max" if "max" in b.current else "min", x, dims, keepdim), None
+
+
+@_reg("aten.xlogy.Tensor", "aten.xlogy.Scalar_Other")
+def _xlogy(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x, y = a[0], a[1]
+    v = b.pw("where", b.pw("eq", x, 0.0, ktype="b"), 0.0, b.pw("mul", x, b.pw("log", y, ktype="f")), ktype="f")
+    return b.pw("where", b.pw("isnan", y, ktype="b"), float("nan"), v, ktype="f")
 
 
 def _var_parts(b: _Builder, a: list[Any], kw: dict[str, Any]) -> tuple[V, V, tuple[int, ...], bool]:
@@ -547,7 +919,7 @@ def lower(ir: RegionIR) -> KernelGraph:
     """The kernel graph of a region (raises LowerError for an op or argument it cannot write)."""
     b = _Builder()
     loads: dict[int, V] = {}
-    results: list[tuple[V, ...]] = []
+    results: list[tuple[V | None, ...]] = []
 
     def val(r: Ref) -> V:
         if r.src == "in":
@@ -555,25 +927,40 @@ def lower(ir: RegionIR) -> KernelGraph:
                 m = ir.inputs[r.i]
                 loads[r.i] = b.add("load", "", (), (r.i,), m.shape, ktype_of(m.dtype))
             return loads[r.i]
-        return results[r.i][r.item or 0]
+        got = results[r.i][r.item or 0]
+        if got is None:  # an item the lowering does not compute (max_pool's indices): only if nothing reads it
+            raise LowerError(f"{ir.ops[r.i].target}: item {r.item} is not computed by the generator")
+        return got
 
     def conv(a: Any) -> Any:
         if isinstance(a, Ref):
             return val(a)
         if isinstance(a, tuple) and any(isinstance(x, Ref) for x in a):
-            raise LowerError("a list of tensors as an argument")
+            if b.current not in _LIST_OPS:
+                raise LowerError("a list of tensors as an argument")
+            return tuple(conv(x) for x in a)
         return a
+
+    def missing(a: Any) -> bool:
+        if isinstance(a, Ref):
+            return a.src == "op" and results[a.i][a.item or 0] is None
+        return isinstance(a, tuple) and any(missing(x) for x in a)
 
     for op in ir.ops:
         low = LOWERINGS.get(op.target)
         if low is None:
             raise LowerError(f"no lowering for {op.target}")
+        if any(missing(a) for a in op.args) or any(missing(v) for _, v in op.kwargs):
+            # reads an item not computed (max_pool's indices, through a dead squeeze): so is its
+            # result; an error only if the region returns it
+            results.append((None,) * len(op.out))
+            continue
         b.current = op.target
         got = low(b, [conv(a) for a in op.args], {k: conv(v) for k, v in op.kwargs}, [m.shape for m in op.out])
         got = got if isinstance(got, tuple) else (got,)
-        got = tuple(b.t(g) for g in got)
+        got = tuple(None if g is None else b.t(g) for g in got)
         for g, m in zip(got, op.out, strict=True):
-            if b.shape(g) != m.shape:
+            if g is not None and b.shape(g) != m.shape:
                 raise LowerError(f"{op.target}: lowered shape {b.shape(g)} != {m.shape}")
         results.append(got)
     return KernelGraph(tuple(b.nodes), tuple(val(r).id for r in ir.outputs))

@@ -11,11 +11,15 @@ Growth, in graph order: a fusible node joins the region(s) of its producers (mer
 result still has one loop space (lower.analyze) and no cycle appears between regions (a region
 runs as one kernel: it may not read, through other nodes, a value computed from itself); else the
 latest producer region it can join alone; else a region that reads one of its inputs too (a
-sibling: softmax and log_softmax of one x read it once); else it starts a region. Outputs are known only at the
+sibling: softmax and log_softmax of one x read it once); else it starts a region. A join may not
+leave an output the loop cannot store for good (a sibling's at all; a producer's when an anchor
+reads it): settling would cut it out again, with all it reads. Outputs are known only at the
 end (values read outside the region): an output the loop cannot store (a value of another shape
 than the loop's or its rows) leaves the region, with what it reads (a value of no reduction) or
-what reads it (a value computed from a reduction), until every output can be stored. Regions of
-views alone are dropped.
+what reads it (a value computed from a reduction), until every output can be stored; the nodes
+that left form regions of their own in a further pass (the earlier regions frozen, so that no
+cycle appears through them; a max pool of another size than its sibling's). Regions of views
+alone, and regions nothing reads (dead code), are dropped.
 """
 
 from __future__ import annotations
@@ -92,13 +96,24 @@ def _is_view(node: fx.Node) -> bool:
 
 
 class _Former:
-    def __init__(self, graph: fx.Graph) -> None:
+    def __init__(self, graph: fx.Graph, exclude: Collection[fx.Node] = ()) -> None:
+        self.exclude = exclude
         self.order = {n: i for i, n in enumerate(graph.nodes)}
         self.parent: dict[int, int] = {}
         self.members: dict[int, list[fx.Node]] = {}
         self.region: dict[fx.Node, int] = {}
         self.src: dict[fx.Node, frozenset[fx.Node]] = {}  # non-region node -> nearest region nodes above it
         self.next = 0
+        self.frozen: set[int] = set()  # regions of an earlier pass: no node joins them, cycles through them count
+
+    def seed(self, nodes: list[fx.Node]) -> None:
+        """An earlier pass's region, frozen."""
+        r = self.next
+        self.parent[r] = r
+        self.members[r] = list(nodes)
+        self.region.update(dict.fromkeys(nodes, r))
+        self.frozen.add(r)
+        self.next += 1
 
     def find(self, r: int) -> int:
         while self.parent[r] != r:
@@ -134,6 +149,12 @@ class _Former:
     def cyclic(self, group: set[int], node: fx.Node) -> bool:
         """Would the union of regions `group` and `node` read a value computed from itself?"""
         inside = {n for r in group for n in self.members[r]} | {node}
+        # through non-region nodes alone (an anchor reads a value of the group, the group reads the
+        # anchor: NetVLAD's softmax feeds a bmm whose result joins its column sums)
+        for n in inside:
+            for a in n.all_input_nodes:
+                if a not in inside and a not in self.region and not self.above(a).isdisjoint(inside):
+                    return True
         todo = list(self.direct(inside, inside) - group)
         seen: set[int] = set()
         while todo:
@@ -147,39 +168,61 @@ class _Former:
             todo += list(self.direct(ms, ms))
         return False
 
-    def valid(self, nodes: list[fx.Node]) -> bool:
+    def stuck(self, node: fx.Node) -> bool:
+        """Is `node` read by a node that can never join it (an anchor, an excluded node, the output)?"""
+        users = list(node.users)
+        if isinstance(node.meta.get("val"), (tuple, list)):
+            users = [u for g in users for u in g.users]
+        return any(u in self.exclude or anchor_reason(u) is not None for u in users)
+
+    def valid(self, nodes: list[fx.Node]) -> set[fx.Node] | None:
+        """The outputs its loop cannot store if `nodes` lower to one loop; None if they do not."""
         try:
-            ir = IR.from_nodes(nodes, outputs_of(nodes))
-            return analyze(lower(ir)).error is None
+            outs = outputs_of(nodes)
+            an = analyze(lower(IR.from_nodes(nodes, outs)))
         except (LowerError, ValueError):
-            return False
+            return None
+        return None if an.error is not None else {outs[k] for k in an.bad_outputs}
 
     def join(self, node: fx.Node) -> None:
         producers = []
         for a in node.all_input_nodes:
             r = self.of(a)
-            if r is not None and r not in producers:
+            if r is not None and r not in producers and r not in self.frozen:
                 producers.append(r)
         # siblings: regions that read one of the same values (reading it once serves both)
         siblings = []
         for a in node.all_input_nodes:
             for u in a.users:
                 r = self.of(u)
-                if r is not None and r not in producers and r not in siblings:
+                if r is not None and r not in producers and r not in siblings and r not in self.frozen:
                     siblings.append(r)
         tries = ([set(producers)] if len(producers) > 1 else []) + [{r} for r in reversed(producers)]
+        sib = len(tries)
         tries += [{*producers, r} for r in reversed(siblings)]
-        for group in tries:
+        for k, group in enumerate(tries):
             nodes = sorted([n for r in group for n in self.members[r]] + [node], key=self.order.__getitem__)
-            if not self.cyclic(group, node) and self.valid(nodes):
-                keep = min(group)
-                for r in group:
-                    self.parent[r] = keep
-                    if r != keep:
-                        del self.members[r]
-                self.members[keep] = nodes
-                self.region[node] = keep
-                return
+            if self.cyclic(group, node):
+                continue
+            bad = self.valid(nodes)
+            if bad is None:
+                continue
+            # a join may not leave an output its loop cannot store, for good: a sibling's at all,
+            # a producer's when an anchor reads it (DenseNet's cats of growing width all read the
+            # first features: one region of them all would be split again by _settle, losing
+            # them; a value read by an op that may join later is an output for now only)
+            new = bad - (self.valid(sorted([n for r in group for n in self.members[r]], key=self.order.__getitem__))
+                         or set())
+            if new and (k >= sib or any(self.stuck(o) for o in new)):
+                continue
+            keep = min(group)
+            for r in group:
+                self.parent[r] = keep
+                if r != keep:
+                    del self.members[r]
+            self.members[keep] = nodes
+            self.region[node] = keep
+            return
         self.parent[self.next] = self.next
         self.members[self.next] = [node]
         self.region[node] = self.next
@@ -241,35 +284,62 @@ def _settle(nodes: list[fx.Node]) -> tuple[list[fx.Node], Lowered] | None:
 def form_regions(graph: fx.Graph, exclude: Collection[fx.Node] = ()) -> list[Formed]:
     """Every region of fusible nodes in `graph` (see the module docstring), in graph order.
     `exclude`: nodes taken as anchors whatever they are (those a kernel family claimed)."""
-    f = _Former(graph)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    out: list[Formed] = []
+    allowed: set[fx.Node] | None = None
+    # the nodes a region's settling dropped (an output of another shape than its loop: a sibling max
+    # pool of another size) form regions of their own in a further pass, beside the earlier ones
+    for _ in range(_PASSES):
+        formed, dropped = _form_pass(graph, exclude, allowed, out)
+        out += formed
+        if not any(not _is_view(n) for n in dropped):
+            break
+        allowed = dropped
+    out.sort(key=lambda fr: order[fr.nodes[0]])
+    return out
+
+
+_PASSES = 3
+
+
+def _form_pass(graph: fx.Graph, exclude: Collection[fx.Node], allowed: set[fx.Node] | None,
+               earlier: list[Formed]) -> tuple[list[Formed], set[fx.Node]]:
+    """One pass of region formation over the fusible nodes (of `allowed` only, when given), the
+    `earlier` regions frozen; the regions, and the nodes their settling dropped."""
+    f = _Former(graph, exclude)
+    for fr in earlier:
+        f.seed(fr.nodes)
     for node in graph.nodes:
-        if node.op != "call_function":
+        if node.op != "call_function" or node in f.region:
             continue
         if node.target is operator.getitem:
             r = f.of(node.args[0])  # type: ignore[arg-type]
-            if r is not None and IR.node_metas(node) is not None:
+            if r is not None and r not in f.frozen and IR.node_metas(node) is not None:
                 f.members[r].append(node)
                 f.region[node] = r
             continue
-        if node not in exclude and anchor_reason(node) is None:
+        if node not in exclude and anchor_reason(node) is None and (allowed is None or node in allowed):
             f.join(node)
     out: list[Formed] = []
-    for nodes in f.members.values():
-        if all(_is_view(n) for n in nodes):
+    dropped: set[fx.Node] = set()
+    for r, nodes in f.members.items():
+        if r in f.frozen or all(_is_view(n) for n in nodes):
             continue
         settled = _settle(nodes)
         if settled is None:
             continue
+        dropped |= set(nodes) - set(settled[0])
         nodes, low = settled
         if all(_is_view(n) for n in nodes):
             continue
         outs = outputs_of(nodes)
+        if not outs:
+            continue  # dead code: nothing reads it (a graph may keep an unused mean); no kernel to write
         _, ins = IR.build(nodes, outs)
         rec = RegionRecord(tuple(n.name for n in nodes), tuple(a.name for a in ins), tuple(o.name for o in outs),
                            low.ir.key, low.space)
         out.append(Formed(rec, nodes, ins, outs, low))
-    out.sort(key=lambda fr: f.order[fr.nodes[0]])
-    return out
+    return out, dropped
 
 
 def describe(regions: list[Formed]) -> list[dict[str, Any]]:

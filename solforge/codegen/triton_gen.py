@@ -4,9 +4,10 @@ Every value of the kernel graph is computed at an index: a tuple of index expres
 of the value's shape. Loads read `ptr + sum(idx[d] * stride[d])` with the strides as kernel
 arguments (so permuted, expanded and sliced inputs need no copy); views rewrite the index (a
 permute permutes it, an expand zeroes broadcast dims, a slice scales and shifts it, a reshape goes
-through the linear index); pointwise ops evaluate their operands at the broadcast index; a reduction
-is an accumulator of the current rows. Values are memoized per (node, index), so a value read at
-one index is computed once per tile.
+through the linear index, a pad shifts it and masks its input's loads to the range, its fill
+elsewhere: concatenations, constant pads and pooling windows); pointwise ops evaluate their
+operands at the broadcast index; a reduction is an accumulator of the current rows. Values are
+memoized per (node, index), so a value read at one index is computed once per tile.
 
 The loop: the flat loop index (pointwise) or the pair (row, reduced index) (reductions), each
 decomposed by div/mod over the loop shape S: the row index over the kept dims, the reduced index
@@ -140,6 +141,7 @@ class _Gen:
         self.index64 = index64
         self.rmask: str | None = None
         self.kmask: str | None = None
+        self.pmask: list[str] = []  # the in-range conditions of the pad views being evaluated (masks loads)
 
     # --- text
 
@@ -211,9 +213,15 @@ class _Gen:
             return self.acc[i], "f"
         if node.kind == "const":
             return _lit(node.params[0], node.ktype), node.ktype
+        if node.kind == "index":  # the loop point's index along one dim of the value (triu's masks)
+            j = idx[node.params[0]]
+            return (f"tl.full([], {j}, tl.int32)" if re.fullmatch(r"-?\d+", j) else j), "i"
+        if node.kind == "view" and node.fn == "pad":
+            return self.pad(i, node, idx)
         if node.kind == "view":
             return self.value(node.inputs[0], self.view_idx(node, idx))
-        key = (i, idx)
+        # a value read under a pad's mask is its own (its masked-off lanes are not the value)
+        key = (i, idx if not self.pmask else (*idx, "&", *self.pmask))
         for sc in self.scopes:
             if key in sc:
                 return sc[key]
@@ -225,6 +233,32 @@ class _Gen:
         self.line(f"{name} = {expr}")
         self.scopes[-1][key] = (name, node.ktype)
         return name, node.ktype
+
+    def pad(self, i: int, node: KNode, idx: tuple[str, ...]) -> tuple[str, str]:
+        """A pad view: its input at idx[dim] - before where that is in range, else the fill; the
+        input's loads are masked by the range (no memory is read for the padding)."""
+        dim, before, fill = node.params
+        src = node.inputs[0]
+        n = self.g.nodes[src].shape[dim]
+        j = idx[dim]
+        if re.fullmatch(r"-?\d+", j):  # a literal index: in range or not is known here
+            k = int(j) - before
+            if 0 <= k < n:
+                return self.value(src, (*idx[:dim], str(k), *idx[dim + 1:]))
+            return _lit(fill, node.ktype), node.ktype
+        key = (i, idx if not self.pmask else (*idx, "&", *self.pmask))
+        for sc in self.scopes:
+            if key in sc:
+                return sc[key]
+        sh = self.ivar(f"{j} - {before}") if before else j
+        cond = self.ivar(f"({sh} >= 0) & ({sh} < {n})" if before else f"{sh} < {n}")
+        self.pmask.append(cond)
+        v, kt = self.value(src, (*idx[:dim], sh, *idx[dim + 1:]))
+        self.pmask.pop()
+        name = self.fresh("v")
+        self.line(f"{name} = tl.where({cond}, {v}, {_lit(fill, kt)})")
+        self.scopes[-1][key] = (name, kt)
+        return name, kt
 
     def view_idx(self, node: KNode, idx: tuple[str, ...]) -> tuple[str, ...]:
         src = self.g.nodes[node.inputs[0]].shape
@@ -262,6 +296,8 @@ class _Gen:
         else:
             off = " + ".join(terms)
             mask = self.mask_for(off)
+            if self.pmask:
+                mask = " & ".join([*self.pmask, *([mask] if mask else [])])
             e = f"tl.load(in{i} + {off}" + (f", mask={mask}, other=0)" if mask else ")")
         return f"{e}.to(tl.float32)" if node.ktype == "f" else e
 
