@@ -125,7 +125,8 @@ def list_problems(root: Path, levels: list[int], pattern: str, skip_gemm_bound: 
         if tiny and pattern == "*":
             files = [f for f in files if f.stem in TINY_PROBLEMS.get(level, ())]
         for f in files:
-            if not (fnmatch.fnmatch(f.stem, pattern) or fnmatch.fnmatch(f"level{level}/{f.stem}", pattern)):
+            if not any(fnmatch.fnmatch(f.stem, g) or fnmatch.fnmatch(f"level{level}/{f.stem}", g)
+                       for g in pattern.split(",")):
                 continue
             reason = skips.get(f"level{level}", {}).get(f.stem)
             if reason:
@@ -568,7 +569,7 @@ def main() -> int:
                    help="a KernelBench checkout (level1/ level2/ level3/); default: $KERNELBENCH or "
                    "../shared/kernelbench")
     p.add_argument("--levels", default="", help="KernelBench levels to run, e.g. 1,2,3 (none: no KernelBench)")
-    p.add_argument("--problems", default="*", help="glob over problem names (19_ReLU) or level1/19_ReLU")
+    p.add_argument("--problems", default="*", help="globs over problem names (19_ReLU) or level1/19_ReLU, comma-separated")
     p.add_argument("--skip-gemm-bound", action="store_true",
                    help="leave out the problems bench/kernelbench_gemm_bound.json lists (rows say why)")
     p.add_argument("--archs", default="", help="architectures (bench/suite_archs.py), comma-separated, or all")
