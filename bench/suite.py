@@ -569,7 +569,8 @@ def main() -> int:
                    help="a KernelBench checkout (level1/ level2/ level3/); default: $KERNELBENCH or "
                    "../shared/kernelbench")
     p.add_argument("--levels", default="", help="KernelBench levels to run, e.g. 1,2,3 (none: no KernelBench)")
-    p.add_argument("--problems", default="*", help="globs over problem names (19_ReLU) or level1/19_ReLU, comma-separated")
+    p.add_argument("--problems", default="*",
+                   help="globs over problem names (19_ReLU, level1/19_ReLU), comma-separated")
     p.add_argument("--skip-gemm-bound", action="store_true",
                    help="leave out the problems bench/kernelbench_gemm_bound.json lists (rows say why)")
     p.add_argument("--archs", default="", help="architectures (bench/suite_archs.py), comma-separated, or all")
