@@ -59,36 +59,60 @@ class Comparison:
     reason: str | None = None
 
 
+# compare() and the verifier's norms work through tensors this many elements at a time: fp64
+# temporaries of a whole KernelBench-sized tensor (1.6e9 elements) would need tens of GB beside it.
+CHUNK_NUMEL = 1 << 24
+
+
+def chunks(t: torch.Tensor) -> list[torch.Tensor]:
+    """`t` flattened (a copy only if it is not contiguous), in pieces of CHUNK_NUMEL elements."""
+    flat = t.detach().reshape(-1)
+    return [flat[i:i + CHUNK_NUMEL] for i in range(0, flat.numel(), CHUNK_NUMEL)] or [flat]
+
+
 def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance | None = None) -> Comparison:
     """Compare `out` with `ref` element-wise under `tol` (default: the table's for out.dtype).
 
-    Also fails when `out` has NaN/Inf where `ref` has none, or a different shape or dtype.
+    Also fails when `out` has NaN/Inf where `ref` has none, or a different shape or dtype. Works
+    through large tensors in chunks (the same verdict and numbers as in one piece).
     """
     if out.shape != ref.shape:
         return Comparison(False, float("inf"), float("inf"), f"shape {tuple(out.shape)} != {tuple(ref.shape)}")
     tol = tol or tolerance(out.dtype)
-    o = out.detach().double()
-    r = ref.detach().double()
-    bad_nonfinite = (~torch.isfinite(o)) & torch.isfinite(r)
-    if bool(bad_nonfinite.any()):
-        n = int(bad_nonfinite.sum())
-        reason = f"{n} NaN/Inf (or unwritten) values where the reference is finite"
-        return Comparison(False, float("inf"), float("inf"), reason)
-    finite = torch.isfinite(r)
-    diff = (o - r).abs()[finite] if not bool(finite.all()) else (o - r).abs()
-    rr = r.abs()[finite] if not bool(finite.all()) else r.abs()
-    if diff.numel() == 0:
+    max_abs, scale, n_bad, n_nonfinite, n_finite = 0.0, 0.0, 0, 0, 0
+    worst: tuple[float, float, float] | None = None  # (excess, |err|, |ref|) of the worst element
+    for oc, rc in zip(chunks(out), chunks(ref), strict=True):
+        o, r = oc.double(), rc.double()
+        finite = torch.isfinite(r)
+        n_nonfinite += int(((~torch.isfinite(o)) & finite).sum())
+        if n_nonfinite:
+            continue
+        all_finite = bool(finite.all())
+        diff = (o - r).abs() if all_finite else (o - r).abs()[finite]
+        rr = r.abs() if all_finite else r.abs()[finite]
+        del o, r, finite
+        if diff.numel() == 0:
+            continue
+        n_finite += diff.numel()
+        max_abs, scale = max(max_abs, float(diff.max())), max(scale, float(rr.max()))
+        excess = diff - (tol.atol + tol.rtol * rr)
+        bad = int((excess > 0).sum())
+        if bad:
+            n_bad += bad
+            i = int(excess.argmax())
+            if worst is None or float(excess[i]) > worst[0]:
+                worst = (float(excess[i]), float(diff[i]), float(rr[i]))
+    if n_nonfinite:
+        return Comparison(False, float("inf"), float("inf"),
+                          f"{n_nonfinite} NaN/Inf (or unwritten) values where the reference is finite")
+    if n_finite == 0:
         return Comparison(True, 0.0, 0.0)
-    max_abs = float(diff.max())
-    scale = float(rr.max())
     max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
-    excess = diff - (tol.atol + tol.rtol * rr)
-    if bool((excess > 0).any()):
-        i = int(excess.argmax())
+    if worst is not None:
         return Comparison(
             False, max_abs, max_rel,
-            f"{int((excess > 0).sum())} elements out of tolerance (atol {tol.atol}, rtol {tol.rtol}); "
-            f"worst |err| {float(diff.flatten()[i]):.3g} at |ref| {float(rr.flatten()[i]):.3g}",
+            f"{n_bad} elements out of tolerance (atol {tol.atol}, rtol {tol.rtol}); "
+            f"worst |err| {worst[1]:.3g} at |ref| {worst[2]:.3g}",
         )
     return Comparison(True, max_abs, max_rel)
 

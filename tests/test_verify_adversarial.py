@@ -4,6 +4,7 @@ for it, and still passes the real kernels' heuristic configs."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 
 import pytest
 import torch
@@ -103,3 +104,79 @@ def test_nan_reference_needs_the_same_nan() -> None:
     assert bool(ref[1].isnan().all()) and bool(torch.softmax(x, -1)[1].isnan().all())
     y = SM.softmax(x.to(DEVICE)).cpu()
     assert bool(y[1].isnan().all())
+
+
+def test_large_workloads_share_trial_inputs_and_still_reject_every_adversary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every workload counted as large (trials at the workload shape reuse trial 1's inputs
+    and reference, snapshots may live on the host), the real configs still pass and no adversary
+    does: a kernel wrong after some calls is caught on the reused inputs as on fresh ones."""
+    V = importlib.import_module("solforge.tune.verify")  # the module (solforge.tune exports the function)
+
+    monkeypatch.setattr(V, "LARGE_BYTES", 1)
+    for name, wl in WORKLOADS.items():
+        fam = family_module(wl.family)
+        real, config = launcher_of(fam), fam.heuristic(wl)
+        v = verify(fam, wl, lambda *a, real=real, config=config, **k: real(*a, config=config, **k), device=DEVICE)
+        assert v.passed, (name, v.reason)
+    missed = [f"{w}: {n}" for w, n, make, _ in CASES
+              if verify(family_module(WORKLOADS[w].family), WORKLOADS[w],
+                        make(family_module(WORKLOADS[w].family), WORKLOADS[w]), device=DEVICE).passed]
+    assert not missed, missed
+
+
+def test_large_workloads_draw_one_set_of_inputs_at_the_workload_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    from solforge.kernels import registry
+    V = importlib.import_module("solforge.tune.verify")  # the module (solforge.tune exports the function)
+
+    wl = WORKLOADS["softmax"]
+    fam = family_module(wl.family)
+    real, config = launcher_of(fam), fam.heuristic(wl)
+    calls: list[int | None] = []
+    draw = registry.make_inputs
+
+    def counting(family, workload, **kw):  # noqa: ANN001, ANN003, ANN202
+        calls.append(kw.get("rows"))
+        return draw(family, workload, **kw)
+
+    monkeypatch.setattr(registry, "make_inputs", counting)
+    v_small = verify(fam, wl, lambda *a, **k: real(*a, config=config, **k), device=DEVICE)
+    small = calls.count(None)
+    calls.clear()
+    monkeypatch.setattr(V, "LARGE_BYTES", 1)
+    v_large = verify(fam, wl, lambda *a, **k: real(*a, config=config, **k), device=DEVICE)
+    assert v_small.passed and v_large.passed
+    assert v_large.trials == v_small.trials  # the same checks, the same count of calls
+    assert small >= 4 and calls.count(None) == 1
+
+
+def test_compare_in_chunks_gives_the_verdict_of_one_piece(monkeypatch: pytest.MonkeyPatch) -> None:
+    from solforge import numerics as N
+
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(37, 29, generator=g)
+    ref[3, 4] = float("nan")
+    cases = {"equal": ref.clone(), "close": ref + 1e-7, "one off": ref.clone(), "nan": ref.clone()}
+    cases["one off"][30, 1] += 0.5
+    cases["nan"][11, 2] = float("nan")
+    whole = {k: N.compare(v, ref) for k, v in cases.items()}
+    monkeypatch.setattr(N, "CHUNK_NUMEL", 7)
+    for k, v in cases.items():
+        assert N.compare(v, ref) == whole[k], k
+    assert whole["equal"].ok and whole["close"].ok and not whole["one off"].ok and not whole["nan"].ok
+
+
+def test_a_reference_out_of_device_memory_runs_on_the_host() -> None:
+    from solforge.tune.verify import _reference
+
+    seen: list[str] = []
+
+    def ref(x: torch.Tensor, *, scale: float) -> torch.Tensor:
+        seen.append(x.device.type)
+        if len(seen) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return x * scale
+
+    x = torch.arange(6.0, device=DEVICE)
+    got = _reference(ref, (x,), {"scale": 2.0})
+    assert seen == [x.device.type, "cpu"]
+    assert got.device == x.device and torch.equal(got, x * 2)

@@ -33,14 +33,40 @@ def _round(t: torch.Tensor, dtype: Any) -> torch.Tensor:
 def reference(ir: RegionIR, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     if len(inputs) != len(ir.inputs):
         raise ValueError(f"solforge codegen reference: {len(inputs)} inputs for a region of {len(ir.inputs)}")
-    wide = reference_wide(ir, [x.to(_ACC) if x.is_floating_point() else x for x in inputs])
+    wide = reference_wide(ir, [x.to(_ACC) if x.is_floating_point() else x for x in inputs], consume=True)
     return tuple(v.to(ir.out_meta(r).dtype) for v, r in zip(wide, ir.outputs, strict=True))
 
 
-def reference_wide(ir: RegionIR, ins: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+def _last_uses(ir: RegionIR) -> dict[int, list[tuple[str, int]]]:
+    """For each op index, the values ("in" or "op", index) read for the last time there (outputs
+    are read at the end, so never listed)."""
+    last: dict[tuple[str, int], int] = {}
+
+    def visit(a: Any, i: int) -> None:
+        if isinstance(a, Ref):
+            last[(a.src, a.i)] = i
+        elif isinstance(a, tuple | list):
+            for x in a:
+                visit(x, i)
+
+    for i, op in enumerate(ir.ops):
+        visit(op.args, i)
+        visit(tuple(v for _, v in op.kwargs), i)
+    kept = {(r.src, r.i) for r in ir.outputs}
+    out: dict[int, list[tuple[str, int]]] = {}
+    for key, i in last.items():
+        if key not in kept:
+            out.setdefault(i, []).append(key)
+    return out
+
+
+def reference_wide(ir: RegionIR, ins: Sequence[torch.Tensor], *, consume: bool = False) -> tuple[torch.Tensor, ...]:
     """`reference` on inputs already widened, its outputs left in fp64 (what the backward's
-    reference differentiates: codegen/backward.py)."""
+    reference differentiates: codegen/backward.py). Each intermediate is dropped after its last
+    use (and, with `consume`, each entry of the list `ins`), so a long chain over a several-GB
+    tensor holds a few fp64 copies at a time, not one per op."""
     vals: list[Any] = []
+    drops = _last_uses(ir)
 
     def get(a: Any) -> Any:
         if isinstance(a, Ref):
@@ -58,17 +84,22 @@ def reference_wide(ir: RegionIR, ins: Sequence[torch.Tensor]) -> tuple[torch.Ten
         kwargs = {k: get(v) for k, v in op.kwargs}
         if op.target == "prims.convert_element_type.default":
             vals.append(_round(args[0], args[1]))
-            continue
-        if op.target == "aten._to_copy.default" and "dtype" in kwargs:
+        elif op.target == "aten._to_copy.default" and "dtype" in kwargs:
             dtype = kwargs.pop("dtype")
             kwargs.pop("memory_format", None)
             vals.append(_round(fn(args[0], **kwargs), dtype))
-            continue
-        if op.target in ("aten._softmax.default", "aten._log_softmax.default"):
-            args[2] = False  # half_to_float: the input is fp64 here
-        if "dtype" in kwargs:
-            kwargs["dtype"] = _wide(kwargs["dtype"])
-        vals.append(fn(*args, **kwargs))
+        else:
+            if op.target in ("aten._softmax.default", "aten._log_softmax.default"):
+                args[2] = False  # half_to_float: the input is fp64 here
+            if "dtype" in kwargs:
+                kwargs["dtype"] = _wide(kwargs["dtype"])
+            vals.append(fn(*args, **kwargs))
+        del args, kwargs
+        for src, j in drops.get(len(vals) - 1, ()):
+            if src == "op":
+                vals[j] = None
+            elif consume and isinstance(ins, list):
+                ins[j] = None
     return tuple(get(r) for r in ir.outputs)
 
 
