@@ -293,6 +293,13 @@ def output_tolerance(fam: FamilyLike, wl: Workload) -> Any:
     return None if hook is None else hook(wl)
 
 
+def eager_outputs(fam: FamilyLike) -> Any:
+    """A family's `eager_outputs(*args, **kwargs)`: the outputs as the model's own ops compute them
+    in their own dtypes (generated regions), which the verifier measures the element tolerance
+    against (tune/verify.py); None where the family has none."""
+    return _hook(fam, "eager_outputs")
+
+
 def verify_rows(fam: FamilyLike, wl: Workload) -> int:
     """The size the verifier's odd shape replaces (default: the first input's first dimension)."""
     hook = _hook(fam, "verify_rows")
