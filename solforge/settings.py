@@ -23,6 +23,8 @@ Paths: the empty string is the default.
 |                           |         |         |           | torch.library's dispatch (kernels/direct.py)             |
 | SOLFORGE_COMPACT          | 1       | no      | use       | integrate/compact.py: decomposed linears recomposed      |
 | SOLFORGE_TIDY             | 1       | no      | use       | integrate/tidy.py: views of views, slices into one split |
+| SOLFORGE_CONV_LAYOUT      | 1       | no      | use       | capture/layout.py: convolutions in channels-last where   |
+|                           |         |         |           | timed faster on the GPU                                  |
 | SOLFORGE_LINEARS          | 1       | no      | use       | integrate/linears.py: the training linears' backward     |
 | SOLFORGE_EMBEDDING        | 1       | no      | use       | integrate/embeddings.py: the embeddings' backward        |
 | SOLFORGE_GRAD_IN_PLACE    | 1       | no      | import    | runtime/accumulate.py: gradients added into .grad in     |
@@ -97,6 +99,8 @@ class Settings:
     # replayed, not how a family's kernel is built or timed: none is in the key.
     compact: bool = _switch("SOLFORGE_COMPACT", True, "integrate/compact.py's pass (linears recomposed)")
     tidy: bool = _switch("SOLFORGE_TIDY", True, "integrate/tidy.py's passes (views and slices)")
+    conv_layout: bool = _switch("SOLFORGE_CONV_LAYOUT", True,
+                                "capture/layout.py: convolutions in channels-last where timed faster")
     linears: bool = _switch("SOLFORGE_LINEARS", True, "integrate/linears.py's training linears")
     embedding: bool = _switch("SOLFORGE_EMBEDDING", True, "integrate/embeddings.py's embedding backward")
     grad_in_place: bool = _switch("SOLFORGE_GRAD_IN_PLACE", True, "gradients added into .grad in place")

@@ -41,7 +41,7 @@ def env_of(f: Field) -> str:
 def test_every_switch_has_its_variable_default_and_doc() -> None:
     fields = settings.switches()
     names = [env_of(f) for f in fields]
-    assert len(fields) == 18 and len(set(names)) == len(names)
+    assert len(fields) == 19 and len(set(names)) == len(names)
     assert names == ["SOLFORGE_" + f.name.upper() for f in fields]
     assert all(f.metadata["doc"] and isinstance(f.metadata["kernels"], bool) for f in fields)
     assert Settings.from_env({}) == Settings()

@@ -21,6 +21,7 @@ from solforge.capture import checkpoint as _checkpoint
 from solforge.capture.cache import LoweringCache
 from solforge.capture.canonical import constant_value, mask_inputs, restore_causal_attention
 from solforge.capture.cse import eliminate_common_subexpressions
+from solforge.capture.layout import channels_last_convolutions
 from solforge.capture.lower import CapturedGraph, lower_to_aten
 from solforge.capture.noops import drop_empty_concats
 from solforge.runtime.shapes import ShapeDispatch, bound, copy_graph, symbolic_inputs
@@ -85,13 +86,14 @@ class SolforgeBackend:
         except Exception as e:
             self.errors.append(f"graph {index} (a checkpointed region): lowering failed: {type(e).__name__}: {e}")
             return body.forward
-        restored, removed, concats = self._passes(aten, index)
+        restored, removed, concats, layouts = self._passes(aten, index)
         if kept:
             self._causal_bodies(aten, index)  # nested checkpoints: their mask comes through this body
         if self.rewrite is not None:
             aten = self.rewrite(aten, index)
         self.graphs.append(CapturedGraph(index=index, aten=aten, attention_restored=restored,
-                                        cse_removed=removed, empty_concats=concats))
+                                        cse_removed=removed, empty_concats=concats,
+                                        conv_layouts=layouts))
         return aten
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -103,7 +105,7 @@ class SolforgeBackend:
         except Exception as e:  # a graph we cannot lower still runs, as dynamo gave it
             self.errors.append(f"graph {index}: lowering failed: {type(e).__name__}: {e}")
             return gm.forward
-        restored, removed, concats = self._passes(aten, index)
+        restored, removed, concats, layouts = self._passes(aten, index)
         if kept:
             self._causal_bodies(aten, index)
         # a graph for many sizes: made again per set of sizes that comes back (shapes.py), from
@@ -112,7 +114,8 @@ class SolforgeBackend:
         if self.rewrite is not None:
             aten = self.rewrite(aten, index)
         self.graphs.append(CapturedGraph(index=index, aten=aten, attention_restored=restored,
-                                        cse_removed=removed, empty_concats=concats))
+                                        cse_removed=removed, empty_concats=concats,
+                                        conv_layouts=layouts))
         if pristine is not None:
             return ShapeDispatch(aten, aten, lambda values: self._specialize(pristine, index, values),
                                  report=lambda text: self.errors.append(f"graph {index}: {text}"),
@@ -121,9 +124,10 @@ class SolforgeBackend:
         self.step_graphs.append(step)
         return step
 
-    def _passes(self, aten: fx.GraphModule, index: int) -> tuple[int, int, int]:
+    def _passes(self, aten: fx.GraphModule, index: int) -> tuple[int, int, int, int]:
         """The passes every lowered graph gets before matching: (SDPA calls given back is_causal,
-        subexpressions merged, empty concatenations dropped); a failed pass leaves the graph correct."""
+        subexpressions merged, empty concatenations dropped, convolutions made channels-last); a
+        failed pass leaves the graph correct."""
         try:
             restored = restore_causal_attention(aten)
         except Exception as e:  # the graph as traced is still correct, only slower
@@ -142,7 +146,13 @@ class SolforgeBackend:
         except Exception as e:  # the graph as traced is still correct
             self.errors.append(f"graph {index}: empty-concatenation pass failed: {type(e).__name__}: {e}")
             concats = 0
-        return restored, removed, concats
+        try:
+            # before matching: the copy back to the model's layout fuses with the ops after it
+            layouts = channels_last_convolutions(aten)
+        except Exception as e:  # each convolution's new values are made before its graph changes
+            self.errors.append(f"graph {index}: convolution layout pass failed: {type(e).__name__}: {e}")
+            layouts = 0
+        return restored, removed, concats, layouts
 
     def _causal_bodies(self, aten: fx.GraphModule, index: int) -> int:
         """Checkpointed bodies called by `aten` whose SDPA mask is an argument that `aten` computes

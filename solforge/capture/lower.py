@@ -31,6 +31,7 @@ class CapturedGraph:
     attention_restored: int = 0  # SDPA calls given back is_causal, or no mask (see canonical.py)
     cse_removed: int = 0  # repeated identical ops merged into their first copy (see cse.py)
     empty_concats: int = 0  # concatenations of one non-empty piece, replaced by it (see noops.py)
+    conv_layouts: int = 0  # convolutions run channels-last, timed faster (see layout.py)
 
 
 def op_name(target: Any) -> str:

@@ -1,0 +1,160 @@
+"""Convolutions in channels-last where that is measured to be faster.
+
+cuDNN's convolutions on tensor cores run fastest with channels-last (NHWC / NDHWC) tensors; a model
+written the PyTorch way hands them NCHW. torch.compile (Inductor's layout optimization) converts
+whole graphs to channels-last. On KernelBench level 2's 1_Conv2D_ReLU_BiasAdd (H100, fp32,
+2026-11-27) eager took 4.36 ms, torch.compile 1.96 ms and solforge, its ReLU and bias add fused,
+3.50 ms: fusing them saves one pass over the 1 GB output (about 0.7 ms at the copy ceiling), so
+most of compile's lead is in the convolution (not profiled yet: that is the inference).
+
+This pass, run on each captured ATen graph before matching, rewrites a 4-D or 5-D
+`aten.convolution` whose input is not channels-last into
+
+    conv(clone(x, channels_last), clone(w, channels_last), ...)  ->  clone(out, contiguous_format)
+
+The result the rest of the graph sees is laid out as before (so views, reshapes and the graph's
+outputs are unchanged); the clones are copies, and the copy back is a pointwise op that region
+formation fuses with the ops after the convolution (a ReLU and a bias add then read the
+channels-last output once and write the contiguous result once: no extra pass over memory).
+
+Whether to rewrite is measured, not guessed: `decide(node)` times the convolution both ways on the
+GPU at the node's shapes, dtypes and parameters (random inputs), the channels-last way with both
+input copies and the output copy counted, and rewrites only where that is at least MARGIN faster.
+Off the GPU nothing is rewritten (no timing means anything there); tests pass their own `decide`.
+Decisions are kept per shape and parameters for the process. SOLFORGE_CONV_LAYOUT=0 turns the pass
+off.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+CONV = aten.convolution.default
+# The channels-last way must take at most this fraction of the time of the original way.
+MARGIN = 0.95
+
+
+def _format(dim: int) -> torch.memory_format | None:
+    return {4: torch.channels_last, 5: torch.channels_last_3d}.get(dim)
+
+
+def _val(n: Any) -> Any:
+    return n.meta.get("val") if isinstance(n, fx.Node) else None
+
+
+def candidate(n: fx.Node) -> bool:
+    """A convolution this pass may rewrite: floating 4-D/5-D input and weight with static sizes,
+    the input not already channels-last."""
+    if n.op != "call_function" or n.target is not CONV:
+        return False
+    x, w = _val(n.args[0]), _val(n.args[1])
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or not x.is_floating_point():
+        return False
+    fmt = _format(x.dim())
+    if fmt is None or w.dim() != x.dim():
+        return False
+    if not all(isinstance(s, int) for s in (*x.shape, *w.shape)):
+        return False
+    return x.is_contiguous() and not x.is_contiguous(memory_format=fmt)  # NCHW, not both (C == 1)
+
+
+def _hashable(a: Any) -> Any:
+    return tuple(_hashable(v) for v in a) if isinstance(a, list | tuple) else a
+
+
+def _key(n: fx.Node) -> tuple[Any, ...]:
+    """What the timing depends on: shapes, strides, dtypes, device, whether there is a bias, and
+    the convolution's parameters (stride, padding, dilation, transposed, output padding, groups)."""
+    x, w = _val(n.args[0]), _val(n.args[1])
+    return (tuple(x.shape), tuple(x.stride()), x.dtype, tuple(w.shape), w.dtype, str(x.device),
+            n.args[2] is not None, _hashable(tuple(n.args[3:])))
+
+
+@functools.cache
+def _measured(key: tuple[Any, ...]) -> bool:
+    """Time the convolution of `key` as the graph runs it and the channels-last way (copies in and
+    out counted) on the GPU; True where the latter is at most MARGIN of the former."""
+    from solforge.tune.timing import time_kernel
+
+    xshape, xstride, dtype, wshape, wdtype, device, has_bias, rest = key
+    fmt = _format(len(xshape))
+    transposed, groups = rest[3], rest[5]
+    try:
+        g = torch.Generator(device=device).manual_seed(0)
+        x = torch.empty_strided(xshape, xstride, dtype=dtype, device=device).normal_(generator=g)
+        w = torch.randn(wshape, dtype=wdtype, device=device, generator=g)
+        channels = wshape[1] * groups if transposed else wshape[0]
+        b = torch.randn(channels, dtype=wdtype, device=device, generator=g) if has_bias else None
+
+        def plain() -> Any:
+            return CONV(x, w, b, *rest)
+
+        def last() -> Any:
+            out = CONV(x.clone(memory_format=fmt), w.clone(memory_format=fmt), b, *rest)
+            return out.clone(memory_format=torch.contiguous_format)
+
+        t0, t1 = time_kernel(plain, "cuda"), time_kernel(last, "cuda")
+    except Exception:  # noqa: BLE001 - out of memory or an unsupported convolution: leave it as written
+        return False
+    return t0.ok and t1.ok and t1.p50_us <= MARGIN * t0.p50_us
+
+
+def measured(n: fx.Node) -> bool:
+    """The pass's default `decide`: on a CUDA graph, the timing above; elsewhere False."""
+    x = _val(n.args[0])
+    if not (isinstance(x, torch.Tensor) and x.device.type == "cuda" and torch.cuda.is_available()):
+        return False
+    return _measured(_key(n))
+
+
+def _fake(fn: Callable[..., Any], *vals: Any) -> Any:
+    """`fn` on the nodes' fake values, under their fake mode (for the new nodes' meta)."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    if mode is None:
+        return fn(*vals)
+    with mode:
+        return fn(*vals)
+
+
+def channels_last_convolutions(gm: fx.GraphModule, decide: Callable[[fx.Node], bool] = measured) -> int:
+    """Rewrite the convolutions `decide` picks (module doc); returns how many."""
+    from solforge import settings
+
+    if not settings.current().conv_layout:
+        return 0
+    graph, done = gm.graph, 0
+    for n in list(graph.nodes):
+        if not candidate(n) or not decide(n):
+            continue
+        x, w = n.args[0], n.args[1]
+        xv, wv = _val(x), _val(w)
+        fmt = _format(xv.dim())
+        # the new nodes' values first: a convolution whose values cannot be made stays untouched
+        rest = [_val(v) if isinstance(v, fx.Node) else v for v in n.args[2:]]
+        xcv = _fake(lambda t, f=fmt: t.clone(memory_format=f), xv)
+        wcv = _fake(lambda t, f=fmt: t.clone(memory_format=f), wv)
+        outv = _fake(lambda a, b, r=rest: CONV(a, b, *r), xcv, wcv)
+        backv = _fake(lambda t: t.clone(memory_format=torch.contiguous_format), outv)
+        with graph.inserting_before(n):
+            xc = graph.call_function(aten.clone.default, (x,), {"memory_format": fmt})
+            wc = graph.call_function(aten.clone.default, (w,), {"memory_format": fmt})
+        xc.meta["val"], wc.meta["val"] = xcv, wcv
+        n.args = (xc, wc, *n.args[2:])
+        n.meta["val"] = outv
+        with graph.inserting_after(n):
+            back = graph.call_function(aten.clone.default, (n,), {"memory_format": torch.contiguous_format})
+        back.meta["val"] = backv
+        n.replace_all_uses_with(back, delete_user_cb=lambda u, b=back: u is not b)
+        done += 1
+    if done:
+        graph.lint()
+        gm.recompile()
+    return done

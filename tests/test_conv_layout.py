@@ -1,0 +1,97 @@
+"""capture/layout.py: convolutions rewritten to channels-last compute the model's values, hand the
+rest of the graph its original layout, and their copy back fuses into the generated region after
+them. The timing decision is the GPU's (off the GPU nothing is rewritten); here `decide` is given."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from codegen_helpers import check_region, trace, values
+from conftest import DEVICE
+
+from solforge import settings
+from solforge.capture import layout as L
+from solforge.codegen import regions as RG
+
+aten = torch.ops.aten
+
+
+def _r(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+
+
+def _convs(gm: Any) -> list[Any]:
+    return [n for n in gm.graph.nodes if n.target is aten.convolution.default]
+
+
+CASES: dict[str, tuple[Any, list[torch.Tensor]]] = {
+    # conv + ReLU + bias add (KernelBench level 2's first problem, small): odd sizes
+    "conv2d_relu_bias": (lambda x, w, b, c: torch.relu(F.conv2d(x, w, b)) + c,
+                         [_r(2, 5, 9, 11), _r(6, 5, 3, 3, seed=1), _r(6, seed=2), _r(6, 1, 1, seed=3)]),
+    # a strided, padded, grouped 3-D convolution, then a view of its result (needs its layout)
+    "conv3d_grouped_view": (lambda x, w: F.conv3d(x, w, None, 2, 1, 1, 2).view(2, -1) * 0.5,
+                            [_r(2, 4, 5, 6, 7), _r(6, 2, 3, 3, 3, seed=1)]),
+    # a transposed convolution with groups and a bias, its output returned as the graph's output
+    "conv_transpose2d": (lambda x, w, b: F.conv_transpose2d(x, w, b, 2, 1, 1, 2),
+                         [_r(2, 4, 7, 5), _r(4, 3, 3, 3, seed=1), _r(6, seed=2)]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rewritten_graph_computes_eager_values_in_eager_layout(case: str) -> None:
+    f, xs = CASES[case]
+    gm = trace(f, *xs)
+    want = f(*xs)
+    assert len(_convs(gm)) == 1
+    assert L.channels_last_convolutions(gm, decide=lambda n: True) == 1
+    (conv,) = _convs(gm)
+    fmt = torch.channels_last if xs[0].dim() == 4 else torch.channels_last_3d
+    assert [a.target for a in conv.args[:2]] == [aten.clone.default] * 2
+    assert all(a.kwargs["memory_format"] == fmt for a in conv.args[:2])
+    assert conv.meta["val"].is_contiguous(memory_format=fmt)
+    (back,) = conv.users
+    assert back.target is aten.clone.default and back.meta["val"].is_contiguous()
+    env = values(gm, *xs)
+    assert env[conv].is_contiguous(memory_format=fmt)  # the convolution really ran channels-last
+    got = gm(*xs)
+    got = got[0] if isinstance(got, tuple | list) else got
+    assert got.shape == want.shape and got.stride() == want.stride()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_copy_back_fuses_into_the_region_after_the_convolution() -> None:
+    """The generated region after the convolution starts at the copy back: it reads the
+    channels-last output once (strided) and writes the model's layout, checked against fp64."""
+    f, xs = CASES["conv2d_relu_bias"]
+    gm = trace(f, *xs)
+    L.channels_last_convolutions(gm, decide=lambda n: True)
+    (conv,) = _convs(gm)
+    formed = RG.form_regions(gm.graph)
+    after = [fr for fr in formed if conv in fr.inputs]
+    assert len(after) == 1
+    (back,) = conv.users
+    assert back in after[0].nodes
+    assert check_region(after[0], values(gm, *xs)) >= 1
+
+
+def test_nothing_changes_without_a_decision_or_with_the_switch_off() -> None:
+    f, xs = CASES["conv2d_relu_bias"]
+    gm = trace(f, *xs)
+    before = [n.format_node() for n in gm.graph.nodes]
+    assert L.channels_last_convolutions(gm, decide=lambda n: False) == 0
+    with settings.override(conv_layout=False):
+        assert L.channels_last_convolutions(gm, decide=lambda n: True) == 0
+    assert [n.format_node() for n in gm.graph.nodes] == before
+    if DEVICE == "cpu":  # the default decision times on the GPU only
+        assert L.channels_last_convolutions(gm) == 0
+
+
+def test_already_channels_last_and_one_channel_inputs_are_left_alone() -> None:
+    x = _r(2, 5, 9, 11).contiguous(memory_format=torch.channels_last)
+    gm = trace(lambda x, w: F.conv2d(x, w), x, _r(6, 5, 3, 3, seed=1))
+    assert L.channels_last_convolutions(gm, decide=lambda n: True) == 0
+    gm = trace(lambda x, w: F.conv2d(x, w), _r(2, 1, 9, 11), _r(6, 1, 3, 3, seed=1))
+    assert L.channels_last_convolutions(gm, decide=lambda n: True) == 0
