@@ -183,7 +183,8 @@ def optimize(
     itself is returned (validate/guarantee.py). Off the GPU speed is not judged, but a model that
     fails the check gives `model` back. `report.returned` ("optimized", "subset", "original") and
     `report.why` say which and why, `report.attempts` every model checked; `keep_slower` returns
-    the model with every kernel whatever its check or its speed (for analysis).
+    the model with every verified kernel, one slower than its region included, whatever its check
+    or its speed (for analysis).
 
     The model returned when kernels were integrated is `model` itself, optimized in place as
     `model.compile()` does (runtime/inplace.py): its class, forward signature, state_dict keys,
@@ -286,12 +287,14 @@ def optimize(
     every_result = tuned.results
     groups, results, judged, picks = pick_alternatives(groups, tuned.results, meaningful=meaningful)
 
-    keep, kept_notes = kept_out(groups, judged, meaningful=meaningful)
+    # keep_slower: every verified kernel enters the model, a slower one too (noted), as it says
+    keep, kept_notes = kept_out(groups, judged, meaningful=meaningful, keep_slower=opts.keep_slower)
     notes += kept_notes
     swapped = swaps(picks, every_result, keep)
     # a family's own kernel still serves the regions whose alternative forms another workload,
     # unless it is slower than the region as the model ran it
-    own_slower = not_faster([r for r in results if r.workload in swapped], meaningful=meaningful)
+    own_slower = set() if opts.keep_slower else not_faster([r for r in results if r.workload in swapped],
+                                                            meaningful=meaningful)
     winners = winner_configs(results, keep | own_slower)
     prof_after: Profile | None = None
     choice = Choice(model, ORIGINAL, "no region of a known kernel family was found" if not groups else

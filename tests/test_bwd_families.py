@@ -374,6 +374,12 @@ def test_a_slow_backward_kernel_is_used_anyway_and_noted() -> None:
     assert [r.integrated for r in reports] == [False, False] and reports[1].family == "swiglu_bwd"
     reports = [_region_report(g, r, set()) for g, r in zip(groups, results, strict=True)]
     assert [r.integrated for r in reports] == [True, True]
+    # keep_slower (the model with every verified kernel): the slower forward enters too, noted
+    out, notes = kept_out(groups, results, meaningful=True, keep_slower=True)
+    assert out == set() and len(notes) == 2 and notes[0].startswith("swiglu[") and "keep_slower" in notes[0]
+    # and an unverified one still does not
+    out, _ = kept_out(groups, [_tuned(fwd, None), results[1]], meaningful=True, keep_slower=True)
+    assert out == {fwd}
 
 
 def test_nothing_unverified_enters_the_model() -> None:

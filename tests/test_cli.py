@@ -55,9 +55,16 @@ def test_optimize_qwen3_tiny_writes_a_passing_report(tmp_path: Path, capsys: pyt
     assert {r.family for r in report.regions} - {"generated"} == {"add_rmsnorm", "rmsnorm", "rope", "swiglu"}
     # the profile stage: baseline and optimized model, traces and the page
     assert report.profile is not None and report.profile.complete and report.profile_after is not None
-    # the swapped-in solforge ops, profiled as regions of their own (no aten chain left)
-    after = [r for r in report.profile_after.regions if r.family in ("rmsnorm", "add_rmsnorm", "rope", "swiglu")]
-    assert sum(r.count for r in after) == 9 and not any(r.workload for r in after)
+    # the swapped-in solforge ops, profiled as regions of their own (no aten chain left but those of
+    # the regions left as the model ran them: on a GPU, one whose kernel was not faster than it)
+    fams = ("rmsnorm", "add_rmsnorm", "rope", "swiglu")
+    after = [r for r in report.profile_after.regions if r.family in fams]
+    integrated = sum(r.count for r in report.regions if r.family in fams and r.integrated)
+    left = {r.workload for r in report.regions if r.family in fams and not r.integrated}
+    swapped = sum(r.count for r in after if not r.workload)
+    assert swapped == integrated > 0 and {r.workload for r in after if r.workload} <= left, (after, report.notes)
+    if DEVICE == "cpu":  # speed is not judged there: every region got its kernel
+        assert integrated == 9 and not left
     # tuned in the order of the Amdahl ranking (largest end-to-end saving first)
     saving = {r.workload: r.saving_us for r in report.profile.regions if r.workload}
     assert set(saving) == {r.workload for r in report.regions}

@@ -10,7 +10,7 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
-from codegen_helpers import form_and_check, trace
+from codegen_helpers import check_region, form_and_check, trace, values
 
 from solforge.capture import op_name
 from solforge.codegen.regions import Formed, form_regions
@@ -177,6 +177,27 @@ def test_more_activations_and_unary_functions(dtype: torch.dtype) -> None:
     torch.manual_seed(3)
     (r,) = form_and_check(f, _r(3, 5, 17, dtype=dtype))
     assert {"celu", "log_sigmoid_forward", "softshrink", "asinh"} <= set(ops(r))
+
+
+def test_an_unread_empty_item_does_not_keep_its_op_out() -> None:
+    """On CUDA log_sigmoid_forward's second item (the buffer for its backward) is empty; nothing
+    reads it and the generator never computes it, so the op still joins the region. Made so here
+    on any device by giving the traced item an empty value; read, an empty value stays out."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return F.logsigmoid(x) * 2 + 1
+
+    x = _r(3, 5, 17)
+    gm = trace(f, x)
+    (node,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.log_sigmoid_forward.default]
+    (item,) = [u for u in node.users if u.args[1] == 1]
+    out, buf = node.meta["val"]
+    node.meta["val"] = (out, buf.new_empty((0,)))
+    item.meta["val"] = node.meta["val"][1]
+    (r,) = form_regions(gm.graph)
+    assert ops(r) == ["log_sigmoid_forward", "mul", "add"] and item in r.nodes
+    assert check_region(r, values(gm, x)) >= 1
+    gm.graph.output_node().args = ((gm.graph.output_node().args[0], item),)
+    assert not any("log_sigmoid_forward" in ops(r) for r in form_regions(gm.graph))
 
 
 def test_round_half_even_frac_and_logit() -> None:

@@ -171,14 +171,23 @@ def _failing_check(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("keep_slower", [False, True])
 def test_optimize_returns_the_original_when_the_check_fails(monkeypatch: pytest.MonkeyPatch, keep_slower: bool) -> None:
-    """Off the GPU a failed check gives the model itself back, its regions reported as left, the
-    why in the report; keep_slower returns the optimized model all the same."""
+    """A failed check gives the model itself back, its regions reported as left, the why in the
+    report: off the GPU at once, on a GPU after the subsets (guarantee.subsets) failed too;
+    keep_slower returns the optimized model all the same, no subset tried."""
+    from solforge import api
+
     _failing_check(monkeypatch)
+    # both kernels enter the full model, on a GPU too (where one not faster than its tiny region
+    # would stay out): the subsets tried are known
+    real_kept_out = api.kept_out
+    monkeypatch.setattr(api, "kept_out", lambda *a, **k: real_kept_out(*a, **{**k, "keep_slower": True}))
     m = TwoNorms().to(DEVICE).eval()
     plain = copy.deepcopy(m)  # optimize works in place: the reference is a copy made before
     x = torch.randn(3, 32, device=DEVICE)
     opt, report = _optimize(m, keep_slower=keep_slower)
-    assert report.e2e is not None and not report.e2e.passed and len(report.attempts) == 1
+    assert report.e2e is not None and not report.e2e.passed and report.attempts[0].regions == 2
+    tried = len(subsets({_w(0): 1.0, _w(1): 2.0})) if DEVICE == "cuda" and not keep_slower else 0
+    assert len(report.attempts) == 1 + tried and not any(a.passed for a in report.attempts)
     assert opt is m  # the user's model object either way
     if keep_slower:
         assert installed(m) is not None and report.returned == "optimized" and "keep_slower" in report.why

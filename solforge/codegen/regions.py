@@ -86,9 +86,21 @@ def anchor_reason(node: fx.Node) -> str | None:
     metas = IR.node_metas(node)
     if metas is None:
         return "no static tensor value"
-    if any(m.dtype not in _DTYPES or m.numel == 0 for m in metas):
+    if any(m.dtype not in _DTYPES for m in metas) or any(m.numel == 0 for m in _read(node, metas)):
         return "dtype or empty value"
     return None
+
+
+def _read(node: fx.Node, metas: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The metas of the results of `node` that something reads: an item of a tuple-valued op that
+    nothing reads is never computed (log_sigmoid_forward's buffer for the backward, which is empty
+    on CUDA), so it does not keep the op out of a region however it is shaped."""
+    if not isinstance(node.meta.get("val"), (tuple, list)):
+        return metas
+    read = {u.args[1] for u in node.users if u.target is operator.getitem and u.users}
+    if any(u.target is not operator.getitem for u in node.users):
+        return metas
+    return tuple(m for i, m in enumerate(metas) if i in read)
 
 
 def _is_view(node: fx.Node) -> bool:

@@ -22,16 +22,19 @@ def not_faster(results: Sequence[TuneResult], *, meaningful: bool) -> set[Any]:
 
 
 def kept_out(groups: Sequence[_plan.WorkloadGroup], results: Sequence[TuneResult], *,
-             meaningful: bool) -> tuple[set[Any], list[str]]:
+             meaningful: bool, keep_slower: bool = False) -> tuple[set[Any], list[str]]:
     """The forward workloads whose regions stay as the model ran them, and notes:
     - a kernel that is not faster than the region as the model ran it (on the GPU, where times
-      mean something): never trade the original for a slower kernel;
+      mean something): never trade the original for a slower kernel, unless `keep_slower` (the
+      model with every verified kernel, for analysis: api.optimize's keep_slower), which notes it;
     - a workload with no verified kernel, and in training one whose backward has none: nothing
       unproven enters a model (the heuristic config is not used in their place).
     A backward that is merely slower is used (the fused forward op always runs its own backward
     kernel, so the best backward config is used whatever eager's backward would cost): noted."""
     backward = {g.workload for g in groups if g.forward is not None}
     slower = not_faster([r for r in results if r.workload not in backward], meaningful=meaningful)
+    used_slower = slower if keep_slower else set()
+    slower = set() if keep_slower else slower
     slow_bwd = not_faster([r for r in results if r.workload in backward], meaningful=meaningful)
     unverified = {r.workload for r in results if r.best is None}
     keep = set(slower) | (unverified - backward)
@@ -45,6 +48,9 @@ def kept_out(groups: Sequence[_plan.WorkloadGroup], results: Sequence[TuneResult
         elif r.workload in slower:
             notes.append(f"kept the original {r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is "
                          f"not faster than the region as the model ran it ({r.baseline.p50_us:,.1f} µs)")
+        elif r.workload in used_slower:
+            notes.append(f"{r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is not faster than the "
+                         f"region as the model ran it ({r.baseline.p50_us:,.1f} µs); used all the same (keep_slower)")
         elif r.workload in slow_bwd:
             notes.append(f"{r.workload.key}: its best kernel ({r.best.time_us:,.1f} µs) is slower than eager's "
                          f"backward of the region ({r.baseline.p50_us:,.1f} µs); used anyway: the fused forward "
