@@ -246,7 +246,10 @@ def optimize(
 
     rep.stage("plan", f"{len(captured.graphs)} graph(s)")
     groups = _plan.plan(captured.graphs, fams)
-    if not groups:
+    # convolutions the capture made channels-last (capture/layout.py): a change to integrate and
+    # check end to end even where no region matched
+    layouts = sum(g.conv_layouts for g in captured.graphs)
+    if not groups and not layouts:
         names = ", ".join(registry.forward_names())
         notes.append(f"nothing to optimize: no region of a known kernel family ({names}) was found")
     notes += _add_alternatives(groups, opts, fams)
@@ -299,8 +302,9 @@ def optimize(
     prof_after: Profile | None = None
     choice = Choice(model, ORIGINAL, "no region of a known kernel family was found" if not groups else
                     "no region got a kernel that is verified and (on the GPU) faster than the region", None)
-    if winners or swapped:
-        rep.stage("integrate", f"{len(set(winners) | set(swapped))} kernel(s)")
+    if winners or swapped or layouts:
+        rep.stage("integrate", f"{len(set(winners) | set(swapped))} kernel(s)"
+                  + (f", {layouts} convolution(s) channels-last" if layouts else ""))
         # the capture's own compiled model, rewritten in place: no second trace
         # a shape the model is called with later is compiled then: the database's winner for it, if any
         db_path = kdb.path if kdb is not None else None

@@ -95,3 +95,26 @@ def test_already_channels_last_and_one_channel_inputs_are_left_alone() -> None:
     assert L.channels_last_convolutions(gm, decide=lambda n: True) == 0
     gm = trace(lambda x, w: F.conv2d(x, w), _r(2, 1, 9, 11), _r(6, 1, 3, 3, seed=1))
     assert L.channels_last_convolutions(gm, decide=lambda n: True) == 0
+
+
+def test_optimize_integrates_a_channels_last_convolution_where_no_region_matched(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model with a convolution and nothing to fuse still gets the layout the timing chose (here
+    forced): optimize integrates and checks it end to end, and the model computes eager's values."""
+    import torch.nn as nn
+
+    from solforge import optimize
+
+    monkeypatch.setattr(L, "measured", lambda n: True)
+    model = nn.Conv2d(3, 5, 3, padding=1).to(DEVICE)
+    x = _r(2, 3, 7, 9)
+    opt, report = optimize(model, (x,), budget=1, max_candidates=1, db=False, profile="off", keep_slower=True,
+                           make_inputs=lambda s: (_r(2, 3, 7, 9, seed=s),))
+    assert report.e2e is not None and report.e2e.passed, report.notes
+    assert any("run channels-last" in n for n in report.notes), report.notes
+    assert report.returned != "original", (report.returned, report.why)
+    fresh = _r(2, 3, 7, 9, seed=11)
+    with torch.no_grad():
+        got, want = opt(fresh), model(fresh)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.is_contiguous()

@@ -124,12 +124,14 @@ def _fake(fn: Callable[..., Any], *vals: Any) -> Any:
         return fn(*vals)
 
 
-def channels_last_convolutions(gm: fx.GraphModule, decide: Callable[[fx.Node], bool] = measured) -> int:
-    """Rewrite the convolutions `decide` picks (module doc); returns how many."""
+def channels_last_convolutions(gm: fx.GraphModule, decide: Callable[[fx.Node], bool] | None = None) -> int:
+    """Rewrite the convolutions `decide` picks (default: `measured`, looked up at the call); returns
+    how many."""
     from solforge import settings
 
     if not settings.current().conv_layout:
         return 0
+    decide = decide or measured
     graph, done = gm.graph, 0
     for n in list(graph.nodes):
         if not candidate(n) or not decide(n):
