@@ -288,9 +288,13 @@ def test_an_encoder_without_padding_runs_sdpa_without_a_mask_as_eager_does(monke
         torch.compiler.reset()
         b = capture.capture(m, (ids,))
         out = b.compiled(ids).last_hidden_state
-    assert sum(_sdpa_calls(g.aten)[0] for g in traced.graphs) == 2  # as traced: the mask in both layers
+    # as traced: the mask in both layers. On a GPU, transformers 5.17 traces none at all here (the
+    # H100 run of 2026-11-27: 0 masked calls), so the pass has nothing to drop; the result must be
+    # maskless either way
+    masked = sum(_sdpa_calls(g.aten)[0] for g in traced.graphs)
+    assert masked == 2 or (DEVICE == "cuda" and masked == 0), masked
     assert [_sdpa_calls(g.aten) for g in b.graphs] == [(0, 2)]
-    assert sum(g.attention_restored for g in b.graphs) == 2
+    assert sum(g.attention_restored for g in b.graphs) == masked
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
