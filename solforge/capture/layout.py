@@ -110,6 +110,8 @@ def measured(n: fx.Node) -> bool:
     x = _val(n.args[0])
     if not (isinstance(x, torch.Tensor) and x.device.type == "cuda" and torch.cuda.is_available()):
         return False
+    if torch.cuda.is_current_stream_capturing():  # a model compiled inside the user's CUDA graph capture
+        return False  # timing there would break the capture: left as written
     return _measured(_key(n))
 
 
