@@ -313,7 +313,8 @@ def verify(family: ModuleType, workload: Workload, launch: Launch, *, trials: in
             if t.reuse and shared is not None:
                 args, kwargs, before, ref = shared
             else:
-                shared = None  # free the previous trial's tensors before drawing new ones
+                # free the previous trial's tensors (kept while shared) before drawing new ones
+                shared = args = kwargs = before = ref = None
                 if t.edge is not None:
                     args, kwargs = t.edge
                 elif probe is not None:
