@@ -135,6 +135,28 @@ def test_looped_carry_over_rows_longer_than_a_chunk(name: str) -> None:
     assert compare(got, KB[name](*xs)).ok
 
 
+def test_scans_beside_reductions() -> None:
+    """A cumsum of a softmax (top-p sampling's: two reduction stages, then the scan in the pass
+    that stores) and a row sum of a cumprod (a reduction reading the scan): one region each, the
+    scan recomputed with its own carry in every looped pass that reads it."""
+    def top_p(x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(torch.softmax(x, -1), -1)
+
+    def total(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.cumprod(x, 1)
+        return y, y.sum(1)
+
+    for f, x, stages in ((top_p, _rand(3, 700) * 4, 2), (total, _near_one(3, 700), 1)):
+        (r,) = form_and_check(f, x)
+        low = r.lowered
+        assert low.scans and low.space.stages == stages and low.space.reduced == (1,)
+        ref = REF.reference(low.ir, [x])
+        for s in (SC.Schedule("looped", 128, 2, 2, 1), SC.Schedule("rows", 1024, 1, 4, 1)):
+            for k, (got, want) in enumerate(zip(RT.run(low, s, [x]), ref, strict=True)):
+                c = compare(got, want)
+                assert c.ok, f"{f.__name__} {s.encode()} output {k}: {c.reason}"
+
+
 def test_every_schedule_of_a_reversed_scan() -> None:
     """The heuristic and the whole space (rows and looped only) of the reversed cumsum, at an odd
     middle dim of a 3-D tensor."""
