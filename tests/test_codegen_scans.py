@@ -248,3 +248,47 @@ def test_training_through_a_region_with_a_scan(case: str, dtype: torch.dtype) ->
         assert x.grad is not None and x.grad.dtype == dtype and w is not None
         c = compare(x.grad, w)
         assert c.ok, f"{case} grad {i}: {c.reason}"
+
+
+class _ReverseCumsum(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kb91(x)
+
+
+class _WeightedCumprod(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(1.0 + 0.05 * torch.randn(111))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumprod(1.0 + 0.05 * x * self.w, 1).sin().sum()
+
+
+@pytest.mark.parametrize(("model", "mode"), [(_ReverseCumsum, "inference"), (_WeightedCumprod, "train")],
+                         ids=["reverse_cumsum", "cumprod_train"])
+def test_optimize_swaps_in_the_scan_region(model: type[torch.nn.Module], mode: str) -> None:
+    """optimize: the region with the scan becomes one tuned, verified generated kernel in the model,
+    and the model's outputs (train: every gradient too) match eager's."""
+    from solforge import optimize
+
+    net = model()
+    torch.manual_seed(3)
+    x = torch.randn(13, 111).requires_grad_(mode == "train")  # past the generated family's byte floor
+
+    def make(seed: int) -> tuple[torch.Tensor, ...]:
+        torch.manual_seed(seed)
+        return (torch.randn(13, 111).requires_grad_(mode == "train"),)
+
+    opt, report = optimize(net, (x,), mode=mode, budget=1, max_candidates=1, db=False, profile="off",
+                           families=("generated",), keep_slower=True, make_inputs=make)
+    assert report.e2e is not None and report.e2e.passed, (report.e2e, report.notes)
+    stats = opt.solforge_stats  # type: ignore[attr-defined]
+    swapped = {k: n for k, n in {**stats.replaced, **stats.untuned, **stats.stored}.items()
+               if k.startswith("generated[")}
+    assert sum(swapped.values()) == 1, (stats, report.notes)
+    if mode == "train":
+        assert report.e2e.grads_compared == 1, report.e2e  # w's (through the eager vjp of the region)
+    (fresh,) = make(7)
+    with torch.no_grad():
+        c = compare(opt(fresh), net(fresh))
+    assert c.ok, c.reason
