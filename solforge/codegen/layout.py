@@ -117,6 +117,8 @@ def walk(region: Lowered) -> list[LoadWalk]:
         elif node.kind == "pw":
             for j in node.inputs:
                 visit(j, _bcast(idx, node.shape, g.nodes[j].shape, points))
+        elif node.kind == "scan":  # its input, at the same loop point
+            visit(node.inputs[0], idx)
         # const: nothing; reduce: a per-row value, its input is walked from the loop below
 
     for node in g.nodes:

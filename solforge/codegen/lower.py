@@ -8,6 +8,8 @@ The kernel graph has five kinds of node, each with its shape and kernel type ('f
   view    index arithmetic: reshape, permute, expand, slice, select (no data moves); pad (its input
           shifted along one dim, a fill outside it: concatenation, constant pads, pooling windows)
   reduce  sum/max/min over some dims of one operand
+  scan    the running sum/product of one operand along one dim (cumsum, cumprod), forward or
+          reversed, the operand's shape
   index   the index along one dim of its shape (an integer: triu/tril's masks)
 Composite ATen ops are written out here: mean = sum / n, var = sum((x - mean)^2) / (n - correction),
 softmax = exp(x - max) / sum(exp(x - max)), log_softmax, logsumexp, vector norms.
@@ -21,6 +23,16 @@ that depends on a reduction is evaluated at the row of the loop point that reads
         loop point at linear index j of S (shape S, or a reshape of such a value)
 Each reduction's stage is one more than the deepest reduction its input needs (LayerNorm's var,
 which reads the mean, is stage 2): a looped schedule makes one pass per stage, then one to store.
+
+A scan's loop space is its shape with the scanned dim as the reduced one (a row: every other dim
+fixed); its value is `loop`, at the stage of its input: each pass that reads it walks the row in
+order (a running carry between chunks), so a region's scans all run one way. A view of a scan is
+written as a scan of the view of its input where that is the same value (a flip: the reversed scan
+of the flipped input; a pad with the scan's identity before a forward scan: a cat of zeros and a
+cumsum; a prefix; views along other dims), since `analyze` refuses any other view of a value that
+depends on a scan or reduction (it would read the row at other points than the loop's): the
+region is cut there. The original scan is then dead; `lower` prunes dead nodes of a graph with a
+scan.
 """
 
 from __future__ import annotations
@@ -37,8 +49,8 @@ from solforge.codegen.ir import Ref, RegionIR
 
 @dataclass(frozen=True)
 class KNode:
-    kind: str  # load | const | pw | view | reduce
-    fn: str  # pw: template; view: reshape/permute/expand/slice/select; reduce: sum/max/min
+    kind: str  # load | const | pw | view | reduce | scan | index
+    fn: str  # pw: template; view: reshape/permute/expand/slice/select/pad; reduce: sum/max/min; scan: sum/prod
     inputs: tuple[int, ...]
     params: tuple[Any, ...]
     shape: tuple[int, ...]
@@ -147,7 +159,62 @@ class _Builder:
     def view(self, fn: str, x: V, params: Sequence[Any], shape: Sequence[int]) -> V:
         if fn == "reshape" and tuple(shape) == self.shape(x):
             return x
+        if fn != "reshape" and self.nodes[x.id].kind == "scan":
+            got = self._through_scan(fn, x, tuple(params), tuple(shape))
+            if got is not None:
+                return got
         return self.add("view", fn, (x.id,), params, shape, self.nodes[x.id].ktype)
+
+    def scan(self, fn: str, x: V, dim: int, reverse: bool = False) -> V:
+        """The running sum/prod of x along dim (reversed: from the end), in fp32."""
+        if self.nodes[x.id].ktype != "f":
+            x = self.pw("to_f", x, ktype="f")
+        s = self.shape(x)
+        if not s or s[dim] == 1:  # a scan of one element is that element
+            return x
+        return self.add("scan", fn, (x.id,), (dim, reverse), s, "f")
+
+    def _flip(self, x: V, dim: int) -> V:
+        n = self.nodes[x.id]
+        s = n.shape
+        if n.kind == "view" and n.fn == "slice" and n.params == (dim, s[dim] - 1, -1):
+            return V(n.inputs[0])  # a flip of a flip
+        return self.view("slice", x, (dim, s[dim] - 1, -1), s)
+
+    def _through_scan(self, fn: str, x: V, params: tuple[Any, ...], shape: tuple[int, ...]) -> V | None:
+        """A view of scan x written as a scan of the same view of x's input, where the two are the
+        same value (module docstring); None where they are not."""
+        n = self.nodes[x.id]
+        dim, rev = n.params
+        y, s = V(n.inputs[0]), n.shape
+        if fn == "permute":
+            return self.scan(n.fn, self.view(fn, y, params, shape), list(params[0]).index(dim), rev)
+        if fn == "expand":
+            return self.scan(n.fn, self.view(fn, y, params, shape), dim + len(shape) - len(s), rev)
+        if fn == "select":
+            e = params[0]
+            return None if e == dim else self.scan(n.fn, self.view(fn, y, params, shape), dim - (e < dim), rev)
+        if fn == "slice":
+            e, start, step = params
+            if e == dim:
+                if step == -1 and start == s[dim] - 1 and shape[dim] == s[dim]:  # a flip: the other way round
+                    return self.scan(n.fn, self._flip(y, dim), dim, not rev)
+                # a prefix of a forward scan (a suffix of a reversed one) is the scan of that part
+                if step != 1 or (start + shape[dim] != s[dim] if rev else start != 0):
+                    return None
+            return self.scan(n.fn, self.view(fn, y, params, shape), dim, rev)
+        if fn == "pad":
+            e, before, fill = params
+            if isinstance(fill, bool):
+                fill = float(fill)
+            if not isinstance(fill, (int, float)) or float(fill) != _SCAN_IDENTITY[n.fn]:
+                return None
+            # along the scan's dim: identities ahead of a forward scan (behind a reversed one) keep
+            # its values and give the identity where they are; identities after it would not
+            if e == dim and (before != 0 if rev else before + s[dim] != shape[dim]):
+                return None
+            return self.scan(n.fn, self.view(fn, y, params, shape), dim, rev)
+        return None
 
     def reshape(self, x: V, shape: Sequence[int]) -> V:
         if math.prod(shape) != math.prod(self.shape(x)):
@@ -180,6 +247,9 @@ class _Builder:
             # a (B, 1) row sum, after a GEMM, would otherwise reduce a per-row value)
             return self.reshape(x, out)
         return self.add("reduce", fn, (x.id,), (ds, keepdim), out, "f")
+
+
+_SCAN_IDENTITY = {"sum": 0.0, "prod": 1.0}
 
 
 def _dims(dims: Any, rank: int) -> tuple[int, ...]:
@@ -369,17 +439,27 @@ _reg("aten.clone.default", "aten.alias.default", "aten.detach.default", "aten.li
      "aten.contiguous.default")(lambda b, a, kw, out: b.t(a[0]))
 
 
+def _typed(value: Any, kt: str | None) -> Any:
+    """A fill value as a constant of the tensor's kernel type (zeros_like of a float tensor: 0.0,
+    not the integer 0, which a cast of it would write as an integer literal)."""
+    if kt is None or not isinstance(value, (bool, int, float)):
+        return value
+    return float(value) if kt == "f" else bool(value) if kt == "b" else int(value)
+
+
 @_reg("aten.full.default", "aten.scalar_tensor.default")
 def _full(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
     value = a[1] if len(a) > 1 else a[0]
-    c = b.t(value)
+    dtype = kw.get("dtype")
+    c = b.t(_typed(value, ktype_of(dtype) if isinstance(dtype, torch.dtype) else None))
     return b.view("expand", c, (tuple(out[0]),), out[0]) if out[0] else c
 
 
 @_reg("aten.full_like.default", "aten.zeros_like.default", "aten.ones_like.default")
 def _full_like(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
     value = a[1] if len(a) > 1 else 0 if "zeros" in b.current else 1
-    c = b.t(value)
+    dtype = kw.get("dtype")
+    c = b.t(_typed(value, ktype_of(dtype) if isinstance(dtype, torch.dtype) else b.ktype(a[0])))
     return b.view("expand", c, (tuple(out[0]),), out[0]) if out[0] else c
 
 
@@ -822,6 +902,20 @@ def _max_dim(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int,
     return b.reduce("max" if "max" in b.current else "min", x, dims, keepdim), None
 
 
+@_reg("aten.cumsum.default", "aten.cumprod.default")
+def _cumsum(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    dtype = kw.get("dtype")
+    # an integer or bool input scans to int64 (exact past 2^24): left out, as is an integer dtype asked for
+    if (dtype is None and b.ktype(x) != "f") or (dtype is not None and not dtype.is_floating_point):
+        raise LowerError(f"{b.current} to an integer type")
+    if dtype == torch.float64:
+        raise LowerError("fp64 values are computed in fp32 by the generator: not fused")
+    rank = len(b.shape(x))
+    dim = kw.get("dim", a[1] if len(a) > 1 else 0)
+    return b.scan("prod" if "cumprod" in b.current else "sum", x, dim % rank if rank else 0)
+
+
 @_reg("aten.xlogy.Tensor", "aten.xlogy.Scalar_Other")
 def _xlogy(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
     x, y = a[0], a[1]
@@ -963,7 +1057,25 @@ def lower(ir: RegionIR) -> KernelGraph:
             if g is not None and b.shape(g) != m.shape:
                 raise LowerError(f"{op.target}: lowered shape {b.shape(g)} != {m.shape}")
         results.append(got)
-    return KernelGraph(tuple(b.nodes), tuple(val(r).id for r in ir.outputs))
+    kg = KernelGraph(tuple(b.nodes), tuple(val(r).id for r in ir.outputs))
+    # a view of a scan rewritten as a scan leaves the original behind, whose loop space (a cat's
+    # piece is shorter than the cat) or direction (a flip's) is not the region's
+    return _prune(kg) if any(n.kind == "scan" for n in kg.nodes) else kg
+
+
+def _prune(kg: KernelGraph) -> KernelGraph:
+    """The graph without the nodes no output reads (node order kept)."""
+    live: set[int] = set()
+    todo = list(kg.outputs)
+    while todo:
+        i = todo.pop()
+        if i not in live:
+            live.add(i)
+            todo += kg.nodes[i].inputs
+    new = {i: k for k, i in enumerate(sorted(live))}
+    nodes = tuple(KNode(n.kind, n.fn, tuple(new[j] for j in n.inputs), n.params, n.shape, n.ktype)
+                  for i, n in enumerate(kg.nodes) if i in live)
+    return KernelGraph(nodes, tuple(new[o] for o in kg.outputs))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -990,9 +1102,25 @@ def analyze(kg: KernelGraph) -> Analysis:
     def fail(msg: str) -> Analysis:
         return Analysis(None, error=msg)
 
+    ways = {n.params[1] for n in nodes if n.kind == "scan"}
+    if len(ways) > 1:
+        return fail("scans in both directions: no one order to walk the rows in")
     for n in nodes:
         dep = [j for j in n.inputs if kinds[j] != "pre"]
         st = max((stages[j] for j in n.inputs), default=0)
+        if n.kind == "scan":  # a loop-aligned value over the scanned dim's rows, at its input's stage
+            dims = (n.params[0],)
+            if S is None:
+                S, D = n.shape, dims
+                numel_s = math.prod(S)
+                rows = math.prod(S[d] for d in range(len(S)) if d not in D)
+            elif n.shape != S or dims != D:
+                return fail(f"a scan over {n.shape} dim {dims[0]} and the loop {S} over dims {D}: two loop spaces")
+            if dep and kinds[dep[0]] != "loop":
+                return fail("a scan of a per-row value")
+            kinds.append("loop")
+            stages.append(st)
+            continue
         if n.kind == "reduce":
             dims, _keep = n.params
             src = nodes[n.inputs[0]]
@@ -1064,7 +1192,18 @@ class Lowered:
 
     @property
     def reduces(self) -> bool:
-        return any(n.kind == "reduce" for n in self.graph.nodes)
+        """A loop of rows (reductions or scans), not a pointwise one."""
+        return any(n.kind in ("reduce", "scan") for n in self.graph.nodes)
+
+    @property
+    def scans(self) -> bool:
+        """Holds a scan: its passes walk each row in order within one program (rows, looped)."""
+        return any(n.kind == "scan" for n in self.graph.nodes)
+
+    @property
+    def scan_reverse(self) -> bool:
+        """Its scans run from the end of the row (analyze admits one direction per region)."""
+        return any(n.kind == "scan" and n.params[1] for n in self.graph.nodes)
 
 
 def prepare(ir: RegionIR) -> Lowered:

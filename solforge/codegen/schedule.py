@@ -32,6 +32,9 @@ row index is decomposed with it innermost) or one of a transpose's two dims; for
 last dim of the loop, or of the reduced dims for a reduction (what the flat index walks fastest),
 as `contig_dim` says. Which dim the inputs are contiguous along is layout.py's analysis.
 `is_valid` admits exactly what the generator handles: every tail is masked, so any shape works.
+A region with a scan (cumsum, cumprod) runs only `rows` and `looped`: each row walked in order
+within one program (a split or a tile of neighbouring rows would need the scan's carry across
+programs or lanes).
 """
 
 from __future__ import annotations
@@ -110,6 +113,8 @@ def is_valid(schedule: Schedule, region: Lowered) -> bool:
     c, s = schedule, region.space
     if c.variant not in VARIANTS or c.num_warps not in _WARPS or not (_pow2(c.block) and _pow2(c.rows)):
         return False
+    if region.scans and c.variant not in ("rows", "looped"):
+        return False
     if not (_pow2(c.rblock) and c.splits >= 1) or (c.variant != "tiles" and c.rblock != 1) or \
             (c.variant not in ("split", "tiles") and c.splits != 1):
         return False
@@ -165,7 +170,7 @@ def tile_dims(region: Lowered) -> list[int]:
     """Kept dims a `tiles` schedule walks fastest in the space: the one the inputs are contiguous
     along, when it is kept (when a reduced dim is, the row schedules read coalesced already)."""
     s = region.space
-    inner = layout.inner_dim(region) if region.reduces else None
+    inner = layout.inner_dim(region) if region.reduces and not region.scans else None
     return [inner] if inner is not None and inner in s.row_dims else []
 
 
@@ -253,7 +258,7 @@ def heuristic(region: Lowered) -> Schedule:
     long rows (fewer rows than two per SM, reduced extent past 8K): `split` into enough programs
     for about two per SM, 2048-wide chunks. Otherwise the whole reduced extent in registers up to
     8K wide (several short rows per program so a tile holds ~4K elements; off the GPU as many
-    rows as fit 16K), else 2048-wide chunks. Not yet measured on a GPU."""
+    rows as fit 16K), else 2048-wide chunks; a region with a scan always so. Not yet measured on a GPU."""
     s, cd = region.space, contig_dim(region)
     gpu = region.ir.device == "cuda"
     if not region.reduces:
@@ -269,7 +274,7 @@ def heuristic(region: Lowered) -> Schedule:
         return Schedule("pointwise", block, 1, _warps_for(block, 8) if gpu else 4, cd)
     width = triton.next_power_of_2(max(s.cols, 1))
     rows_max = triton.next_power_of_2(max(s.rows, 1))
-    inner = layout.inner_dim(region)
+    inner = None if region.scans else layout.inner_dim(region)
     if inner is not None and inner in s.row_dims:
         block = min(rows_max, 128 if gpu else 256)
         rblock = min(width, (4096 if gpu else _MAX_TILE) // block)
@@ -279,7 +284,7 @@ def heuristic(region: Lowered) -> Schedule:
             rblock = min(rblock, 32)
             c = _fewest_valid_splits(Schedule("tiles", block, 1, c.num_warps, inner, rblock,
                                               triton.next_power_of_2(triton.cdiv(2 * SMS, programs))), region, c)
-    elif width > 8192 and s.rows < 2 * SMS:
+    elif width > 8192 and s.rows < 2 * SMS and not region.scans:
         splits = triton.next_power_of_2(triton.cdiv(2 * SMS, max(s.rows, 1)))
         c = _fewest_valid_splits(Schedule("split", 2048, 1, 8, cd, 1, splits), region,
                                  Schedule("looped", 2048, 1, 8, cd))

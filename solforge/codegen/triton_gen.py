@@ -6,8 +6,11 @@ arguments (so permuted, expanded and sliced inputs need no copy); views rewrite 
 permute permutes it, an expand zeroes broadcast dims, a slice scales and shifts it, a reshape goes
 through the linear index, a pad shifts it and masks its input's loads to the range, its fill
 elsewhere: concatenations, constant pads and pooling windows); pointwise ops evaluate their
-operands at the broadcast index; a reduction is an accumulator of the current rows. Values are
-memoized per (node, index), so a value read at one index is computed once per tile.
+operands at the broadcast index; a reduction is an accumulator of the current rows; a scan is
+tl.cumsum / tl.cumprod of its input over the tile's reduced axis (identities in masked lanes),
+combined, in a looped pass, with a carry: the running total of the row's earlier chunks, the
+chunks walked in the scans' direction. Values are memoized per (node, index), so a value read at
+one index is computed once per tile (a scan: once per tile, read only at the loop point).
 
 The loop: the flat loop index (pointwise) or the pair (row, reduced index) (reductions), each
 decomposed by div/mod over the loop shape S: the row index over the kept dims, the reduced index
@@ -119,6 +122,7 @@ _OWN_TYPES = {"to_b", "to_f", "to_i", "round", "not", "isnan", "where", "and", "
 _IDENT = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
 _COMBINE = {"sum": "{a} + {v}", "max": "tl.maximum({a}, {v})", "min": "tl.minimum({a}, {v})"}
 _REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+_SCAN = {"sum": ("tl.cumsum", "+", "0.0"), "prod": ("tl.cumprod", "*", "1.0")}  # scan, combine, identity
 
 
 def _cstrides(shape: Sequence[int]) -> list[int]:
@@ -142,6 +146,8 @@ class _Gen:
         self.rmask: str | None = None
         self.kmask: str | None = None
         self.pmask: list[str] = []  # the in-range conditions of the pad views being evaluated (masks loads)
+        self.red: _Reduction | None = None  # the reduction loop being emitted (a scan reads its tile)
+        self.carry: dict[int, str] = {}  # scan node -> its running total over the chunks walked so far
 
     # --- text
 
@@ -211,6 +217,8 @@ class _Gen:
         node = self.g.nodes[i]
         if node.kind == "reduce":
             return self.acc[i], "f"
+        if node.kind == "scan":
+            return self.scan(i, node), "f"
         if node.kind == "const":
             return _lit(node.params[0], node.ktype), node.ktype
         if node.kind == "index":  # the loop point's index along one dim of the value (triu's masks)
@@ -233,6 +241,35 @@ class _Gen:
         self.line(f"{name} = {expr}")
         self.scopes[-1][key] = (name, node.ktype)
         return name, node.ktype
+
+    def scan(self, i: int, node: KNode) -> str:
+        """A scan at this tile's loop points (lower.analyze: a scan is only read there, so one
+        value per tile whatever index it is asked at): its input over the tile, identities in the
+        masked lanes, scanned along the reduced axis; looped: combined with the carry of the
+        earlier chunks, the carry then the scan at the chunk's last lane in the walk's order."""
+        key = (i, ("scan",))
+        for sc in self.scopes:
+            if key in sc:
+                return sc[key][0]
+        red = self.red
+        assert red is not None and red.loop is not None, "a scan outside a row loop"
+        dim, rev = node.params
+        fn, comb, ident = _SCAN[node.fn]
+        v, _ = self.value(node.inputs[0], red.loop)
+        full = f"tl.broadcast_to({v}, {red.shape})"
+        t = self.fresh("t")
+        self.line(f"{t} = " + (f"tl.where(m, {full}, {ident})" if self.rmask or self.kmask else full))
+        name = self.fresh("scan")
+        self.line(f"{name} = {fn}({t}, axis={red.kax}{', reverse=True' if rev else ''})")
+        if red.looped:
+            c = self.carry[i]
+            self.line(f"{name} = {name} {comb} {c}")
+            last = 0 if rev else red.PK - 1
+            # the chunk's last element in the walk's order (a sum of it and zeros: that element exactly)
+            self.line(f"{c} = tl.sum(tl.where(tl.arange(0, {red.PK}){red.ksl} == {last}, {name}, 0.0), "
+                      f"axis={red.kax}){red.rsl}")
+        self.scopes[-1][key] = (name, "f")
+        return name
 
     def pad(self, i: int, node: KNode, idx: tuple[str, ...]) -> tuple[str, str]:
         """A pad view: its input at idx[dim] - before where that is in range, else the fill; the
@@ -440,6 +477,9 @@ class _Reduction:
         rd = sp.row_dims
         self.order = [d for d in rd if d != sched.contig] + [sched.contig] if self.tiles else list(rd)
         self.reduces = reductions(region)
+        self.loop: tuple[str, ...] | None = None  # the loop point of the open tile (a scan's input is read there)
+        self.reverse = region.scan_reverse  # chunks walked from the end of the row
+        g.red = self
         self.loop_outs = [(k, o) for k, o in outs if not (kinds[o] == "row" or (
             kinds[o] == "pre" and _numel(g, o) == self.R and self.R != sp.numel))]
         self.row_outs = [(k, o) for k, o in outs if (k, o) not in self.loop_outs]
@@ -488,16 +528,23 @@ class _Reduction:
             loop[d] = e
         for d, e in zip(sp.reduced, kidx, strict=True):
             loop[d] = e
-        return tuple(loop)
+        self.loop = tuple(loop)
+        return self.loop
 
     def open_loop(self) -> tuple[str, ...]:
         g = self.g
+        for i, node in enumerate(g.g.nodes):  # each pass walks its rows anew: scans start from the identity
+            if node.kind == "scan":
+                g.carry[i] = g.fresh("carry")
+                g.line(f"{g.carry[i]} = tl.full([{self.PR}, 1], {_SCAN[node.fn][2]}, tl.float32)")
         if self.split:
             g.line(f"for k0 in tl.range(k_lo, k_lo + {split_chunk(self.sched, self.region)}, {self.PK}):")
         else:
             g.line(f"for k0 in tl.range(0, {self.K}, {self.PK}):")
         g.depth += 1
         g.push()
+        if self.reverse:  # the chunks from the last one (its tail masked) to the first
+            return self.open_cols(f"{(self.K - 1) // self.PK * self.PK} - k0 + ")
         return self.open_cols("k0 + ")
 
     def close_loop(self) -> None:
