@@ -8,6 +8,7 @@ served to a run under another.
 
 Switches: "1", "true", "on", "yes" turn one on, "0", "false", "off", "no" and the empty string
 turn it off (any case, surrounding spaces ignored); anything else is an error naming the variable.
+A SOLFORGE_* variable that names no setting (but the test suite's own two) is warned about once.
 Paths: the empty string is the default.
 
 | variable                  | default | kernels | read      | what it does                                             |
@@ -56,8 +57,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +136,7 @@ class Settings:
             if text is None:
                 continue
             values[f.name] = _parse(f, text)
+        unknown(environ)
         return cls(**values)
 
     def as_dict(self) -> dict[str, Any]:
@@ -210,6 +214,29 @@ _read: Settings | None = None  # from the environment, at the first current()
 _active: Settings | None = None  # inside override()
 # (the names a follower reads, their values at its last call, the follower)
 _followers: list[tuple[tuple[str, ...], list[tuple[Any, ...]], Callable[[Settings], None]]] = []
+
+
+# SOLFORGE_* variables that are not settings of the package: the test suite's own switches
+TEST_VARIABLES = frozenset({"SOLFORGE_CODEGEN_FULL", "SOLFORGE_FULL_SWEEPS"})
+
+
+def unknown(environ: Mapping[str, str]) -> list[str]:
+    """SOLFORGE_* variables in `environ` that name no setting (a misspelled switch would otherwise
+    be ignored without a word), each warned about once per process; returned for tests."""
+    known = {f.metadata["env"] for f in dataclasses.fields(Settings)} | TEST_VARIABLES
+    names = sorted(k for k in environ if k.startswith("SOLFORGE_") and k not in known)
+    for name in names:
+        if name not in _warned:
+            _warned.add(name)
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            warnings.warn(f"{name} is not a solforge setting, so it changes nothing"
+                          + (f" (did you mean {close[0]}?)" if close else "")
+                          + "; the settings are listed in solforge/settings.py and docs/design.md",
+                          stacklevel=3)
+    return names
+
+
+_warned: set[str] = set()
 
 
 def current() -> Settings:

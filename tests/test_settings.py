@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -317,3 +318,15 @@ def test_torch_order_keys_its_own_entries_across_processes(tmp_path: Path) -> No
         assert db.winner(_wl()) == _rec(16, 2.0)
         assert {e.parts.settings for e in db.entries()} == {"pdl=1 torch_order=0", "pdl=1 torch_order=1"}
     assert run("find") == "128"
+
+
+def test_an_unknown_solforge_variable_is_warned_about_once() -> None:
+    """A misspelled switch changes nothing: say so (with the closest name), once per variable."""
+    env = {"SOLFORGE_TIDDY": "0", "SOLFORGE_CODEGEN_FULL": "1", "SOLFORGE_DB": "/tmp/x.db", "OTHER": "1"}
+    settings._warned.discard("SOLFORGE_TIDDY")
+    with pytest.warns(UserWarning, match=r"SOLFORGE_TIDDY is not a solforge setting.*did you mean SOLFORGE_TIDY"):
+        s = Settings.from_env(env)
+    assert s == Settings(db=Path("/tmp/x.db"))  # the known ones still apply; the test suite's own is no setting
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert settings.unknown(env) == ["SOLFORGE_TIDDY"]  # named again, not warned again
