@@ -399,6 +399,10 @@ def _build_arch(variant: str, model: Any, inputs: tuple[Any, ...], kw: dict[str,
 def one(task: Task, opts: dict[str, Any]) -> dict[str, Any]:
     """The row of one task, measured in this process."""
     row = {**_ident(task)}
+    if opts["device"] == "cuda":
+        import torch
+
+        row["device"] = torch.cuda.get_device_name(0)
     row.update(kernelbench_row(task, opts) if task.suite == "kernelbench" else arch_row(task, opts))
     return row
 
@@ -461,6 +465,19 @@ def run_task(task: Task, opts: dict[str, Any], timeout: float, gpu: str | None) 
     if gpu is not None:
         row["gpu"] = gpu
     return row
+
+
+def rows_by_device(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{device name: {key: row}}: a row's device is its own field, or the one of the meta row
+    (written at each run's start) before it."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    device = "unknown"
+    for r in rows:
+        if r.get("suite") == "meta":
+            device = r.get("device", "unknown")
+        elif "key" in r:
+            out.setdefault(r.get("device", device), {})[r["key"]] = r
+    return out
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -637,7 +654,9 @@ def main() -> int:
             return 2
     done = {}
     if a.resume:
-        done = {r["key"]: r for r in read_rows(out) if "key" in r}
+        # rows of another GPU model are no use beside this one's: numbers compare within one machine
+        here = torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu"
+        done = {k: r for k, r in rows_by_device(read_rows(out)).get(here, {}).items()}
         if a.retry_errors:
             done = {k: r for k, r in done.items() if not r.get("error")}
     todo = [t for t in tasks if t.key not in done]

@@ -293,7 +293,10 @@ def test_an_encoder_without_padding_runs_sdpa_without_a_mask_as_eager_does(monke
     # maskless either way
     masked = sum(_sdpa_calls(g.aten)[0] for g in traced.graphs)
     assert masked == 2 or (DEVICE == "cuda" and masked == 0), masked
-    assert [_sdpa_calls(g.aten) for g in b.graphs] == [(0, 2)]
+    calls = [_sdpa_calls(g.aten) for g in b.graphs]
+    # on a GPU the attention may not be an SDPA op at all (the H200 run of 2026-11-27 counted none):
+    # what must hold there is that no call is masked
+    assert calls == [(0, 2)] or (DEVICE == "cuda" and all(c[0] == 0 for c in calls)), calls
     assert sum(g.attention_restored for g in b.graphs) == masked
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 

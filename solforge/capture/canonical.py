@@ -51,7 +51,8 @@ _NONE: Mapping[fx.Node, Any] = {}  # no graph inputs with known values
 _SDPA: dict[Any, str] = {aten.scaled_dot_product_attention.default: "attn_mask"}
 for _name, _mask in (("_scaled_dot_product_cudnn_attention", "attn_bias"),
                      ("_scaled_dot_product_efficient_attention", "attn_bias"),
-                     ("_scaled_dot_product_flash_attention_for_cpu", "attn_mask")):
+                     ("_scaled_dot_product_flash_attention_for_cpu", "attn_mask"),
+                     ("_scaled_dot_product_flash_attention", "attn_mask")):  # CUDA's flash: never a mask
     if hasattr(aten, _name):
         _SDPA[getattr(aten, _name).default] = _mask
 

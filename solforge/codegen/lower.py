@@ -154,6 +154,14 @@ class _Builder:
         vs = [self.t(o) for o in ops]
         kt = ktype or ("f" if any(self.ktype(v) == "f" for v in vs) else
                        "i" if any(self.ktype(v) == "i" for v in vs) else "b")
+        # Exact identities, kept out of the kernel: a mean over one element divides by 1, and then
+        # `x - mean` would read `a*b - a*b`, which the GPU compiler contracts to fma(a, b, -a*b) (the
+        # product's rounding error, not 0; times rsqrt(eps) in a norm of one element per group).
+        if fn in ("div", "mul") and len(ops) == 2 and _is_one(ops[1]) and kt == "f" and self.ktype(vs[0]) == "f":
+            return vs[0]
+        if fn == "sub" and len(vs) == 2 and vs[0].id == vs[1].id and kt == "f":
+            # x - x is +0, or NaN where x is inf/NaN: so is 0*x + 0, with no product to contract
+            return self.pw("add", self.pw("mul", vs[0], 0.0), 0.0)
         return self.add("pw", fn, [v.id for v in vs], params, broadcast(*[self.shape(v) for v in vs]), kt)
 
     def view(self, fn: str, x: V, params: Sequence[Any], shape: Sequence[int]) -> V:
@@ -247,6 +255,10 @@ class _Builder:
             # a (B, 1) row sum, after a GEMM, would otherwise reduce a per-row value)
             return self.reshape(x, out)
         return self.add("reduce", fn, (x.id,), (ds, keepdim), out, "f")
+
+
+def _is_one(o: Any) -> bool:
+    return isinstance(o, (int, float)) and not isinstance(o, bool) and o == 1
 
 
 _SCAN_IDENTITY = {"sum": 0.0, "prod": 1.0}

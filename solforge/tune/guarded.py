@@ -54,8 +54,8 @@ def guarded_like(ref: torch.Tensor, seed: int) -> Guarded:
     buf = torch.empty(span + 2 * guard, dtype=ref.dtype, device=ref.device)
     size = ref.element_size() * guard
     g = torch.Generator().manual_seed(seed)
-    before = torch.randint(0, 256, (size,), generator=g, dtype=torch.uint8).to(ref.device)
-    after = torch.randint(0, 256, (size,), generator=g, dtype=torch.uint8).to(ref.device)
+    before = torch.randint(0, 256, (size,), generator=g, device="cpu", dtype=torch.uint8).to(ref.device)
+    after = torch.randint(0, 256, (size,), generator=g, device="cpu", dtype=torch.uint8).to(ref.device)
     raw = buf.view(torch.uint8)
     raw[:size] = before
     raw[raw.numel() - size:] = after

@@ -131,11 +131,11 @@ def fresh_like(inputs: tuple[Any, ...], seed: int) -> tuple[Any, ...]:
                 std = torch.tensor(max(abs(complex(mean)), 1.0))
             if not bool(torch.isfinite(mean).all()):
                 mean = torch.zeros((), dtype=ref.dtype)
-            draw = torch.randn(t.shape, generator=gen, dtype=ref.dtype) * std + mean
+            draw = torch.randn(t.shape, generator=gen, device="cpu", dtype=ref.dtype) * std + mean
             out = draw.to(device=t.device, dtype=t.dtype)
             return out.requires_grad_(True) if t.requires_grad else out
         lo, hi = int(t.min()), int(t.max())
-        draw = torch.randint(lo, hi + 1, t.shape, generator=gen, dtype=torch.int64)
+        draw = torch.randint(lo, hi + 1, t.shape, generator=gen, device="cpu", dtype=torch.int64)
         return draw.to(device=t.device, dtype=t.dtype)
 
     return tuple(map_tensors(x, fresh) for x in inputs)

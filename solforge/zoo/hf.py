@@ -224,13 +224,13 @@ def load_zoo(
         # Drawn on the CPU from a private generator: the same ids on every device, and the caller's
         # random stream is untouched.
         gen = torch.Generator().manual_seed(s)
-        ids = torch.randint(0, vocab, (batch, seq), generator=gen)
+        ids = torch.randint(0, vocab, (batch, seq), generator=gen, device="cpu")
         # A small vocab and a one-token input can repeat the example draw (p = 1/vocab): redraw from
         # the same generator, so another seed always means other ids (and stays deterministic).
         for _ in range(16):
             if not example or s == seed or not torch.equal(ids, example[0]):
                 break
-            ids = torch.randint(0, vocab, (batch, seq), generator=gen)
+            ids = torch.randint(0, vocab, (batch, seq), generator=gen, device="cpu")
         return (ids.to(device),)
 
     inputs = make_inputs(seed)
