@@ -37,9 +37,11 @@ def _baseline(group: _plan.WorkloadGroup, device: str) -> RunResult:
     sub, metas = _plan.extract(group.example[1])
     gen = torch.Generator(device="cpu").manual_seed(0)
     # integer inputs (cross-entropy targets, indices) as 0/1: valid for any class count or size
-    args = [torch.randn(tuple(m.shape), generator=gen, device="cpu", dtype=torch.float32).to(device=device, dtype=m.dtype)
+    cpu = torch.device("cpu")  # the generator's device, also under a CUDA default device
+    args = [torch.randn(tuple(m.shape), generator=gen, device=cpu, dtype=torch.float32).to(device=device, dtype=m.dtype)
             if m.dtype.is_floating_point else
-            torch.randint(0, 2, tuple(m.shape), generator=gen, device="cpu").to(device=device, dtype=m.dtype) for m in metas]
+            torch.randint(0, 2, tuple(m.shape), generator=gen, device=cpu).to(device=device, dtype=m.dtype)
+            for m in metas]
     if group.forward is not None:
         return _backward_baseline(group, sub, args, gen, device)
     # a family whose kernel also computes its region's gradients (linear_cross_entropy) names the
