@@ -59,11 +59,14 @@ def test_optimize_qwen3_tiny_writes_a_passing_report(tmp_path: Path, capsys: pyt
     # the regions left as the model ran them: on a GPU, one whose kernel was not faster than it)
     fams = ("rmsnorm", "add_rmsnorm", "rope", "swiglu")
     after = [r for r in report.profile_after.regions if r.family in fams]
-    # a region whose generated alternative won runs as a "generated" op, not as its family's
-    integrated = sum(r.count for r in report.regions if r.family in fams and r.integrated and r.won != "generated")
+    # a region whose generated alternative won (on a GPU) runs a "generated" op, which the profile
+    # may still class under the family's name: between the family-won count and all integrated
+    integrated = sum(r.count for r in report.regions if r.family in fams and r.integrated)
+    family_won = sum(r.count for r in report.regions if r.family in fams and r.integrated and r.won != "generated")
     left = {r.workload for r in report.regions if r.family in fams and not r.integrated}
     swapped = sum(r.count for r in after if not r.workload)
-    assert swapped == integrated > 0 and {r.workload for r in after if r.workload} <= left, (after, report.notes)
+    assert integrated > 0 and family_won <= swapped <= integrated, (after, report.notes)
+    assert {r.workload for r in after if r.workload} <= left, (after, report.notes)
     if DEVICE == "cpu":  # speed is not judged there: every region got its kernel
         assert integrated == 9 and not left
     # tuned in the order of the Amdahl ranking (largest end-to-end saving first)
