@@ -924,7 +924,10 @@ def _arg_input(b: _Builder, x: Any) -> V:
     if dt in (torch.int32, torch.int64):
         raise LowerError(f"{b.current} of {dt}: not exact in fp32")
     if dt in (torch.bfloat16, torch.float16) and b.nodes[x.id].kind != "load":
-        x = b.pw("round", x, params=(str(dt).removeprefix("torch."),), ktype="f")
+        if dt == torch.bfloat16:  # to nearest even in integer arithmetic (the interpreter's cast truncates)
+            x = b.pw("round_bf16", x, ktype="f")
+        else:
+            x = b.pw("round", x, params=("float16",), ktype="f")
     return x
 
 

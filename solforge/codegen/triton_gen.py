@@ -116,9 +116,14 @@ PW: dict[str, Callable[[Sequence[str], Sequence[object]], str]] = {
     "to_f": lambda a, p: f"{_p(a[0])}.to(tl.float32)",
     "to_i": lambda a, p: f"{_p(a[0])}.to(tl.{p[0]})",
     "round": lambda a, p: f"{_p(a[0])}.to(tl.{p[0]}).to(tl.float32)",
+    # fp32 -> bf16 -> fp32 rounded to nearest even in integer arithmetic: the same bits on the GPU
+    # and in Triton's interpreter (whose bf16 cast truncates); an arg reduction's ties depend on it
+    "round_bf16": lambda a, p: f"tl.where({_p(a[0])} != {_p(a[0])}, {a[0]}, (({_p(a[0])}.to(tl.uint32, "
+                               f"bitcast=True) + 32767 + (({_p(a[0])}.to(tl.uint32, bitcast=True) >> 16) & 1)) "
+                               f">> 16 << 16).to(tl.float32, bitcast=True))",
 }
 # ops whose operands keep their own kernel types (the template converts, or compares as they are)
-_OWN_TYPES = {"to_b", "to_f", "to_i", "round", "not", "isnan", "where", "and", "or"}
+_OWN_TYPES = {"to_b", "to_f", "to_i", "round", "round_bf16", "not", "isnan", "where", "and", "or"}
 _IDENT = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
 _COMBINE = {"sum": "{a} + {v}", "max": "tl.maximum({a}, {v})", "min": "tl.minimum({a}, {v})"}
 _REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
