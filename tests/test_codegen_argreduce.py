@@ -342,3 +342,67 @@ def test_training_through_max_dim() -> None:
         assert x.grad is not None and w is not None
         c = compare(x.grad, w)
         assert c.ok, f"grad {i}: {c.reason}"
+
+
+class _Argmax(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kb51(x)
+
+
+class _MinValues(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kb53(x) * 2.0
+
+
+@pytest.mark.parametrize("model", [_Argmax, _MinValues], ids=["argmax", "min_values"])
+def test_optimize_swaps_in_the_arg_region(model: type[torch.nn.Module]) -> None:
+    """optimize (inference): the region becomes one tuned generated kernel, verified (its indices
+    exactly, strided inputs with NaN padding among the trials), and the model's outputs are eager's."""
+    from solforge import optimize
+
+    net = model()
+
+    def make(seed: int) -> tuple[torch.Tensor, ...]:
+        torch.manual_seed(seed)
+        return (torch.randn(6, 41, 23),)  # past the generated family's byte floor
+
+    (x,) = make(3)
+    opt, report = optimize(net, (x,), mode="inference", budget=1, max_candidates=1, db=False, profile="off",
+                           families=("generated",), keep_slower=True, make_inputs=make)
+    assert report.e2e is not None and report.e2e.passed, (report.e2e, report.notes)
+    stats = opt.solforge_stats  # type: ignore[attr-defined]
+    swapped = {k: n for k, n in {**stats.replaced, **stats.untuned, **stats.stored}.items()
+               if k.startswith("generated[")}
+    assert sum(swapped.values()) == 1, (stats, report.notes)
+    fresh = _specials(_ties(6, 41, 23, seed=7), 1)
+    with torch.no_grad():
+        _same(opt(fresh), net(fresh), model.__name__)
+
+
+class _MaxWithIndex(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(1.0 + 0.1 * torch.randn(23))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v, i = torch.max(x * self.w, 1)
+        return torch.sin(v).sum() + (i == 3).float().mean()
+
+
+def test_optimize_trains_through_a_region_with_indices() -> None:
+    """train: the max.dim region (values and a comparison of its indices) is swapped in; its
+    backward is the eager vjp (max.dim's scatter); loss and gradients match eager's."""
+    from solforge import optimize
+
+    torch.manual_seed(0)
+    net = _MaxWithIndex()
+
+    def make(seed: int) -> tuple[torch.Tensor, ...]:
+        torch.manual_seed(seed)
+        return (torch.randn(6, 41, 23).requires_grad_(),)
+
+    opt, report = optimize(net, make(3), mode="train", budget=1, max_candidates=1, db=False, profile="off",
+                           families=("generated",), keep_slower=True, make_inputs=make)
+    assert report.e2e is not None and report.e2e.passed and report.e2e.grads_compared >= 1, (report.e2e, report.notes)
+    stats = opt.solforge_stats  # type: ignore[attr-defined]
+    assert sum(n for k, n in stats.replaced.items() if k.startswith("generated[")) == 1, (stats, report.notes)

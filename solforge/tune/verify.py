@@ -237,7 +237,7 @@ def _prepoison(refs: tuple[torch.Tensor, ...]) -> None:
     reuses NaN (best effort: an element it leaves unwritten then fails rather than holding whatever
     the allocator had, which could be an earlier call's right answer)."""
     for r in refs:
-        torch.empty_like(r).fill_(float("nan"))
+        torch.empty_like(r).fill_(float("nan") if r.dtype.is_floating_point else -1)
 
 
 @dataclass
