@@ -48,7 +48,13 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
 
 
 def tolerance(dtype: torch.dtype) -> Tolerance:
+    """The dtype's tolerance; an integer or bool output (argmax's indices, a mask) is compared exactly."""
+    if not dtype.is_floating_point and not dtype.is_complex:
+        return EXACT
     return TOLERANCES[dtype]
+
+
+EXACT = Tolerance(atol=0.0, rtol=0.0)
 
 
 @dataclass(frozen=True)

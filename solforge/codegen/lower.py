@@ -7,7 +7,9 @@ The kernel graph has five kinds of node, each with its shape and kernel type ('f
   pw      one pointwise function (the `PW` templates in triton_gen.py) of its operands, broadcast
   view    index arithmetic: reshape, permute, expand, slice, select (no data moves); pad (its input
           shifted along one dim, a fill outside it: concatenation, constant pads, pooling windows)
-  reduce  sum/max/min over some dims of one operand
+  reduce  sum/max/min over some dims of one operand; argmax/argmin (the first index of the max/min,
+          NaN counting as both, flat over the reduced dims: integer) and maxv/minv (the value
+          there, NaN where the row holds one), from one (value, index) accumulator per operand
   scan    the running sum/product of one operand along one dim (cumsum, cumprod), forward or
           reversed, the operand's shape
   index   the index along one dim of its shape (an integer: triu/tril's masks)
@@ -126,6 +128,7 @@ class _Builder:
         self.nodes: list[KNode] = []
         self.seen: dict[KNode, int] = {}  # identical nodes are one (var_mean next to mean: one sum)
         self.current = ""  # the ATen op being lowered (entries shared by several ops branch on it)
+        self.arg_dtypes: list[torch.dtype] = []  # the dtypes of its tensor operands, in order
 
     def add(self, kind: str, fn: str, inputs: Sequence[int], params: Sequence[Any], shape: Sequence[int],
             ktype: str) -> V:
@@ -256,12 +259,30 @@ class _Builder:
             return self.reshape(x, out)
         return self.add("reduce", fn, (x.id,), (ds, keepdim), out, "f")
 
+    def arg_reduce(self, fn: str, x: V, dims: tuple[int, ...], out: Sequence[int]) -> V:
+        """argmax/argmin (the first index of the max/min along the reduced dims, as a flat index
+        over them; a NaN counts as the max and the min, as in torch: int64) or maxv/minv (the value
+        there: NaN where the row holds one), over dims of x, `out` the result's shape."""
+        if self.nodes[x.id].ktype != "f":  # int8/int16/uint8 values are exact in fp32
+            x = self.pw("to_f", x, ktype="f")
+        s = self.shape(x)
+        index = fn.startswith("arg")
+        if math.prod(s[d] for d in dims) == 1 and math.prod(s) > 0:
+            # over dims of size 1: index 0, the value itself (no loop of its own)
+            if not index:
+                return self.reshape(x, out)
+            return self.view("expand", self.t(0), (tuple(out),), out) if out else self.t(0)
+        keepdim = len(out) == len(s)
+        return self.add("reduce", fn, (x.id,), (dims, keepdim), out, "i" if index else "f")
+
 
 def _is_one(o: Any) -> bool:
     return isinstance(o, (int, float)) and not isinstance(o, bool) and o == 1
 
 
 _SCAN_IDENTITY = {"sum": 0.0, "prod": 1.0}
+# reduce fns of the (value, index) accumulator: each -> the direction it reduces in
+ARG_FNS = {"argmax": "max", "argmin": "min", "maxv": "max", "minv": "min"}
 
 
 def _dims(dims: Any, rank: int) -> tuple[int, ...]:
@@ -905,13 +926,39 @@ def _amax(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ..
     return b.reduce("max" if "amax" in b.current else "min", x, dims, keepdim)
 
 
+def _arg_input(b: _Builder, x: Any) -> V:
+    """The operand of an index-returning reduction, as the graph holds it: an integer wider than
+    16 bits is refused (fp32, in which the kernel compares, would tie distinct values), and a
+    computed bf16/fp16 value is rounded to its dtype (the kernel computes it in fp32, the graph
+    compares it rounded: its ties are the graph's)."""
+    x = b.t(x)
+    dt = b.arg_dtypes[0] if b.arg_dtypes else None
+    if dt in (torch.int32, torch.int64):
+        raise LowerError(f"{b.current} of {dt}: not exact in fp32")
+    if dt in (torch.bfloat16, torch.float16) and b.nodes[x.id].kind != "load":
+        if dt == torch.bfloat16:  # to nearest even in integer arithmetic (the interpreter's cast truncates)
+            x = b.pw("round_bf16", x, ktype="f")
+        else:
+            x = b.pw("round", x, params=("float16",), ktype="f")
+    return x
+
+
+@_reg("aten.argmax.default", "aten.argmin.default")
+def _argmax(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = _arg_input(b, a[0])
+    # dim None: over the flattened tensor (the reduced index walks every dim in order: a flat index)
+    dims = _dims(kw.get("dim", a[1] if len(a) > 1 else None), len(b.shape(x)))
+    return b.arg_reduce("argmax" if "argmax" in b.current else "argmin", x, dims, out[0])
+
+
 @_reg("aten.max.dim", "aten.min.dim")
-def _max_dim(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> tuple[V, None]:
-    x = b.t(a[0])
+def _max_dim(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> tuple[V, V]:
+    x = _arg_input(b, a[0])
     dims = _dims(a[1], len(b.shape(x)))
-    keepdim = bool(kw.get("keepdim", a[2] if len(a) > 2 else False))
-    # the indices are not computed: a region may not return them
-    return b.reduce("max" if "max" in b.current else "min", x, dims, keepdim), None
+    fn = "max" if "max" in b.current else "min"
+    # values and indices from one (value, index) accumulator: the value at the first max, NaN where
+    # the row holds one (torch's max.dim propagates NaN; tl.max need not)
+    return b.arg_reduce(fn + "v", x, dims, out[0]), b.arg_reduce("arg" + fn, x, dims, out[1])
 
 
 @_reg("aten.cumsum.default", "aten.cumprod.default")
@@ -1062,6 +1109,7 @@ def lower(ir: RegionIR) -> KernelGraph:
             results.append((None,) * len(op.out))
             continue
         b.current = op.target
+        b.arg_dtypes = [ir.out_meta(x).dtype for x in op.args if isinstance(x, Ref)]
         got = low(b, [conv(a) for a in op.args], {k: conv(v) for k, v in op.kwargs}, [m.shape for m in op.out])
         got = got if isinstance(got, tuple) else (got,)
         got = tuple(None if g is None else b.t(g) for g in got)
@@ -1216,6 +1264,12 @@ class Lowered:
     def scan_reverse(self) -> bool:
         """Its scans run from the end of the row (analyze admits one direction per region)."""
         return any(n.kind == "scan" and n.params[1] for n in self.graph.nodes)
+
+    @property
+    def arg_reduces(self) -> bool:
+        """Holds an index-returning reduction (argmax, max.dim): no split schedule (its partials
+        would be (value, index) pairs the fp32 workspace does not hold)."""
+        return any(n.kind == "reduce" and n.fn in ARG_FNS for n in self.graph.nodes)
 
 
 def prepare(ir: RegionIR) -> Lowered:

@@ -4,7 +4,9 @@ No hand-written reference: the region's ops (ir.RegionIR) run as they are, with 
 input and every floating dtype argument widened to fp64, so the result is what the graph computes
 without its intermediate roundings. An explicit cast to a narrower float type still rounds there
 (x.to(bf16) then back to fp64), as the generated kernel does, since the graph asked for it. Each
-output is cast to its dtype at the end.
+output is cast to its dtype at the end. An index-returning reduction (argmax, max.dim) reads its
+operand rounded to the operand's dtype, as the graph holds it (the kernel rounds a computed bf16
+operand too): an index is compared exactly, so the ties must be the graph's.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import torch
 from solforge.codegen.ir import Ref, RegionIR, resolve
 
 _ACC = torch.float64
+# index-returning reductions: which element is the max depends on the operand's rounding
+_ARG_OPS = {"aten.argmax.default", "aten.argmin.default", "aten.max.dim", "aten.min.dim"}
 
 
 def _wide(dtype: Any) -> Any:
@@ -91,6 +95,9 @@ def reference_wide(ir: RegionIR, ins: Sequence[torch.Tensor], *, consume: bool =
         else:
             if op.target in ("aten._softmax.default", "aten._log_softmax.default"):
                 args[2] = False  # half_to_float: the input is fp64 here
+            if op.target in _ARG_OPS and isinstance(op.args[0], Ref) and args[0].is_floating_point():
+                # the graph compares its operand rounded to its dtype: its ties, not fp64's
+                args[0] = _round(args[0], ir.out_meta(op.args[0]).dtype)
             if "dtype" in kwargs:
                 kwargs["dtype"] = _wide(kwargs["dtype"])
             vals.append(fn(*args, **kwargs))

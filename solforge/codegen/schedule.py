@@ -34,7 +34,8 @@ as `contig_dim` says. Which dim the inputs are contiguous along is layout.py's a
 `is_valid` admits exactly what the generator handles: every tail is masked, so any shape works.
 A region with a scan (cumsum, cumprod) runs only `rows` and `looped`: each row walked in order
 within one program (a split or a tile of neighbouring rows would need the scan's carry across
-programs or lanes).
+programs or lanes). A region with an index-returning reduction (argmax, max.dim) runs every
+schedule but a split one (`split`, split tiles): its partials would be (value, index) pairs.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ def is_valid(schedule: Schedule, region: Lowered) -> bool:
     if c.variant not in VARIANTS or c.num_warps not in _WARPS or not (_pow2(c.block) and _pow2(c.rows)):
         return False
     if region.scans and c.variant not in ("rows", "looped"):
+        return False
+    if region.arg_reduces and c.splits != 1:
         return False
     if not (_pow2(c.rblock) and c.splits >= 1) or (c.variant != "tiles" and c.rblock != 1) or \
             (c.variant not in ("split", "tiles") and c.splits != 1):

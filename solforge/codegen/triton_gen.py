@@ -31,7 +31,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
-from solforge.codegen.lower import KNode, Lowered
+from solforge.codegen.lower import ARG_FNS, KNode, Lowered
 from solforge.codegen.schedule import Schedule, split_chunk, tile_axes
 
 KERNEL = "generated_kernel"
@@ -116,9 +116,14 @@ PW: dict[str, Callable[[Sequence[str], Sequence[object]], str]] = {
     "to_f": lambda a, p: f"{_p(a[0])}.to(tl.float32)",
     "to_i": lambda a, p: f"{_p(a[0])}.to(tl.{p[0]})",
     "round": lambda a, p: f"{_p(a[0])}.to(tl.{p[0]}).to(tl.float32)",
+    # fp32 -> bf16 -> fp32 rounded to nearest even in integer arithmetic: the same bits on the GPU
+    # and in Triton's interpreter (whose bf16 cast truncates); an arg reduction's ties depend on it
+    "round_bf16": lambda a, p: f"tl.where({_p(a[0])} != {_p(a[0])}, {a[0]}, (({_p(a[0])}.to(tl.uint32, "
+                               f"bitcast=True) + 32767 + (({_p(a[0])}.to(tl.uint32, bitcast=True) >> 16) & 1)) "
+                               f">> 16 << 16).to(tl.float32, bitcast=True))",
 }
 # ops whose operands keep their own kernel types (the template converts, or compares as they are)
-_OWN_TYPES = {"to_b", "to_f", "to_i", "round", "not", "isnan", "where", "and", "or"}
+_OWN_TYPES = {"to_b", "to_f", "to_i", "round", "round_bf16", "not", "isnan", "where", "and", "or"}
 _IDENT = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
 _COMBINE = {"sum": "{a} + {v}", "max": "tl.maximum({a}, {v})", "min": "tl.minimum({a}, {v})"}
 _REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
@@ -216,7 +221,7 @@ class _Gen:
         """(expression, kernel type) of node i at idx."""
         node = self.g.nodes[i]
         if node.kind == "reduce":
-            return self.acc[i], "f"
+            return self.acc[i], node.ktype
         if node.kind == "scan":
             return self.scan(i, node), "f"
         if node.kind == "const":
@@ -479,6 +484,7 @@ class _Reduction:
         self.reduces = reductions(region)
         self.loop: tuple[str, ...] | None = None  # the loop point of the open tile (a scan's input is read there)
         self.reverse = region.scan_reverse  # chunks walked from the end of the row
+        self.itype = "tl.int64" if g.index64 else "tl.int32"  # an arg reduction's running index
         g.red = self
         self.loop_outs = [(k, o) for k, o in outs if not (kinds[o] == "row" or (
             kinds[o] == "pre" and _numel(g, o) == self.R and self.R != sp.numel))]
@@ -560,10 +566,20 @@ class _Reduction:
             loop = self.open_cols("")
         for st in stage_list:
             mine = [i for i in self.reduces if stages[i] == st]
+            pairs: dict[tuple[int, str], list[int]] = {}  # (operand, max|min) -> its arg reduce nodes
+            for i in mine:
+                node = g.g.nodes[i]
+                if node.fn in ARG_FNS:
+                    pairs.setdefault((node.inputs[0], ARG_FNS[node.fn]), []).append(i)
+            mine = [i for i in mine if g.g.nodes[i].fn not in ARG_FNS]
+            paccs = {key: (g.fresh("av"), g.fresh("ai")) for key in pairs}
             if self.looped:
                 accs = {i: g.fresh("a") for i in mine}
                 for i, a in accs.items():
                     g.line(f"{a} = tl.full({self.shape}, {_IDENT[g.g.nodes[i].fn]}, tl.float32)")
+                for (_, d), (av, ai) in paccs.items():
+                    g.line(f"{av} = tl.full({self.shape}, {_IDENT[d]}, tl.float32)")
+                    g.line(f"{ai} = tl.full({self.shape}, {self.K}, {self.itype})")
                 loop = self.open_loop()
             for i in mine:
                 node = g.g.nodes[i]
@@ -578,6 +594,8 @@ class _Reduction:
                     a = g.fresh("c")
                     g.line(f"{a} = {full}")
                 g.acc[i] = a
+            for key, acc in paccs.items():
+                paccs[key] = self.arg_step(key, acc, loop)
             if self.looped:
                 self.close_loop()
             for i in mine:
@@ -587,6 +605,10 @@ class _Reduction:
                 if self.split:
                     m = f", mask={g.rmask}" if g.rmask else ""
                     g.line(f"tl.store(ws + {self._ws(i, 'sp')}, {res}{m})")
+            for key, acc in paccs.items():
+                val, idx = self.arg_final(key[1], acc)
+                for i in pairs[key]:
+                    g.acc[i] = idx if g.g.nodes[i].fn.startswith("arg") else val
         if not store:
             return
         if self.loop_outs:
@@ -601,6 +623,51 @@ class _Reduction:
             g.rmask = "smask"
         for k, o in self.row_outs:
             g.store(k, o, self.row_index(o), "rr")
+
+    def arg_step(self, key: tuple[int, str], acc: tuple[str, str], loop: tuple[str, ...]) -> tuple[str, str]:
+        """The (value, index) tiles of one arg reduction's operand over this tile (masked lanes: the
+        identity at index K, which no real lane's index reaches); looped: combined per lane with the
+        running pair, the new element taken where it is larger (argmin: smaller), a NaN over a
+        number, or equal (both NaN too) at a smaller index, so the order chunks are walked in does
+        not matter. Returns the names holding the pair."""
+        g = self.g
+        src, d = key
+        v, _ = g.value(src, loop)
+        full = f"tl.broadcast_to({v}, {self.shape})"
+        kidx = "kk" if self.itype == "tl.int32" else "kk.to(tl.int64)"
+        kfull = f"tl.broadcast_to({kidx}, {self.shape})"
+        if g.rmask or g.kmask:
+            full, kfull = f"tl.where(m, {full}, {_IDENT[d]})", f"tl.where(m, {kfull}, {self.K})"
+        if not self.looped:
+            cv, ci = g.fresh("cv"), g.fresh("ci")
+            g.line(f"{cv} = {full}")
+            g.line(f"{ci} = {kfull}")
+            return cv, ci
+        av, ai = acc
+        nv, ni, take = g.fresh("nv"), g.fresh("ni"), g.fresh("take")
+        g.line(f"{nv} = {full}")
+        g.line(f"{ni} = {kfull}")
+        better = f"{nv} > {av}" if d == "max" else f"{nv} < {av}"
+        g.line(f"{take} = ({better}) | (({nv} != {nv}) & ({av} == {av})) | "
+               f"((({nv} == {av}) | (({nv} != {nv}) & ({av} != {av}))) & ({ni} < {ai}))")
+        g.line(f"{av} = tl.where({take}, {nv}, {av})")
+        g.line(f"{ai} = tl.where({take}, {ni}, {ai})")
+        return av, ai
+
+    def arg_final(self, d: str, acc: tuple[str, str]) -> tuple[str, str]:
+        """(value, index) of each row from a pair tile: a row holding a NaN gives NaN at its first
+        NaN's index, else the max (min) at the smallest index holding it."""
+        g = self.g
+        av, ai = acc
+        isn, hasn, mx, cand, idx, val = (g.fresh(p) for p in ("isn", "hasn", "mx", "cand", "idx", "val"))
+        red = _REDUCE[d]
+        g.line(f"{isn} = {av} != {av}")
+        g.line(f"{hasn} = tl.max(tl.where({isn}, 1, 0), axis={self.kax}){self.rsl} > 0")
+        g.line(f"{mx} = {red}(tl.where({isn}, {_IDENT[d]}, {av}), axis={self.kax}){self.rsl}")
+        g.line(f"{cand} = tl.where({hasn}, {isn}, {av} == {mx})")
+        g.line(f"{idx} = tl.min(tl.where({cand}, {ai}, {self.K}), axis={self.kax}){self.rsl}")
+        g.line(f'{val} = tl.where({hasn}, float("nan"), {mx})')
+        return val, idx
 
     def _ws(self, i: int, split: str) -> str:
         j = self.reduces.index(i)

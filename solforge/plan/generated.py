@@ -302,7 +302,8 @@ def _to_match(fr: RG.Formed, sc: _Scratch, graph: fx.Graph,
         if o is None:
             return f"returns an inner value of a composite ({a.name})"
         v, w = o.meta.get("val"), a.meta.get("val")
-        if not (isinstance(v, torch.Tensor) and isinstance(w, torch.Tensor)) or not v.dtype.is_floating_point \
+        # an integer or bool output (argmax's indices, a mask) is stored as it is: verified exactly
+        if not (isinstance(v, torch.Tensor) and isinstance(w, torch.Tensor)) \
                 or v.dtype != w.dtype or v.shape != w.shape or (v.numel() > 1 and v.stride() != w.stride()):
             return f"output {o.name} is not stored as the graph holds it"
         outputs.append(o)

@@ -47,7 +47,8 @@ def _span(t: torch.Tensor) -> int:
 
 def guarded_like(ref: torch.Tensor, seed: int) -> Guarded:
     """An output shaped, strided and typed like `ref`, NaN where `ref` is finite and SENTINEL where
-    it is not, inside guard regions of random bytes (from `seed`)."""
+    it is not (an integer or bool one: ~ref, unequal to it everywhere), inside guard regions of
+    random bytes (from `seed`)."""
     last = ref.shape[-1] if ref.dim() else 1
     guard = -(-max(GUARD_MIN, 2 * last) // ALIGN) * ALIGN
     span = _span(ref)
@@ -59,8 +60,12 @@ def guarded_like(ref: torch.Tensor, seed: int) -> Guarded:
     raw = buf.view(torch.uint8)
     raw[:size] = before
     raw[raw.numel() - size:] = after
-    buf[guard:guard + span].fill_(float("nan"))
     out = buf.as_strided(ref.shape, ref.stride(), guard)
+    if ref.dtype.is_floating_point:
+        buf[guard:guard + span].fill_(float("nan"))
+    else:  # an integer or bool output (indices, a mask): each element the reference's complement
+        buf[guard:guard + span].zero_()
+        out.copy_(~ref)
     bad = ~torch.isfinite(ref)
     if bool(bad.any()):
         out[bad] = SENTINEL
