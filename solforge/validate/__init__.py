@@ -274,7 +274,7 @@ def _wide_check(original: torch.nn.Module, inputs: Sequence[Any], device: str, p
                 ref_out: Sequence[tuple[str, torch.Tensor]], opt_out: Sequence[tuple[str, torch.Tensor]],
                 ref_g: dict[str, torch.Tensor] | None, opt_g: dict[str, torch.Tensor] | None,
                 lean: bool, view: View | None = None) -> WideCheck | str:
-    out, gd = _run_fp32(original, inputs, device, params, ref_g, opt_g, lean, view)
+    out, gd = _run_fp32(original, inputs, device, params, ref_g, opt_g, lean, view=view)
     wide_out = flatten_tensors(out)
     if [n for n, _ in wide_out] != [n for n, _ in ref_out]:
         return "its fp32 run returned a different output structure"
