@@ -127,6 +127,25 @@ def test_training_step_with_labels() -> None:
         torch.testing.assert_close(evaluated.loss, expected.loss, atol=1e-5, rtol=1e-5)
 
 
+def test_integrate_with_the_option() -> None:
+    """integrate (what optimize's check integrates again without some kernels) takes the option too:
+    the model's own call compiled, the logits dropped in training, kept in eval."""
+    from solforge.integrate import integrate
+    from solforge.runtime.inplace import SolforgeCall
+
+    model = _qwen3().train()
+    ids, labels = _batch(1)
+    call, stats = integrate(model, {}, families=("linear_cross_entropy",), train=True, skip_logits=True)
+    assert isinstance(call, SolforgeCall)
+    got, calls = _lce_calls(lambda: call(input_ids=ids, labels=labels))
+    assert got.logits is None and calls >= 1 and sum(stats.untuned.values()) >= 1
+    torch.testing.assert_close(got.loss, model(input_ids=ids, labels=labels).loss, atol=1e-5, rtol=1e-5)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(call(input_ids=ids, labels=labels).logits, model(input_ids=ids).logits,
+                                   atol=1e-4, rtol=1e-4)
+
+
 def _data(n: int) -> list[dict[str, torch.Tensor]]:
     rows = []
     for i in range(n):
