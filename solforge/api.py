@@ -39,6 +39,7 @@ from solforge.options import MODES, Options, check_families, check_interpreter, 
 from solforge.records import E2EReport, Profile, RegionReport, Report, TuneResult, Workload
 from solforge.report import TRACE_BASELINE, TRACE_OPTIMIZED, ensure_writable, write_report
 from solforge.report.progress import Reporter, Silent, Timed
+from solforge.runtime.logits import shown
 from solforge.runtime.stepgraphs import settled_since_now
 from solforge.tune.stage import known, tune_groups
 from solforge.validate import validate
@@ -173,6 +174,7 @@ def optimize(
     profile: str = "auto",
     cuda_graphs: bool = True,
     keep_slower: bool = False,
+    skip_logits: bool = False,
     inplace: bool = True,
 ) -> tuple[Callable[..., Any], Report]:
     """Optimize `model` for inputs shaped like `example_inputs` (on the device the model is on).
@@ -209,13 +211,18 @@ def optimize(
     `generate`'s decode steps (transformers models) and a small model's forward under
     torch.no_grad (stepgraphs.py), and a small model's training step, forward and backward
     (traingraphs.py; SOLFORGE_TRAIN_GRAPHS=0 turns that part off).
+
+    `skip_logits`: a call in training mode whose output has a loss (a transformers ForCausalLM
+    called with `labels`) returns `logits=None`, as Liger's `skip_logits` does: the logits are then
+    no graph output, so the LM head and the loss fuse into one op that never materializes them
+    (linear_cross_entropy; runtime/logits.py). Eval calls and calls without labels are unchanged.
     """
     opts = Options(mode=mode, budget=budget, out_dir=Path(out_dir) if out_dir is not None else None,
                    make_inputs=make_inputs, is_language_model=is_language_model, name=name,
                    families=tuple(families) if families is not None else None, max_candidates=max_candidates,
                    command=command, db=db, runner=runner, gpus=tuple(gpus) if gpus else None, strategy=strategy,
                    build_workers=build_workers, timeout=timeout, retune=retune, resume=resume, profile=profile,
-                   cuda_graphs=cuda_graphs, keep_slower=keep_slower)
+                   cuda_graphs=cuda_graphs, keep_slower=keep_slower, skip_logits=skip_logits)
     opts.check()
     if opts.out_dir is not None:
         ensure_writable(opts.out_dir)
@@ -241,7 +248,7 @@ def optimize(
     rep.stage("capture", "torch.compile backend -> ATen graphs")
     model.train(opts.train)
     cache = lowering_cache(opts.db)
-    captured = capture_model(model, example_inputs, train=opts.train, cache=cache)
+    captured = capture_model(model, example_inputs, train=opts.train, cache=cache, skip_logits=opts.skip_logits)
     notes += capture_notes(captured, cache)
 
     rep.stage("plan", f"{len(captured.graphs)} graph(s)")
@@ -367,11 +374,13 @@ def _deliver(model: torch.nn.Module, example_inputs: tuple[Any, ...], full: tupl
     if is_lm is None:
         is_lm = hasattr(getattr(model, "config", None), "vocab_size")
     stats_of: dict[int, IntegrationStats] = {id(full[0]): full[1]}
+    # the original as the option shows it: what the optimized model is compared with
+    view = functools.partial(shown, model) if opts.skip_logits else None
 
     def check(optimized: Any) -> E2EReport:
         try:
             return validate(model, optimized, fresh, dtype=dtype, device=device, is_language_model=is_lm,
-                            params=params, settled=settled_since_now(stats_of[id(optimized)].step_graphs))
+                            params=params, settled=settled_since_now(stats_of[id(optimized)].step_graphs), view=view)
         except Exception as e:  # noqa: BLE001 - a model that cannot run is one that failed its check
             return failed_run(e)
 
@@ -381,7 +390,7 @@ def _deliver(model: torch.nn.Module, example_inputs: tuple[Any, ...], full: tupl
             release(stats)
         optimized, stats = integrate(model, winners, families=check_families(opts.families), train=opts.train,
                                      keep=keep | dropped, db=db_path, cuda_graphs=opts.cuda_graphs, cache=cache,
-                                     swaps=swaps)
+                                     swaps=swaps, skip_logits=opts.skip_logits)
         stats_of[id(optimized)] = stats
         try:  # compiled for the example inputs as the capture was: static graphs
             with static_shapes(), torch.set_grad_enabled(opts.train):

@@ -87,6 +87,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep the model with every verified kernel even when it fails the end-to-end check or "
                         "is slower than the original (for analysis: the report and the profile after describe "
                         "it); by default the original, or the faster subset of kernels, is what optimize returns")
+    o.add_argument("--skip-logits", action="store_true",
+                   help="--mode train: a call whose output has a loss (a causal LM given labels) returns logits=None, "
+                        "so the LM head and the loss fuse and the logits are never materialized (Liger's "
+                        "skip_logits); eval calls and calls without labels are unchanged")
     t = o.add_argument_group("tuning", "how candidates are searched, measured and remembered")
     t.add_argument("--search", default="auto", choices=["auto", "exhaustive", "evolutionary"],
                    help="auto (default): every config of a small space, an evolutionary search guided by a cost "
@@ -214,7 +218,7 @@ def _optimize(args: argparse.Namespace) -> int:
             max_candidates=max_cands, reporter=reporter, command="solforge " + " ".join(sys.argv[1:]),
             db=False if args.no_db else (args.db or True), runner=runner, gpus=gpus, strategy=args.search,
             build_workers=args.build_workers, timeout=args.timeout, retune=args.retune, resume=args.resume,
-            profile=args.profile, keep_slower=args.keep_slower,
+            profile=args.profile, keep_slower=args.keep_slower, skip_logits=args.skip_logits,
         )
     if report.profile is not None:
         print_profile(report.profile, _stdout_console(), top=8)

@@ -40,6 +40,7 @@ class Options:
     profile: str = "auto"
     cuda_graphs: bool = True
     keep_slower: bool = False
+    skip_logits: bool = False
 
     @property
     def train(self) -> bool:

@@ -222,18 +222,23 @@ def compile_with(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[.
     return torch.compile(model, backend=backend, dynamic=None)
 
 
-def compile_call(model: torch.nn.Module, backend: SolforgeBackend) -> Callable[..., Any]:
+def compile_call(model: torch.nn.Module, backend: SolforgeBackend, *, skip_logits: bool = False) -> Callable[..., Any]:
     """The module's `_call_impl` compiled like `compile_with` compiles the module, as
     `nn.Module.compile()` does: what runtime/inplace.py installs as the module's own call, so the
     optimized model is the module itself (its state_dict keys, forward and class unchanged). The
     graphs are those of `compile_with`: dynamo skips torch's own frames (`_call_impl`) and compiles
     the model's forward; where that forward is torch's own too (an nn.Sequential, an nn.RMSNorm),
     the call is wrapped in a frame of ours that dynamo compiles, inlining the rest (what
-    torch.compile does for such a module; `model.compile()` compiles nothing there)."""
+    torch.compile does for such a module; `model.compile()` compiles nothing there). `skip_logits`:
+    a training call's logits are dropped from its output inside the compiled frame (runtime/logits.py)."""
     if not isinstance(model, torch.nn.Module):  # a plain function (tests, KernelBench-style callables)
         return compile_with(model, backend)
     fn = model._call_impl
-    if _skipped_by_dynamo(model.forward):
+    if skip_logits:  # a frame of ours, as below: dynamo inlines the call
+        from solforge.runtime.logits import skipping
+
+        fn = skipping(model, fn)
+    elif _skipped_by_dynamo(model.forward):
         call_impl = fn
 
         def fn(*args: Any, **kwargs: Any) -> Any:
@@ -285,15 +290,16 @@ def few_full_collections() -> Iterator[None]:
 
 
 def capture(model: torch.nn.Module, inputs: Sequence[Any], *, grad: bool = False,
-            cache: LoweringCache | str | Path | None = None) -> SolforgeBackend:
+            cache: LoweringCache | str | Path | None = None, skip_logits: bool = False) -> SolforgeBackend:
     """Run the model once through dynamo and return the backend holding the ATen graphs.
 
-    `cache`: a LoweringCache or its directory, to reuse ATen lowerings across processes."""
+    `cache`: a LoweringCache or its directory, to reuse ATen lowerings across processes.
+    `skip_logits`: compile_call's."""
     if cache is not None and not isinstance(cache, LoweringCache):
         cache = LoweringCache(Path(cache))
     backend = SolforgeBackend(cache=cache)
     backend.module = model
-    compiled = backend.compiled = compile_call(model, backend)
+    compiled = backend.compiled = compile_call(model, backend, skip_logits=skip_logits)
     with static_shapes(), torch.set_grad_enabled(grad), few_full_collections():
         compiled(*inputs)
     return backend

@@ -32,11 +32,11 @@ def lowering_cache(db: str | Path | bool) -> LoweringCache | None:
 
 
 def capture_model(model: torch.nn.Module, inputs: Sequence[Any], *, train: bool,
-                  cache: LoweringCache | None) -> SolforgeBackend:
+                  cache: LoweringCache | None, skip_logits: bool = False) -> SolforgeBackend:
     """capture(), a model that fails on its example inputs being the user's error (one line)."""
     try:
         # train: captured with autograd on, as training runs it; the fused ops carry their backward
-        return capture(model, inputs, grad=train, cache=cache)
+        return capture(model, inputs, grad=train, cache=cache, skip_logits=skip_logits)
     except Exception as e:
         raise UserError(f"the model failed to run on its example inputs: {type(e).__name__}: "
                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from solforge.capture import LoweringCache, SolforgeBackend, compile_with
+from solforge.capture import LoweringCache, SolforgeBackend, compile_call, compile_with
 from solforge.integrate.compact import recompose_linear
 from solforge.integrate.embeddings import rewrite_embeddings
 from solforge.integrate.linears import group_linears
@@ -255,16 +255,23 @@ def integrate(model: torch.nn.Module, winners: Mapping[Workload, str], *, famili
               train: bool = False, keep: Collection[Workload] = (),
               db: str | Path | None = None, cuda_graphs: bool = True,
               cache: LoweringCache | None = None,
-              swaps: Swaps | None = None) -> tuple[Callable[..., Any], IntegrationStats]:
+              swaps: Swaps | None = None, skip_logits: bool = False) -> tuple[Callable[..., Any], IntegrationStats]:
     """The optimized model (called like `model`) and the live stats of what it replaced.
     `cuda_graphs`: the optimized model replays launch-bound calls from CUDA graphs: calls made
     without autograd recording (its `generate`'s decode steps, a small model's forward under
     no_grad; stepgraphs.py), and a small model's training calls, forward and backward
-    (traingraphs.py). `cache`: the ATen lowering cache its graphs are lowered through."""
+    (traingraphs.py). `cache`: the ATen lowering cache its graphs are lowered through. `skip_logits`:
+    a training call's logits are dropped (runtime/logits.py); the model is then the module's own
+    call compiled, as integrate_captured's (a SolforgeCall)."""
     integrator = Integrator(dict(winners), families, train=train, keep=frozenset(keep),
                             db=Path(db) if db is not None else None, swaps=dict(swaps or {}))
     backend = SolforgeBackend(rewrite=integrator, auto_replay=cuda_graphs, cache=cache)
     integrator.stats.step_graphs = backend.step_graphs
+    if skip_logits:
+        backend.module = model
+        call = SolforgeCall(compile_call(model, backend, skip_logits=True), model, integrator.stats)
+        route_generate(call, model, backend, cuda_graphs=cuda_graphs, swap_forward=lambda: installed(model) is not call)
+        return call, integrator.stats
     optimized = compile_with(model, backend)
     route_generate(optimized, model, backend, cuda_graphs=cuda_graphs)
     _expose(optimized, integrator.stats)

@@ -122,6 +122,14 @@ def _logits(outputs: Sequence[tuple[str, torch.Tensor]]) -> int | None:
 
 
 Params = Sequence[tuple[str, torch.nn.Parameter]]
+# what the optimized model returns of an output of the original (the skip_logits option: no logits)
+View = Callable[[Any], Any]
+
+
+def _viewed(fn: Callable[..., Any], view: View | None) -> Callable[..., Any]:
+    if view is None:
+        return fn
+    return lambda *args: view(fn(*args))
 
 
 def train_loss(out: Any, seed: int = 0) -> torch.Tensor:
@@ -220,7 +228,8 @@ def _upcast(x: Any) -> Any:
 
 def _wide(original: torch.nn.Module, inputs: Sequence[Any], device: str, params: Params | None,
           ref_out: Sequence[tuple[str, torch.Tensor]], opt_out: Sequence[tuple[str, torch.Tensor]],
-          ref_g: dict[str, torch.Tensor] | None, opt_g: dict[str, torch.Tensor] | None) -> WideCheck | str:
+          ref_g: dict[str, torch.Tensor] | None, opt_g: dict[str, torch.Tensor] | None,
+          view: View | None = None) -> WideCheck | str:
     """The original run once more in fp32: a copy whose floating parameters and buffers are fp32
     copies of the original's (made directly, never a second copy in the model's dtype), on the
     inputs upcast likewise, from the same seed. Returns both models' distances from it, or why it
@@ -240,7 +249,8 @@ def _wide(original: torch.nn.Module, inputs: Sequence[Any], device: str, params:
                 for n in grads or {}:
                     grads[n] = grads[n].cpu()
         try:
-            return _wide_check(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g, lean=lean)
+            return _wide_check(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g, lean=lean,
+                               view=view)
         except torch.OutOfMemoryError:
             pass  # tried lean next, once this frame's tensors are gone with the exception
         except (RuntimeError, TypeError, copy.Error) as e:  # a model that cannot be copied or run in fp32
@@ -263,8 +273,8 @@ def _dist(n: str, t: torch.Tensor, w: torch.Tensor) -> float:
 def _wide_check(original: torch.nn.Module, inputs: Sequence[Any], device: str, params: Params | None,
                 ref_out: Sequence[tuple[str, torch.Tensor]], opt_out: Sequence[tuple[str, torch.Tensor]],
                 ref_g: dict[str, torch.Tensor] | None, opt_g: dict[str, torch.Tensor] | None,
-                lean: bool) -> WideCheck | str:
-    out, gd = _run_fp32(original, inputs, device, params, ref_g, opt_g, lean)
+                lean: bool, view: View | None = None) -> WideCheck | str:
+    out, gd = _run_fp32(original, inputs, device, params, ref_g, opt_g, lean, view=view)
     wide_out = flatten_tensors(out)
     if [n for n, _ in wide_out] != [n for n, _ in ref_out]:
         return "its fp32 run returned a different output structure"
@@ -276,22 +286,23 @@ def _wide_check(original: torch.nn.Module, inputs: Sequence[Any], device: str, p
 
 def _run_fp32(original: torch.nn.Module, inputs: Sequence[Any], device: str, params: Params | None,
               ref_g: dict[str, torch.Tensor] | None, opt_g: dict[str, torch.Tensor] | None,
-              lean: bool) -> tuple[Any, list[tuple[float, float]] | None]:
+              lean: bool, view: View | None = None) -> tuple[Any, list[tuple[float, float]] | None]:
     """_wide's run: the outputs of an fp32 copy of the original (freed on return) and, with
     `params`, each parameter gradient's distances (the original's, the optimized model's) from its."""
     model32 = _fp32_block_by_block(original) if lean and params is None else _fp32_copy(original, set())
     inputs32 = _upcast(tuple(inputs))
+    run32 = _viewed(model32, view)
     if params is None:
-        return _seeded(lambda: model32(*inputs32), device), None
+        return _seeded(lambda: run32(*inputs32), device), None
     assert ref_g is not None and opt_g is not None
     named = dict(model32.named_parameters())
     params32 = [(n, named[n]) for n, _ in params]
     with torch.enable_grad():
         if not lean:
-            out, wide_g = _seeded(lambda: _step(model32, inputs32, params32), device)
+            out, wide_g = _seeded(lambda: _step(run32, inputs32, params32), device)
             return out, [(_dist(n, ref_g[n], g), _dist(n, opt_g[n], g)) for n, g in wide_g.items()]
         checkpoint_blocks(model32)
-        return _seeded(lambda: _lean_grads(model32, inputs32, params32, ref_g, opt_g), device)
+        return _seeded(lambda: _lean_grads(run32, inputs32, params32, ref_g, opt_g), device)
 
 
 def _fp32_copy(original: torch.nn.Module, keep: set[int]) -> torch.nn.Module:
@@ -366,7 +377,7 @@ def _fp32_block_by_block(original: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _lean_grads(model: torch.nn.Module, inputs: Sequence[Any], params: Params, ref_g: dict[str, torch.Tensor],
+def _lean_grads(model: Callable[..., Any], inputs: Sequence[Any], params: Params, ref_g: dict[str, torch.Tensor],
                 opt_g: dict[str, torch.Tensor]) -> tuple[Any, list[tuple[float, float]]]:
     """_step for the fp32 copy, with each gradient compared as soon as it is accumulated (the
     original's and the optimized model's distances from it), then freed."""
@@ -399,20 +410,24 @@ def _peak_gb(fn: Callable[[], Any], device: str) -> float | None:
 
 def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs: Sequence[Any], *,
              dtype: torch.dtype, device: str, is_language_model: bool, time_it: bool = True,
-             params: Params | None = None, settled: Callable[[], bool] | None = None) -> E2EReport:
+             params: Params | None = None, settled: Callable[[], bool] | None = None,
+             view: View | None = None) -> E2EReport:
     """Compare outputs (and, with `params`, i.e. in train mode, the parameters' gradients of
     `train_loss`) and time both models: forwards, or whole training steps with `params`. Each
     compared run starts from the same RNG seed (COMPARE_SEED), so dropout draws the same masks.
     `settled`: whether the optimized model runs as its later calls will (its CUDA-graph replays
-    judged: stepgraphs.py); it is timed once it does (tune.timing.time_model)."""
+    judged: stepgraphs.py); it is timed once it does (tune.timing.time_model). `view`: what the
+    optimized model shows of an output of the original, applied to the original's (and its fp32
+    copy's) outputs before they are compared or differentiated (skip_logits: runtime/logits.py)."""
     train = params is not None
+    run = _viewed(original, view)
     wall: list[float] = []  # µs of the compared runs: the original's, the optimized model's
     with torch.set_grad_enabled(train):
         grad_err: float | None = None
         if train:
             assert params is not None
             try:
-                ref_raw, ref_g = _clocked(lambda: _step(original, inputs, params), device, wall)
+                ref_raw, ref_g = _clocked(lambda: _step(run, inputs, params), device, wall)
             except NothingToTrain:
                 return _nothing("the model returned no tensor that carries a gradient", device)
             opt_raw, opt_g = _clocked(lambda: _step(optimized, inputs, params), device, wall)
@@ -421,7 +436,7 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
                                  note="the optimized model's backward reached different parameters")
             grad_err = max((output_error(n, opt_g[n], g).norm_rel_err for n, g in ref_g.items()), default=0.0)
         else:
-            ref_raw = _clocked(lambda: original(*inputs), device, wall)
+            ref_raw = _clocked(lambda: run(*inputs), device, wall)
             opt_raw = _clocked(lambda: optimized(*inputs), device, wall)
             ref_g = opt_g = None
         ref_out, opt_out = flatten_tensors(ref_raw), flatten_tensors(opt_raw)
@@ -444,7 +459,7 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
         wide: WideCheck | None = None
         if (bad or not grads_ok) and not any(e.nonfinite for e in bad) and dtype in (torch.bfloat16, torch.float16):
             # past the bar: is the original's own rounding the larger part? (WIDE_SLACK)
-            checked = (_wide(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g)
+            checked = (_wide(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g, view)
                        if isinstance(original, torch.nn.Module) else "the original is not a module")
             if isinstance(checked, WideCheck):
                 wide = checked
@@ -479,10 +494,10 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
         elif time_it:
             if train:
                 assert params is not None
-                runs = [lambda f=f: _step(f, inputs, params) for f in (original, optimized)]
+                runs = [lambda f=f: _step(f, inputs, params) for f in (run, optimized)]
                 peaks = (_peak_gb(runs[0], device), _peak_gb(runs[1], device))
             else:
-                runs = [lambda f=f: f(*inputs) for f in (original, optimized)]
+                runs = [lambda f=f: f(*inputs) for f in (run, optimized)]
             base, opt = time_model(runs[0], device), time_model(runs[1], device, settled=settled)
     ms = lambda r: r.p50_us / 1e3 if r.ok else None  # noqa: E731
     speedup = base.p50_us / opt.p50_us if base.ok and opt.ok else None
