@@ -17,6 +17,7 @@ import pytest
 import torch
 import triton
 from codegen_helpers import check_region, form_and_check, ops, trace, values
+from conftest import DEVICE
 
 from solforge.capture import op_name
 from solforge.codegen import backward as BW
@@ -242,8 +243,9 @@ def test_bf16_operand_computed_in_the_region_ties_as_the_graph() -> None:
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.argmax(x * w, 1)
 
-    torch.manual_seed(0)
-    x, w = torch.rand(8, 1000).bfloat16(), (torch.rand(1000) * 0.5 + 0.75).bfloat16()
+    g = torch.Generator().manual_seed(0)  # drawn on the host: the same values on any device
+    x = torch.rand(8, 1000, generator=g, device="cpu").bfloat16().to(DEVICE)
+    w = (torch.rand(1000, generator=g, device="cpu") * 0.5 + 0.75).bfloat16().to(DEVICE)
     assert not torch.equal(f(x, w), f(x.float(), w.float()))  # the case is one where rounding matters
     (r,) = form_and_check(f, x, w)
     for s in (SC.heuristic(r.lowered), SC.Schedule("looped", 128, 2, 4, 1)):
