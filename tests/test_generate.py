@@ -17,11 +17,14 @@ transformers = pytest.importorskip("transformers")
 
 
 def _model() -> torch.nn.Module:
-    # one layer: every family's region is in it, and each graph of a test is a dynamo trace whose
-    # time grows with the layers (the decode loops' kernels are a small part of these tests' time)
+    # one layer off the GPU: every family's region is in it, and each graph of a test is a dynamo
+    # trace whose time grows with the layers (the decode loops' kernels are a small part of these
+    # tests' time); two on a GPU, where the CUDA-graph test's keep-or-drop timing saw two
     torch.manual_seed(0)
-    cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=256, max_position_embeddings=128, head_dim=16)
+    layers = 2 if DEVICE == "cuda" else 1
+    cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                   max_position_embeddings=128, head_dim=16)
     return transformers.Qwen3ForCausalLM(cfg).to(DEVICE).eval()
 
 
