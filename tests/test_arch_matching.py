@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import DEVICE
+from conftest import DEVICE, FULL_SWEEPS
 
 from solforge import capture, plan
 
@@ -136,7 +136,12 @@ def test_every_backward_region_has_an_eager_baseline(arch: str) -> None:
         assert base.ok, (g.workload.key, base.error)
 
 
-@pytest.mark.parametrize("arch", sorted(EXPECTED))
+# Off the GPU (two dynamo traces an architecture, seconds each) Llama is left to the GPU run: its
+# graph is Mistral's without the sliding window, and its plain rope Gemma's and Mistral's spelling.
+DYNAMIC = sorted(EXPECTED) if FULL_SWEEPS else sorted(set(EXPECTED) - {"llama"})
+
+
+@pytest.mark.parametrize("arch", DYNAMIC)
 def test_other_lengths_match_every_region_under_dynamic_shapes(arch: str) -> None:
     """The graph dynamo compiles for every length (shapes.py) matches the same regions as the
     static one, with symbolic sizes, and computes what the original model computes."""

@@ -21,7 +21,8 @@ VOCAB, SEQ = 96, 12
 
 def _tiny_llama() -> torch.nn.Module:
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+    # one layer: the step graphs are dynamo traces (forward and backward) growing with the layers
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=1,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     return transformers.LlamaForCausalLM(cfg).to(DEVICE)
 
