@@ -57,8 +57,10 @@ def _mutates(n: fx.Node) -> bool:
     torch-level graph is not functional, unlike the ATen one."""
     if n.op not in ("call_function", "call_method"):
         return False
-    if n.op == "call_function" and n.target in _INPLACE_OPERATORS or "out" in n.kwargs:
+    if n.op == "call_function" and n.target in _INPLACE_OPERATORS or "out" in n.kwargs or n.kwargs.get("inplace"):
         return True
+    if n.op == "call_function" and getattr(n.target, "__module__", None) in ("_operator", "operator"):
+        return False  # operator.and_, or_, not_: named with a trailing _ but not in place
     name = str(n.target) if n.op == "call_method" else getattr(n.target, "__name__", "")
     return name.endswith("_") and not name.startswith("__")
 
@@ -141,10 +143,12 @@ def _erase_unused(graph: fx.Graph, roots: Iterable[fx.Node]) -> None:
     (the mask, the repeat_kv copies), and only those: a dynamo graph may hold calls kept for their
     effects, which a whole-graph dead-code pass could drop."""
     stack = list(roots)
+    erased: set[fx.Node] = set()
     while stack:
         n = stack.pop()
-        if n.users or n.op not in ("call_function", "call_method") or _mutates(n):
+        if n in erased or n.users or n.op not in ("call_function", "call_method") or _mutates(n):
             continue
+        erased.add(n)
         inputs = n.all_input_nodes
         graph.erase_node(n)
         stack.extend(inputs)
