@@ -379,3 +379,100 @@ def test_the_per_call_check_drops_a_mask_that_allows_every_key() -> None:
     one_blocked[2, 6] = False
     assert _mask_kind(one_blocked, 3, 7) == "" and _mask_kind(torch.full((3, 7), -1.0, device=DEVICE), 3, 7) == ""
     assert _mask_kind(torch.ones(4, 4, dtype=torch.bool, device=DEVICE).tril(), 4, 4) == "causal"
+
+
+def test_a_causal_decoder_gets_is_causal_at_the_torch_level() -> None:
+    """A tiny Llama (grouped heads) traced by dynamo: the torch-level pass turns its materialized
+    causal mask into is_causal, on the un-repeated K/V (enable_gqa), in the graph dynamo gives, and
+    that graph still computes eager's logits."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from solforge.capture.canonical_torch import _TARGETS, restore_attention
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, attn_implementation="sdpa")
+    m = LlamaForCausalLM(cfg).to(DEVICE).eval()
+    ids = torch.randint(0, 64, (2, 11), device=DEVICE)
+    seen: list[tuple[int, list[dict]]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        before = sum(isinstance(n.kwargs.get("attn_mask"), torch.fx.Node) for n in gm.graph.nodes
+                     if n.target in _TARGETS)
+        restored = restore_attention(gm)
+        seen.append((before, restored, [dict(n.kwargs, heads=n.args[1].meta["example_value"].shape[1])
+                                        for n in gm.graph.nodes if n.target in _TARGETS]))
+        return gm.forward
+
+    torch.compiler.reset()
+    with torch.no_grad():
+        out = torch.compile(m, backend=backend)(ids).logits
+        ref = m(ids).logits
+    ((before, restored, calls),) = seen
+    assert before == restored == 2  # the mask as traced, in both layers
+    assert [(kw.get("is_causal"), kw.get("enable_gqa"), "attn_mask" in kw, kw["heads"]) for kw in calls] == \
+        [(True, True, False, 2)] * 2
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_the_aten_pass_alone_still_drops_the_mask(monkeypatch) -> None:
+    """Without the torch-level pass (a mask that reaches the ATen graph), the ATen-level pass
+    makes the encoder's calls maskless as before."""
+    from solforge.capture import backend
+
+    m = _bert()
+    ids = torch.randint(0, 100, (2, 12), device=DEVICE)
+    monkeypatch.setattr(backend, "restore_attention", lambda gm: 0)
+    torch.compiler.reset()
+    with torch.no_grad():
+        b = capture.capture(m, (ids,))
+        out = b.compiled(ids).last_hidden_state
+        ref = m(ids).last_hidden_state
+    calls = [_sdpa_calls(g.aten) for g in b.graphs]
+    # on a GPU the masked call lowers to the math path, with no SDPA op for the ATen pass to find
+    if DEVICE != "cuda":
+        assert calls == [(0, 2)] and [g.attention_restored for g in b.graphs] == [2], calls
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+class WrittenMask(nn.Module):
+    """A mask built from sizes alone, then written in place (a torch-level graph is not functional):
+    ones, with the last key blocked, or tril_'d into a causal mask."""
+
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        self.causal = causal
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
+        if self.causal:
+            mask.tril_()
+        else:
+            mask[:, -1] = False
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_a_mask_written_in_place_is_read_as_written(monkeypatch) -> None:
+    """Neither pass reads a mask's value from before an in-place write (neither graph is
+    functional): the torch-level pass leaves such a mask alone, and with the ATen pass too the
+    outputs are the module's (the ATen pass once dropped the blocked key's mask: 0.5 off)."""
+    from solforge.capture import backend
+
+    q, k, v = (torch.randn(1, 2, 6, 8, device=DEVICE) for _ in range(3))
+    for causal in (False, True):
+        m = WrittenMask(causal)
+        ref = m(q, k, v)
+        for aten_pass in (False, True):
+            if not aten_pass:
+                monkeypatch.setattr(backend, "restore_causal_attention", lambda gm, known=None: 0)
+            torch.compiler.reset()
+            with torch.no_grad():
+                b = capture.capture(m, (q, k, v))
+                out = b.compiled(q, k, v)
+            monkeypatch.undo()
+            assert not b.errors, b.errors
+            if not aten_pass:
+                assert [g.attention_restored for g in b.graphs] == [0], causal
+                if DEVICE != "cuda":  # on a GPU the masked call may lower to no SDPA op
+                    assert [_sdpa_calls(g.aten) for g in b.graphs] == [(1, 0)], causal
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, msg=f"causal={causal} aten={aten_pass}")

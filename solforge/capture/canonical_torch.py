@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from solforge.capture.canonical import _causal_kwargs, _mask_kind, _upstream
+from solforge.capture.canonical import _causal_kwargs, _mask_kind, _mutates, _written
 from solforge.runtime.shapes import hint
 
 # dynamo records the builtin (`torch._C._nn.scaled_dot_product_attention`, which F re-exports)
@@ -45,34 +45,6 @@ def _sdpa_kwargs(node: fx.Node) -> dict[str, Any] | None:
 
 def _val(node: Any) -> Any:
     return node.meta.get("example_value", node.meta.get("val")) if isinstance(node, fx.Node) else None
-
-
-_INPLACE_OPERATORS = {operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
-                      operator.ifloordiv, operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
-                      operator.ilshift, operator.irshift}
-
-
-def _mutates(n: fx.Node) -> bool:
-    """Whether `n` writes into its first argument (`x.tril_()`, `x[i] = v`, `x &= m`, `out=`): a
-    torch-level graph is not functional, unlike the ATen one."""
-    if n.op not in ("call_function", "call_method"):
-        return False
-    if n.op == "call_function" and n.target in _INPLACE_OPERATORS or "out" in n.kwargs or n.kwargs.get("inplace"):
-        return True
-    if n.op == "call_function" and getattr(n.target, "__module__", None) in ("_operator", "operator"):
-        return False  # operator.and_, or_, not_: named with a trailing _ but not in place
-    name = str(n.target) if n.op == "call_method" else getattr(n.target, "__name__", "")
-    return name.endswith("_") and not name.startswith("__")
-
-
-def _written(graph: fx.Graph, nodes: dict[fx.Node, None]) -> bool:
-    """Whether an in-place op of `graph` writes into a tensor computed from any of `nodes` (a view
-    of it included): their values as computed would not be the values the call reads."""
-    for n in graph.nodes:
-        if _mutates(n) and n.args and isinstance(n.args[0], fx.Node):
-            if any(m in nodes for m in _upstream(n.args[0])):
-                return True
-    return False
 
 
 def _evaluate(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
