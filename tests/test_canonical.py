@@ -289,6 +289,7 @@ def test_an_encoder_without_padding_runs_sdpa_without_a_mask_as_eager_does(monke
     2026-11-27), so every layer's call is maskless even without the ATen-level pass, counted once
     with it, and the outputs are eager's."""
     from solforge.capture import backend
+    from solforge.capture.stage import capture_notes
 
     m = _bert()
     ids = torch.randint(0, 100, (2, 12), device=DEVICE)
@@ -305,6 +306,8 @@ def test_an_encoder_without_padding_runs_sdpa_without_a_mask_as_eager_does(monke
         assert not got.errors, got.errors
         assert [_sdpa_calls(g.aten) for g in got.graphs] == [(0, 2)]
         assert [g.attention_restored for g in got.graphs] == [2]  # one per layer, not once per level
+        (note,) = [n for n in capture_notes(got, None) if n.startswith("attention:")]
+        assert note.startswith("attention: 2 SDPA call(s) traced with a mask computed from sizes alone"), note
     torch.testing.assert_close(early_out, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
