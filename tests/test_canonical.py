@@ -24,7 +24,12 @@ def test_qwen3_attention_is_restored_and_equal() -> None:
         (g,) = b.graphs
         assert g.attention_restored == 2  # one per layer
         ops = _ops(g.aten)
-        assert ops.count("aten.scaled_dot_product_attention.default") == 2
+        # eager's call, whichever SDPA op the lowering picked for it: is_causal on K/V of the model's
+        # 2 KV heads (not repeat_kv's 4)
+        calls = [(kw.get("is_causal"), heads) for kw, heads in _sdpa_args(g.aten)]
+        # on a GPU in fp32 the lowering may pick the math path for grouped heads (eager's pick too):
+        # no SDPA op then, and no mask either
+        assert calls == [(True, 2)] * 2 or (DEVICE == "cuda" and _sdpa_calls(g.aten)[0] == 0), calls
         assert "aten.clone.default" not in ops  # repeat_kv's copies are gone
         ids = lm.make_inputs(3)
         out = capture.compile_with(lm.model, capture.SolforgeBackend())(*ids).logits
@@ -263,6 +268,14 @@ def _sdpa_calls(gm: torch.fx.GraphModule) -> tuple[int, int]:
     return masked, plain
 
 
+def _sdpa_args(gm: torch.fx.GraphModule) -> list[tuple[dict, int]]:
+    """Each SDPA call of `gm` (whichever SDPA op): its arguments by name, and its key's head count."""
+    from solforge.capture.canonical import _SDPA, _kwargs
+
+    calls = [_kwargs(n) or {} for n in gm.graph.nodes if n.op == "call_function" and n.target in _SDPA]
+    return [(kw, kw["key"].meta["val"].shape[1]) for kw in calls]
+
+
 def _bert(layers: int = 2) -> nn.Module:
     from transformers import BertConfig, BertModel
 
@@ -274,30 +287,31 @@ def _bert(layers: int = 2) -> nn.Module:
 
 def test_an_encoder_without_padding_runs_sdpa_without_a_mask_as_eager_does(monkeypatch) -> None:
     """A BERT encoder called without an attention mask: the traced graph builds an all-allowed mask
-    from sizes (eager passes none), so SDPA took its masked kernel. The pass drops that mask: every
-    layer's call is maskless, as eager's, and the outputs are eager's."""
+    from sizes (eager passes none). The torch-level pass drops it before the lowering picks SDPA's
+    backend (on a GPU the masked call lowered to the math path, no SDPA op left: the H100 run of
+    2026-11-27), so every layer's call is maskless even without the ATen-level pass, counted once
+    with it, and the outputs are eager's."""
     from solforge.capture import backend
+    from solforge.capture.stage import capture_notes
 
     m = _bert()
     ids = torch.randint(0, 100, (2, 12), device=DEVICE)
     with torch.no_grad():
         ref = m(ids).last_hidden_state
         monkeypatch.setattr(backend, "restore_causal_attention", lambda gm, known=None: 0)
-        traced = capture.capture(m, (ids,))
+        early = capture.capture(m, (ids,))
+        early_out = early.compiled(ids).last_hidden_state
         monkeypatch.undo()
         torch.compiler.reset()
         b = capture.capture(m, (ids,))
         out = b.compiled(ids).last_hidden_state
-    # as traced: the mask in both layers. On a GPU, transformers 5.17 traces none at all here (the
-    # H100 run of 2026-11-27: 0 masked calls), so the pass has nothing to drop; the result must be
-    # maskless either way
-    masked = sum(_sdpa_calls(g.aten)[0] for g in traced.graphs)
-    assert masked == 2 or (DEVICE == "cuda" and masked == 0), masked
-    calls = [_sdpa_calls(g.aten) for g in b.graphs]
-    # on a GPU the attention may not be an SDPA op at all (the H200 run of 2026-11-27 counted none):
-    # what must hold there is that no call is masked
-    assert calls == [(0, 2)] or (DEVICE == "cuda" and all(c[0] == 0 for c in calls)), calls
-    assert sum(g.attention_restored for g in b.graphs) == masked
+    for got in (early, b):
+        assert not got.errors, got.errors
+        assert [_sdpa_calls(g.aten) for g in got.graphs] == [(0, 2)]
+        assert [g.attention_restored for g in got.graphs] == [2]  # one per layer, not once per level
+        (note,) = [n for n in capture_notes(got, None) if n.startswith("attention:")]
+        assert note.startswith("attention: 2 SDPA call(s) traced with a mask computed from sizes alone"), note
+    torch.testing.assert_close(early_out, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -347,8 +361,8 @@ def test_all_allowed_masks_are_dropped_with_grouped_heads_and_a_cross_length() -
             out = b.compiled(q, k, v)
         (g,) = b.graphs
         assert g.attention_restored == 1 and _sdpa_calls(g.aten) == (0, 1), additive
-        (call,) = [n for n in g.aten.graph.nodes if n.target == torch.ops.aten.scaled_dot_product_attention.default]
-        assert call.kwargs.get("enable_gqa") and not call.kwargs.get("is_causal")
+        calls = [(bool(kw.get("is_causal")), heads) for kw, heads in _sdpa_args(g.aten)]
+        assert calls == [(False, 2)] or (DEVICE == "cuda" and _sdpa_calls(g.aten)[0] == 0), calls  # as above
         assert "aten.clone.default" not in _ops(g.aten)
         torch.testing.assert_close(out, m(q, k, v), rtol=1e-5, atol=1e-5)
 
@@ -372,3 +386,100 @@ def test_the_per_call_check_drops_a_mask_that_allows_every_key() -> None:
     one_blocked[2, 6] = False
     assert _mask_kind(one_blocked, 3, 7) == "" and _mask_kind(torch.full((3, 7), -1.0, device=DEVICE), 3, 7) == ""
     assert _mask_kind(torch.ones(4, 4, dtype=torch.bool, device=DEVICE).tril(), 4, 4) == "causal"
+
+
+def test_a_causal_decoder_gets_is_causal_at_the_torch_level() -> None:
+    """A tiny Llama (grouped heads) traced by dynamo: the torch-level pass turns its materialized
+    causal mask into is_causal, on the un-repeated K/V (enable_gqa), in the graph dynamo gives, and
+    that graph still computes eager's logits."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from solforge.capture.canonical_torch import _TARGETS, restore_attention
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, attn_implementation="sdpa")
+    m = LlamaForCausalLM(cfg).to(DEVICE).eval()
+    ids = torch.randint(0, 64, (2, 11), device=DEVICE)
+    seen: list[tuple[int, list[dict]]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        before = sum(isinstance(n.kwargs.get("attn_mask"), torch.fx.Node) for n in gm.graph.nodes
+                     if n.target in _TARGETS)
+        restored = restore_attention(gm)
+        seen.append((before, restored, [dict(n.kwargs, heads=n.args[1].meta["example_value"].shape[1])
+                                        for n in gm.graph.nodes if n.target in _TARGETS]))
+        return gm.forward
+
+    torch.compiler.reset()
+    with torch.no_grad():
+        out = torch.compile(m, backend=backend)(ids).logits
+        ref = m(ids).logits
+    ((before, restored, calls),) = seen
+    assert before == restored == 2  # the mask as traced, in both layers
+    assert [(kw.get("is_causal"), kw.get("enable_gqa"), "attn_mask" in kw, kw["heads"]) for kw in calls] == \
+        [(True, True, False, 2)] * 2
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_the_aten_pass_alone_still_drops_the_mask(monkeypatch) -> None:
+    """Without the torch-level pass (a mask that reaches the ATen graph), the ATen-level pass
+    makes the encoder's calls maskless as before."""
+    from solforge.capture import backend
+
+    m = _bert()
+    ids = torch.randint(0, 100, (2, 12), device=DEVICE)
+    monkeypatch.setattr(backend, "restore_attention", lambda gm: 0)
+    torch.compiler.reset()
+    with torch.no_grad():
+        b = capture.capture(m, (ids,))
+        out = b.compiled(ids).last_hidden_state
+        ref = m(ids).last_hidden_state
+    calls = [_sdpa_calls(g.aten) for g in b.graphs]
+    # on a GPU the masked call lowers to the math path, with no SDPA op for the ATen pass to find
+    if DEVICE != "cuda":
+        assert calls == [(0, 2)] and [g.attention_restored for g in b.graphs] == [2], calls
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+class WrittenMask(nn.Module):
+    """A mask built from sizes alone, then written in place (a torch-level graph is not functional):
+    ones, with the last key blocked, or tril_'d into a causal mask."""
+
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        self.causal = causal
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
+        if self.causal:
+            mask.tril_()
+        else:
+            mask[:, -1] = False
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_a_mask_written_in_place_is_read_as_written(monkeypatch) -> None:
+    """Neither pass reads a mask's value from before an in-place write (neither graph is
+    functional): the torch-level pass leaves such a mask alone, and with the ATen pass too the
+    outputs are the module's (the ATen pass once dropped the blocked key's mask: 0.5 off)."""
+    from solforge.capture import backend
+
+    q, k, v = (torch.randn(1, 2, 6, 8, device=DEVICE) for _ in range(3))
+    for causal in (False, True):
+        m = WrittenMask(causal)
+        ref = m(q, k, v)
+        for aten_pass in (False, True):
+            if not aten_pass:
+                monkeypatch.setattr(backend, "restore_causal_attention", lambda gm, known=None: 0)
+            torch.compiler.reset()
+            with torch.no_grad():
+                b = capture.capture(m, (q, k, v))
+                out = b.compiled(q, k, v)
+            monkeypatch.undo()
+            assert not b.errors, b.errors
+            if not aten_pass:
+                assert [g.attention_restored for g in b.graphs] == [0], causal
+                if DEVICE != "cuda":  # on a GPU the masked call may lower to no SDPA op
+                    assert [_sdpa_calls(g.aten) for g in b.graphs] == [(1, 0)], causal
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, msg=f"causal={causal} aten={aten_pass}")

@@ -20,6 +20,7 @@ import torch.fx as fx
 from solforge.capture import checkpoint as _checkpoint
 from solforge.capture.cache import LoweringCache
 from solforge.capture.canonical import constant_value, mask_inputs, restore_causal_attention
+from solforge.capture.canonical_torch import restore_attention
 from solforge.capture.cse import eliminate_common_subexpressions
 from solforge.capture.layout import channels_last_convolutions
 from solforge.capture.lower import CapturedGraph, lower_to_aten
@@ -81,12 +82,14 @@ class SolforgeBackend:
         step graph. One that cannot be lowered runs as dynamo gave it, still checkpointed."""
         kept = self._keep_calls(body, example_inputs)  # Functions and checkpoints nested in this one
         index = len(self.graphs)
+        early = self._torch_passes(body, index)
         try:
             aten = lower_to_aten(body, example_inputs, None if kept else self.cache)
         except Exception as e:
             self.errors.append(f"graph {index} (a checkpointed region): lowering failed: {type(e).__name__}: {e}")
             return body.forward
         restored, removed, concats, layouts = self._passes(aten, index)
+        restored += early
         if kept:
             self._causal_bodies(aten, index)  # nested checkpoints: their mask comes through this body
         if self.rewrite is not None:
@@ -100,12 +103,15 @@ class SolforgeBackend:
         # a lowering whose kept calls name this process's bodies is not one to cache
         kept = self._keep_calls(gm, example_inputs)
         index = len(self.graphs)
+        early = self._torch_passes(gm, index)
         try:
             aten = lower_to_aten(gm, example_inputs, None if kept else self.cache)
-        except Exception as e:  # a graph we cannot lower still runs, as dynamo gave it
+        except Exception as e:  # a graph we cannot lower still runs, as dynamo gave it (with `early`'s calls)
             self.errors.append(f"graph {index}: lowering failed: {type(e).__name__}: {e}")
             return gm.forward
+        # a call rewritten here has no mask left for the ATen pass to count again
         restored, removed, concats, layouts = self._passes(aten, index)
+        restored += early
         if kept:
             self._causal_bodies(aten, index)
         # a graph for many sizes: made again per set of sizes that comes back (shapes.py), from
@@ -123,6 +129,18 @@ class SolforgeBackend:
         step = StepGraph(aten, auto=self.auto_replay)
         self.step_graphs.append(step)
         return step
+
+    def _torch_passes(self, gm: fx.GraphModule, index: int) -> int:
+        """The attention pass on the graph dynamo gives, before the lowering picks SDPA's backend
+        (canonical_torch.py: on a GPU, a traced all-allowed mask lowered to the math path, leaving
+        no SDPA op for the ATen pass). Returns how many calls it rewrote; a pass that fails does
+        so before it changes a call, almost always (all are decided first), and the graph as
+        traced is correct anyway."""
+        try:
+            return restore_attention(gm)
+        except Exception as e:  # the graph as traced is still correct, only slower
+            self.errors.append(f"graph {index}: torch-level attention pass failed: {type(e).__name__}: {e}")
+            return 0
 
     def _passes(self, aten: fx.GraphModule, index: int) -> tuple[int, int, int, int]:
         """The passes every lowered graph gets before matching: (SDPA calls given back is_causal,

@@ -143,10 +143,59 @@ def _from_sizes(node: fx.Node) -> bool:
     return True
 
 
+_INPLACE_OPERATORS = {operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                      operator.ifloordiv, operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
+                      operator.ilshift, operator.irshift}
+
+
+def _mutates(n: fx.Node) -> bool:
+    """Whether `n` writes into its first argument: an ATen op whose schema writes (`fill_`,
+    `copy_`), or at the torch level (canonical_torch.py) `x.tril_()`, `x[i] = v`, `x &= m`, `out=`.
+    Neither graph is functional: the lowering records in-place ops as the model makes them."""
+    if n.op not in ("call_function", "call_method"):
+        return False
+    if isinstance(n.target, torch._ops.OpOverload):
+        return n.target._schema.is_mutable
+    if n.op == "call_function" and n.target in _INPLACE_OPERATORS or "out" in n.kwargs or n.kwargs.get("inplace"):
+        return True
+    if n.op == "call_function" and getattr(n.target, "__module__", None) in ("_operator", "operator"):
+        return False  # operator.and_, or_, not_: named with a trailing _ but not in place
+    name = str(n.target) if n.op == "call_method" else getattr(n.target, "__name__", "")
+    return name.endswith("_") and not name.startswith("__")
+
+
+def _bases(node: fx.Node) -> Iterator[fx.Node]:
+    """`node` and the tensors it may be a view of: in an ATen graph through the ops whose schema
+    says their output aliases their input (select, slice, view, an in-place op's result); in a
+    torch-level graph, where that is not written down, through every op (any may)."""
+    def inputs(n: fx.Node) -> list[fx.Node]:
+        if isinstance(n.target, torch._ops.OpOverload):
+            returns = n.target._schema.returns
+            aliased = returns and returns[0].alias_info is not None and n.args and isinstance(n.args[0], fx.Node)
+            return [n.args[0]] if aliased else []  # type: ignore[list-item]
+        return n.all_input_nodes if n.op in ("call_function", "call_method") else []
+
+    seen: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            yield n
+            stack.extend(inputs(n))
+
+
+def _written(graph: fx.Graph, nodes: dict[fx.Node, None]) -> bool:
+    """Whether an in-place op of `graph` writes into one of `nodes` (or a view of it): its value as
+    computed from them would not be the value the call reads."""
+    return any(_mutates(n) and n.args and isinstance(n.args[0], fx.Node) and any(m in nodes for m in _bases(n.args[0]))
+               for n in graph.nodes)
+
+
 def _evaluate(gm: fx.GraphModule, node: fx.Node, known: Mapping[fx.Node, Any] = _NONE) -> torch.Tensor | None:
     nodes = _constant_ancestors(node, known)
-    if nodes is None:
-        return None
+    if nodes is None or _written(gm.graph, dict.fromkeys(nodes)):
+        return None  # an in-place write (x[:, -1] = False) would make the value computed here a wrong one
     env: dict[fx.Node, Any] = {}
     try:
         for n in nodes:
