@@ -126,10 +126,13 @@ def _erase_unused(graph: fx.Graph, roots: Iterable[fx.Node]) -> None:
         stack.extend(inputs)
 
 
-def restore_attention(gm: fx.GraphModule) -> int:
+def restore_attention(gm: fx.GraphModule, *, causal: bool = False) -> int:
     """canonical.py's attention pass on a torch-level (dynamo) graph; returns how many calls it
-    rewrote: given is_causal, or made without a mask that allows every key, on un-repeated K/V with
-    enable_gqa where repeat_kv expanded them. The calls are changed in place (their meta kept)."""
+    rewrote: made without a mask that allows every key, or (with `causal`) given is_causal, on
+    un-repeated K/V with enable_gqa where repeat_kv expanded them. The calls are changed in place
+    (their meta kept). The capture passes causal=False: a causal mask is left to the ATen pass, as
+    before this pass existed, until the torch-level rewrite of causal decoders is measured on a GPU
+    (the lowering then picks SDPA's backend at trace time instead of the generic op at run time)."""
     graph = gm.graph
     kinds: dict[fx.Node, str] = {}
     changes: list[tuple[fx.Node, tuple[Any, ...], dict[str, Any]]] = []
@@ -149,7 +152,7 @@ def restore_attention(gm: fx.GraphModule) -> int:
         if mask not in kinds:
             val = _evaluate(gm, mask)
             kinds[mask] = _mask_kind(val, hint(qv.shape[-2]), hint(kv.shape[-2])) if val is not None else ""
-        if not kinds[mask]:
+        if not kinds[mask] or (kinds[mask] == "causal" and not causal):
             continue
         rk, rv = _unrepeat(k), _unrepeat(v)
         gqa = rk is not None and rv is not None and rk[1] == rv[1] and rk[1] > 1
