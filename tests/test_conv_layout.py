@@ -89,6 +89,26 @@ def test_nothing_changes_without_a_decision_or_with_the_switch_off() -> None:
         assert L.channels_last_convolutions(gm) == 0
 
 
+def test_the_timing_counts_the_copy_back_only_where_no_region_takes_it(monkeypatch) -> None:
+    """A convolution followed by pointwise ops: its copy back is the next region's read, so the
+    timing leaves it out; one whose result is the graph's output (or feeds another convolution)
+    pays for the copy and the timing counts it."""
+    keys: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(L, "_measured", lambda key: keys.append(key) or False)
+    for case, fuses in (("conv2d_relu_bias", True), ("conv_transpose2d", False)):
+        f, xs = CASES[case]
+        gm = trace(f, *xs)
+        (conv,) = _convs(gm)
+        assert L.copy_back_fuses(conv) is fuses
+        if DEVICE == "cuda":
+            assert L.measured(conv) is False
+            assert keys[-1][-1] is (not fuses)  # the key's last item: the copy back is a pass of its own
+    two = trace(lambda x, w1, w2: F.conv2d(F.conv2d(x, w1), w2), _r(2, 5, 9, 11), _r(6, 5, 3, 3, seed=1),
+                _r(4, 6, 3, 3, seed=2))
+    first = _convs(two)[0]
+    assert not L.copy_back_fuses(first)  # a convolution reads it: no region between them
+
+
 def test_already_channels_last_and_one_channel_inputs_are_left_alone() -> None:
     x = _r(2, 5, 9, 11).contiguous(memory_format=torch.channels_last)
     gm = trace(lambda x, w: F.conv2d(x, w), x, _r(6, 5, 3, 3, seed=1))

@@ -19,7 +19,11 @@ channels-last output once and write the contiguous result once: no extra pass ov
 
 Whether to rewrite is measured, not guessed: `decide(node)` times the convolution both ways on the
 GPU at the node's shapes, dtypes and parameters (random inputs), the channels-last way with both
-input copies and the output copy counted, and rewrites only where that is at least MARGIN faster.
+input copies counted, and rewrites only where that is at least MARGIN faster. The output copy is
+counted too unless every op reading the convolution's result can be in a generated region (then
+the copy back is that region's strided read, no pass of its own: `copy_back_fuses`). With it
+always counted, no convolution of KernelBench level 2's rows run (H100/H200, 2026-11-27) was
+rewritten; a copy of the large output, about what channels-last saves, is the likely reason.
 Off the GPU nothing is rewritten (no timing means anything there); tests pass their own `decide`.
 Decisions are kept per shape and parameters for the process. SOLFORGE_CONV_LAYOUT=0 turns the pass
 off.
@@ -68,21 +72,31 @@ def _hashable(a: Any) -> Any:
     return tuple(_hashable(v) for v in a) if isinstance(a, list | tuple) else a
 
 
+def copy_back_fuses(n: fx.Node) -> bool:
+    """Whether the copy back to the original layout after convolution `n` would be part of the
+    generated region after it: every user of its result can be in a region."""
+    from solforge.codegen.regions import anchor_reason
+
+    return bool(n.users) and all(anchor_reason(u) is None for u in n.users)
+
+
 def _key(n: fx.Node) -> tuple[Any, ...]:
-    """What the timing depends on: shapes, strides, dtypes, device, whether there is a bias, and
-    the convolution's parameters (stride, padding, dilation, transposed, output padding, groups)."""
+    """What the timing depends on: shapes, strides, dtypes, device, whether there is a bias, the
+    convolution's parameters (stride, padding, dilation, transposed, output padding, groups) and
+    whether the copy back is a pass of its own."""
     x, w = _val(n.args[0]), _val(n.args[1])
     return (tuple(x.shape), tuple(x.stride()), x.dtype, tuple(w.shape), w.dtype, str(x.device),
-            n.args[2] is not None, _hashable(tuple(n.args[3:])))
+            n.args[2] is not None, _hashable(tuple(n.args[3:])), not copy_back_fuses(n))
 
 
 @functools.cache
 def _measured(key: tuple[Any, ...]) -> bool:
-    """Time the convolution of `key` as the graph runs it and the channels-last way (copies in and
-    out counted) on the GPU; True where the latter is at most MARGIN of the former."""
+    """Time the convolution of `key` as the graph runs it and the channels-last way (copies in
+    counted, the copy out where it is a pass of its own) on the GPU; True where the latter is at
+    most MARGIN of the former."""
     from solforge.tune.timing import time_kernel
 
-    xshape, xstride, dtype, wshape, wdtype, device, has_bias, rest = key
+    xshape, xstride, dtype, wshape, wdtype, device, has_bias, rest, copy_back = key
     fmt = _format(len(xshape))
     transposed, groups = rest[3], rest[5]
     try:
@@ -97,7 +111,7 @@ def _measured(key: tuple[Any, ...]) -> bool:
 
         def last() -> Any:
             out = CONV(x.clone(memory_format=fmt), w.clone(memory_format=fmt), b, *rest)
-            return out.clone(memory_format=torch.contiguous_format)
+            return out.clone(memory_format=torch.contiguous_format) if copy_back else out
 
         t0, t1 = time_kernel(plain, "cuda"), time_kernel(last, "cuda")
     except Exception:  # noqa: BLE001 - out of memory or an unsupported convolution: leave it as written
