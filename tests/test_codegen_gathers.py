@@ -1,10 +1,12 @@
 """Indexing loads in generated regions: aten.index.Tensor (one or more index tensors, adjacent or
 None-separated dims), gather (dims 0 and -1 of a 3-D tensor), index_select and embedding (its
 padding_idx changes only the backward), an index from a region input or computed in the region
-(arange, clamp, where on integers). Each region's gathered values are eager's exactly (a gather
+(arange, clamp, where on integers) or by a reduction of the region (a gather at the argmax), a bf16
+table. Each region's gathered values are eager's exactly (a gather
 moves elements, no arithmetic), the arithmetic after them is checked against the fp64 reference
 (and the reference against the graph's own values), on odd shapes, a non-contiguous source, an
-index that is a transposed view, repeated and negative indices, int32 and int64 indices. An index
+index that is a transposed view, repeated and negative indices, int32 and int64 indices, and one
+schedule of each kind (rows, looped, tiles, split). An index
 out of range (torch raises) gives NaN for a float source, never a read outside it; a gather from a
 value of a reduction is cut out of its region; the backward (a scatter-add) is eager's vjp, with
 the reason recorded; optimize swaps in one generated kernel for an embedding lookup + softmax."""
@@ -174,6 +176,50 @@ def test_index_computed_in_the_region() -> None:
         return x + table[pos] * 2.0 + table[tok]
 
     _fused(f, _randn(2, 9, 6), _randn(7, 6, seed=1), _ids(-3, 7, 2, 9, seed=2))
+
+
+def test_gather_at_the_argmax_in_the_region() -> None:
+    """An index computed by a reduction of the same region (a routing pick: the value of w at each
+    row's argmax of x): the gather is a per-row value of the region's loop."""
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.gather(w, 1, torch.argmax(x, 1, keepdim=True)) * 2.0
+
+    fr = _fused(f, _randn(6, 37), _randn(6, 37, seed=1))
+    assert fr.lowered.reduces
+
+
+def test_every_schedule_kind() -> None:
+    """A gather feeding a softmax under one schedule of each kind of its space (rows, looped,
+    tiles, split): the gathered values exact, the softmax within tolerance of the reference."""
+    def f(x: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.gather(x, 1, i)
+        return y, torch.softmax(y, -1)
+
+    x, i = _randn(5, 300), _ids(0, 300, 5, 290)
+    gm = trace(f, x, i)
+    (fr,) = RG.form_regions(gm.graph)
+    env = values(gm, x, i)
+    space = SC.space(fr.lowered)
+    picked = {}
+    for sch in space:
+        picked.setdefault((sch.variant, sch.splits > 1), sch)
+    assert {v for v, _ in picked} >= {"rows", "looped", "tiles", "split"}, picked
+    ref = REF.reference(fr.lowered.ir, [x, i])
+    for sch in picked.values():
+        y, p = RT.run(fr.lowered, sch, [x, i])
+        assert torch.equal(y, env[fr.outputs[0]]), sch.encode()
+        c = compare(p, ref[1])
+        assert c.ok, f"{sch.encode()}: {c.reason}"
+
+
+def test_bf16_table_lookup_is_exact() -> None:
+    """A bf16 table: the looked-up rows stored bf16, bit for bit eager's; the fp32 sum after them
+    against the reference."""
+    def f(w: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        e = F.embedding(ids, w)
+        return e, e.float().sum(-1)
+
+    _fused(f, _randn(13, 10).bfloat16(), _ids(0, 13, 3, 7))
 
 
 def test_out_of_range_index_gives_nan_not_a_stray_read() -> None:
