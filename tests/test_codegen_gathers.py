@@ -358,3 +358,57 @@ def test_optimize_swaps_in_the_lookup_region(monkeypatch: pytest.MonkeyPatch) ->
     with torch.no_grad():
         c = compare(got, net(fresh))
     assert c.ok, c.reason
+
+
+class _EmbeddingSoftmax(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(50, 24)
+        self.scale = torch.nn.Parameter(1.0 + 0.1 * torch.randn(24))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return (self.emb(ids) * self.scale).softmax(-1)
+
+
+@pytest.mark.parametrize("mode", ["inference", "train"])
+def test_optimize_leaves_a_trainable_embedding_to_embeddings_py(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inference: the embedding lookup is inside the generated region. Train: a trainable
+    embedding stays integrate/embeddings.py's (its backward adds the rows into .grad in place; a
+    generated region's backward would be the eager vjp's dense table gradient); the scale and
+    softmax still form a generated region. Outputs and gradients are eager's."""
+    from solforge import optimize, step_graphs
+
+    net = _EmbeddingSoftmax()
+
+    def make(seed: int) -> tuple[torch.Tensor, ...]:
+        return (_ids(0, 50, 5, 9, seed=seed),)
+
+    opt, report = optimize(net, make(3), mode=mode, budget=1, max_candidates=1, db=False, profile="off",
+                           families=("generated",), keep_slower=True, make_inputs=make)
+    assert report.e2e is not None and report.e2e.passed, (report.e2e, report.notes)
+    assert (mode == "train") == any("embeddings.py" in n for n in report.notes), report.notes
+    ran: list[Any] = []
+    real = RT.run
+    monkeypatch.setattr(RT, "run", lambda low, *a, **k: ran.append(low) or real(low, *a, **k))
+    (fresh,) = make(7)
+    dy = _randn(5, 9, 24, seed=8)
+    with step_graphs(False), torch.set_grad_enabled(mode == "train"):
+        got = opt(fresh)
+        if mode == "train":
+            got.backward(dy)
+    assert ran, "no generated kernel ran"
+    targets = {op.target for op in ran[0].ir.ops}
+    assert "aten._softmax.default" in targets, targets
+    assert ("aten.embedding.default" in targets) == (mode == "inference"), targets
+    grads = [p.grad.clone() for p in net.parameters()] if mode == "train" else []
+    net.zero_grad(set_to_none=True)
+    with torch.set_grad_enabled(mode == "train"):
+        want = net(fresh)
+        if mode == "train":
+            want.backward(dy)
+    c = compare(got.detach(), want.detach())
+    assert c.ok, c.reason
+    for g, p in zip(grads, net.parameters() if grads else (), strict=True):
+        c = compare(g, p.grad)
+        assert c.ok, c.reason
