@@ -21,7 +21,10 @@ both sums over the rows, are one kernel), and each region is a kernel with its o
 topological order with its intermediates (LayerNorm's dy * x_hat, read by the weight gradient's
 sum) as plain tensors between them, a bf16/fp16 one held in fp32 (`_widen`). A vjp holding an op
 no region takes (an anchor), or a value outside every region, gives a BackwardPlan with `error`
-saying why, and the op falls back to the eager vjp of the region's ops (kernels/generated.py).
+saying why, and the op falls back to the eager vjp of the region's ops (kernels/generated.py): in
+particular a gather's vjp (x[idx], gather, index_select, embedding), a scatter-add into the source
+that is not generated (the plan's error says so); a vjp that only gathers (the gradient of what
+multiplies a looked-up row) is generated like any.
 Failures are data: nothing here raises for a region the generator cannot take.
 
 Tuning: one config per backward, a schedule of its `main` kernel (the one with the largest loop,
@@ -266,8 +269,19 @@ def whole(graph: fx.Graph) -> tuple[Lowered, list[fx.Node], list[fx.Node]] | str
     anchors = sorted({f"{op_name(n.target)} ({why})" for n in nodes if n.target is not operator.getitem
                       for why in (RG.anchor_reason(n),) if why is not None})
     if anchors:
-        return f"the vjp holds ops no region takes: {', '.join(anchors)[:300]}"
+        why = f"the vjp holds ops no region takes: {', '.join(anchors)[:300]}"
+        if any(a.split(" ")[0] in _SCATTERS for a in anchors):
+            # a gather's (index, embedding, max.dim's) vjp adds each gradient into its source row:
+            # a scatter with repeated indices, which would need atomics or a sort; the eager vjp runs
+            return f"the vjp scatter-adds into a gathered source (no generated scatter); {why}"
+        return why
     return _region(nodes)
+
+
+# autograd's scatters: the vjps of gathers (x[idx], gather, index_select, embedding, max.dim)
+_SCATTERS = {"aten.index_put.default", "aten.index_put_.default", "aten._unsafe_index_put.default",
+             "aten.scatter_add.default", "aten.scatter.src", "aten.scatter.value", "aten.index_add.default",
+             "aten.embedding_dense_backward.default", "aten._index_put_impl_.default"}
 
 
 Region = tuple[Lowered, list[fx.Node], list[fx.Node]]

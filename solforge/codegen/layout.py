@@ -3,7 +3,8 @@
 The schedules need to know which dim of the loop space S the inputs are contiguous along: a row
 reduction reads coalesced only when the reduced dims are the inputs' innermost; otherwise a 2-D
 tile along the innermost KEPT dim does (schedule.py's "tiles"). The inputs' strides are in the IR,
-but a load reaches its input through views (permute, reshape, expand, slice, select, pad), so the map
+but a load reaches its input through views (permute, reshape, expand, slice, select, pad) and
+gathers (a gathered dim's index is data: taken as fixed), so the map
 from loop dims to input strides is found by walking the kernel graph with concrete indices: the
 loop's origin and one unit step along each dim, evaluated together (a reshape is div/mod, so the
 step at the origin stands for the dim's stride, exact for every view but a reshape that splits a
@@ -117,6 +118,12 @@ def walk(region: Lowered) -> list[LoadWalk]:
         elif node.kind == "pw":
             for j in node.inputs:
                 visit(j, _bcast(idx, node.shape, g.nodes[j].shape, points))
+        elif node.kind == "gather":
+            # the index operands as a pointwise op's; the source along the dims the gather walks
+            # (a gathered dim's index is data: taken as fixed, so an embedding's rows read along D)
+            for j in node.inputs[1:]:
+                visit(j, _bcast(idx, node.shape, g.nodes[j].shape, points))
+            visit(node.inputs[0], tuple(idx[k] if k >= 0 else (0,) * points for k in node.params[0]))
         elif node.kind == "scan":  # its input, at the same loop point
             visit(node.inputs[0], idx)
         # const: nothing; reduce: a per-row value, its input is walked from the loop below

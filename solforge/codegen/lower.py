@@ -12,7 +12,15 @@ The kernel graph has five kinds of node, each with its shape and kernel type ('f
           there, NaN where the row holds one), from one (value, index) accumulator per operand
   scan    the running sum/product of one operand along one dim (cumsum, cumprod), forward or
           reversed, the operand's shape
-  index   the index along one dim of its shape (an integer: triu/tril's masks)
+  index   the index along one dim of its shape (an integer: triu/tril's masks, arange)
+  gather  an indirect load: its source (a value that depends on no reduction) read at an index
+          whose dims come from the gather's own index (`params[0]` per source dim: k >= 0 the
+          gather's dim k) or from the value of an index operand (-(j+1): inputs[1 + j], broadcast
+          to the gather's shape as a pointwise operand is; `params[1]`: a negative index wraps, as
+          in advanced indexing). aten.index.Tensor, gather, index_select and embedding (whose
+          negative indices torch refuses: out of range here); an index out of range
+          (torch raises, a kernel cannot) reads the clamped element, never memory outside the
+          source, and gives NaN for a floating source (the verifier and the outputs show it)
 Composite ATen ops are written out here: mean = sum / n, var = sum((x - mean)^2) / (n - correction),
 softmax = exp(x - max) / sum(exp(x - max)), log_softmax, logsumexp, vector norms.
 
@@ -51,7 +59,7 @@ from solforge.codegen.ir import Ref, RegionIR
 
 @dataclass(frozen=True)
 class KNode:
-    kind: str  # load | const | pw | view | reduce | scan | index
+    kind: str  # load | const | pw | view | reduce | scan | index | gather
     fn: str  # pw: template; view: reshape/permute/expand/slice/select/pad; reduce: sum/max/min; scan: sum/prod
     inputs: tuple[int, ...]
     params: tuple[Any, ...]
@@ -737,7 +745,8 @@ def _any(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...
 
 # --- pads, concatenation, flips, rolls, pooling windows: pad and slice views
 
-_LIST_OPS = {"aten.cat.default"}  # ops whose list-of-tensors argument lower() passes as a tuple of values
+# ops whose list-of-tensors argument lower() passes as a tuple of values (index.Tensor's: None for a dim not indexed)
+_LIST_OPS = {"aten.cat.default", "aten.index.Tensor"}
 
 
 @_reg("aten.constant_pad_nd.default")
@@ -895,6 +904,114 @@ def _avg_pool(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int
     for t in count[1:]:
         c = b.pw("add", c, t, ktype="f")
     return b.pw("div", total, c, ktype="f")
+
+
+# --- indexing loads: x[idx] at an index read from a tensor (aten.index.Tensor, gather, index_select, embedding)
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _index_operands(b: _Builder, idxs: Sequence[Any]) -> list[V]:
+    """The index tensors of an indexing op as values; int32/int64 only (a bool or uint8 index is a
+    mask, whose result's shape depends on the data; int8/int16 torch refuses)."""
+    out = [b.t(t) for t in idxs]
+    dts = b.arg_dtypes[1:]
+    if len(dts) != len(out) or any(dt not in _INDEX_DTYPES for dt in dts):
+        raise LowerError(f"{b.current}: an index of dtype {dts} (int32/int64 only)")
+    return out
+
+
+def gather(b: _Builder, x: V, spec: Sequence[int], idxs: Sequence[V], shape: Sequence[int], wrap: bool) -> V:
+    """x read at, per dim d of x, the gather's own index along dim spec[d] (>= 0) or the value of
+    idxs[-spec[d] - 1] (broadcast to `shape` from the right, as a pointwise operand). `wrap`: a
+    negative index counts from the end (advanced indexing); else it is out of range (torch's
+    gather, index_select and embedding raise on it)."""
+    for t in idxs:
+        ts = b.shape(t)
+        if len(ts) > len(shape) or any(n not in (1, m) for n, m in zip(ts[::-1], tuple(shape)[::-1], strict=False)):
+            raise LowerError(f"{b.current}: an index of shape {b.shape(t)} does not broadcast to {tuple(shape)}")
+    return b.add("gather", "", (x.id, *[t.id for t in idxs]), (tuple(spec), wrap), shape, b.ktype(x))
+
+
+@_reg("aten.index.Tensor")
+def _index(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    s = b.shape(x)
+    idxs = list(a[1]) + [None] * (len(s) - len(a[1]))
+    at = [d for d, t in enumerate(idxs) if t is not None]
+    if not at or len(idxs) != len(s):
+        raise LowerError("aten.index.Tensor without an index tensor")
+    ts = _index_operands(b, [idxs[d] for d in at])
+    B = broadcast(*[b.shape(t) for t in ts])
+    rest = [d for d in range(len(s)) if d not in at]
+    # torch: adjacent indexed dims are replaced in place by the index's broadcast shape; indexed
+    # dims apart put it first. `dims`: per gather dim, the dim of x it walks (None: one of B's)
+    b0 = at[0] if at == list(range(at[0], at[-1] + 1)) else 0
+    dims: list[int | None] = [d for d in rest if d < b0] + [None] * len(B) + [d for d in rest if d >= b0]
+    shape = tuple(B[k - b0] if d is None else s[d] for k, d in enumerate(dims))
+    spec = [-(at.index(d) + 1) if d in at else dims.index(d) for d in range(len(s))]
+    trail = len(shape) - b0 - len(B)
+    ts = [b.reshape(t, (*b.shape(t), *([1] * trail))) for t in ts]
+    return gather(b, x, spec, ts, shape, True)
+
+
+@_reg("aten.gather.default")
+def _gather(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    rank = len(b.shape(x))
+    if rank == 0:
+        raise LowerError("gather of a 0-d tensor")
+    dim = a[1] % rank
+    (t,) = _index_operands(b, [a[2]])
+    if len(b.shape(t)) != rank:
+        raise LowerError("gather with an index of another rank")
+    return gather(b, x, [-1 if d == dim else d for d in range(rank)], [t], b.shape(t), False)
+
+
+@_reg("aten.index_select.default")
+def _index_select(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    x = b.t(a[0])
+    s = b.shape(x)
+    if not s:
+        raise LowerError("index_select of a 0-d tensor")
+    dim = a[1] % len(s)
+    (t,) = _index_operands(b, [a[2]])
+    n = math.prod(b.shape(t))
+    t = b.reshape(t, (n, *[1] * (len(s) - dim - 1)))
+    return gather(b, x, [-1 if d == dim else d for d in range(len(s))], [t], (*s[:dim], n, *s[dim + 1:]), False)
+
+
+@_reg("aten.embedding.default")
+def _embedding(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    # padding_idx and scale_grad_by_freq change only the backward (the padding row gets no
+    # gradient): the forward is weight[ids] whatever they are
+    w = b.t(a[0])
+    if len(b.shape(w)) != 2:
+        raise LowerError("embedding of a weight that is not 2-d")
+    (t,) = _index_operands(b, [a[1]])
+    ids = b.shape(t)
+    return gather(b, w, [-1, len(ids)], [b.reshape(t, (*ids, 1))], (*ids, b.shape(w)[1]), False)
+
+
+@_reg("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
+def _arange(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    """start + i * step along its one dim: an integer index (position ids), or a float in fp32."""
+    start = a[0] if len(a) > 1 else 0
+    step = a[2] if len(a) > 2 else 1
+    dtype = kw.get("dtype")
+    if dtype == torch.float64 or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                         for v in (start, step)):
+        raise LowerError("arange of fp64 or of non-number bounds")
+    (n,) = out[0]
+    i = b.add("index", "", (), (0,), (n,), "i")
+    if dtype is not None and dtype.is_floating_point:
+        v = b.pw("add", b.pw("mul", b.pw("to_f", i, ktype="f"), float(step)), float(start))
+        return b.pw("round", v, params=(str(dtype).removeprefix("torch."),), ktype="f") \
+            if dtype in (torch.bfloat16, torch.float16) else v
+    if dtype is not None and dtype not in _INDEX_DTYPES:
+        raise LowerError(f"arange of {dtype}")
+    v = i if step == 1 else b.pw("mul", i, int(step), ktype="i")
+    return v if start == 0 else b.pw("add", v, int(start), ktype="i")
 
 
 # --- reductions
@@ -1109,7 +1226,7 @@ def lower(ir: RegionIR) -> KernelGraph:
             results.append((None,) * len(op.out))
             continue
         b.current = op.target
-        b.arg_dtypes = [ir.out_meta(x).dtype for x in op.args if isinstance(x, Ref)]
+        b.arg_dtypes = [ir.out_meta(x).dtype for x in _flat(op.args) if isinstance(x, Ref)]
         got = low(b, [conv(a) for a in op.args], {k: conv(v) for k, v in op.kwargs}, [m.shape for m in op.out])
         got = got if isinstance(got, tuple) else (got,)
         got = tuple(None if g is None else b.t(g) for g in got)
@@ -1121,6 +1238,11 @@ def lower(ir: RegionIR) -> KernelGraph:
     # a view of a scan rewritten as a scan leaves the original behind, whose loop space (a cat's
     # piece is shorter than the cat) or direction (a flip's) is not the region's
     return _prune(kg) if any(n.kind == "scan" for n in kg.nodes) else kg
+
+
+def _flat(args: Sequence[Any]) -> list[Any]:
+    """The arguments with list arguments spliced in (a cat's pieces, index.Tensor's indices)."""
+    return [y for x in args for y in (x if isinstance(x, tuple) else (x,))]
 
 
 def _prune(kg: KernelGraph) -> KernelGraph:
@@ -1195,6 +1317,10 @@ def analyze(kg: KernelGraph) -> Analysis:
             kinds.append("row")
             stages.append(st + 1)
             continue
+        if n.kind == "gather" and kinds[n.inputs[0]] != "pre":
+            # its source is read at data-dependent points, not at the loop's: only a value correct
+            # at any index can be (its index operands are read at the gather's own points)
+            return fail("a gather from a value that depends on a reduction or scan")
         if not dep:
             kinds.append("pre")
             stages.append(0)
@@ -1207,7 +1333,7 @@ def analyze(kg: KernelGraph) -> Analysis:
                 return fail(f"a {n.fn} of a value that depends on a reduction")
             kinds.append(kinds[dep[0]])
             continue
-        # pw
+        # pw, or a gather (as a pointwise op of its index operands)
         dk = {kinds[j] for j in dep}
         keep = tuple(1 if d in D else s for d, s in enumerate(S))
         if dk == {"row"} and numel == rows and all(_strip(nodes[j].shape) == _strip(n.shape) or

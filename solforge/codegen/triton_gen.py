@@ -6,7 +6,9 @@ arguments (so permuted, expanded and sliced inputs need no copy); views rewrite 
 permute permutes it, an expand zeroes broadcast dims, a slice scales and shifts it, a reshape goes
 through the linear index, a pad shifts it and masks its input's loads to the range, its fill
 elsewhere: concatenations, constant pads and pooling windows); pointwise ops evaluate their
-operands at the broadcast index; a reduction is an accumulator of the current rows; a scan is
+operands at the broadcast index; a gather reads its source at an index taken from its index
+operands' values (wrapped when negative, clamped into range: `_Gen.gather`); a reduction is an
+accumulator of the current rows; a scan is
 tl.cumsum / tl.cumprod of its input over the tile's reduced axis (identities in masked lanes),
 combined, in a looped pass, with a carry: the running total of the row's earlier chunks, the
 chunks walked in the scans' direction. Values are memoized per (node, index), so a value read at
@@ -240,6 +242,8 @@ class _Gen:
                 return sc[key]
         if node.kind == "load":
             expr = self.load(node, idx)
+        elif node.kind == "gather":
+            expr = self.gather(node, idx)
         else:
             expr = self.pointwise(node, idx)
         name = self.fresh("v")
@@ -342,6 +346,41 @@ class _Gen:
                 mask = " & ".join([*self.pmask, *([mask] if mask else [])])
             e = f"tl.load(in{i} + {off}" + (f", mask={mask}, other=0)" if mask else ")")
         return f"{e}.to(tl.float32)" if node.ktype == "f" else e
+
+    def gather(self, node: KNode, idx: tuple[str, ...]) -> str:
+        """The source at the index the gather reads (lower.gather): a gathered dim's index is its
+        index operand's value, a negative one wrapped (+ n) where the op wraps (advanced indexing),
+        then clamped into [0, n) so no lane, masked or out of range, reads outside the source; an
+        index out of range (torch raises) gives NaN for a floating source. The clamped index is
+        named like the loop's index expressions (ik: varies along the reduced or flat index), so
+        the source's load is masked as any other."""
+        src = self.g.nodes[node.inputs[0]]
+        spec, wrap = node.params
+        at: list[str] = []
+        bad: list[str] = []
+        for d, k in enumerate(spec):
+            if k >= 0:
+                at.append(idx[k])
+                continue
+            j = node.inputs[-k]
+            n = src.shape[d]
+            at_j = self.bcast(idx, node.shape, self.g.nodes[j].shape)
+            cols = any(self.cols_dep(x) for x in at_j)  # the index's value varies as its own index does
+            v, _ = self.value(j, at_j)
+            if re.fullmatch(r"-?\d+", v):  # a constant index (torch checked it when tracing)
+                at.append(str(min(max(int(v) + n if int(v) < 0 and wrap else int(v), 0), n - 1)))
+                continue
+            if self.index64:
+                v = f"{_p(v)}.to(tl.int64)"
+            w, c = self.fresh("gw"), self.fresh("ik" if cols else "ir")
+            self.line(f"{w} = tl.where({_p(v)} < 0, {_p(v)} + {n}, {v})" if wrap else f"{w} = {v}")
+            self.line(f"{c} = tl.minimum(tl.maximum({w}, 0), {n - 1})")
+            bad.append(f"({w} < 0) | ({w} >= {n})")
+            at.append(c)
+        e, kt = self.value(node.inputs[0], tuple(at))
+        if kt == "f" and bad:
+            return f"tl.where({' | '.join(bad)}, {_lit(float('nan'), 'f')}, {e})"
+        return e
 
     def mask_for(self, expr: str) -> str | None:
         if self.cols_dep(expr):

@@ -164,23 +164,31 @@ def _arguments(n: fx.Node) -> tuple[Any, Any, int, bool, bool] | None:
     return weight, ids, int(padding_idx), bool(scale), bool(sparse)
 
 
+def takes(gm: fx.GraphModule | None, n: fx.Node) -> bool:
+    """Is `n` an aten.embedding of a training graph that `rewrite_embeddings` rewrites (its weight a
+    trainable graph input, neither sparse nor scale_grad_by_freq; SOLFORGE_EMBEDDING on)? The
+    generated regions leave such a node to it (plan/generated.py)."""
+    if gm is None or not settings.current().embedding or not gm.meta.get("grad_enabled", False):
+        return False
+    if n.op != "call_function" or n.target != aten.embedding.default:
+        return False
+    parsed = _arguments(n)
+    if parsed is None:
+        return False
+    weight, ids, _, scale, sparse = parsed
+    return _trainable_weight(weight) and isinstance(ids, fx.Node) and not scale and not sparse
+
+
 def rewrite_embeddings(gm: fx.GraphModule) -> int:
     """Rewrite the `aten.embedding` calls of a training graph whose weight is a trainable graph
     input (neither sparse nor scale_grad_by_freq) into `embedding` calls. Returns how many it
     rewrote; does nothing with SOLFORGE_EMBEDDING=0 or when the graph was captured without autograd."""
-    if not settings.current().embedding or not gm.meta.get("grad_enabled", False):
-        return 0
     graph = gm.graph
     done = 0
     for n in list(graph.nodes):
-        if n.op != "call_function" or n.target != aten.embedding.default:
+        if not takes(gm, n):
             continue
-        parsed = _arguments(n)
-        if parsed is None:
-            continue
-        weight, ids, padding_idx, scale, sparse = parsed
-        if not _trainable_weight(weight) or not isinstance(ids, fx.Node) or scale or sparse:
-            continue
+        weight, ids, padding_idx, _, _ = _arguments(n)  # type: ignore[misc]
         with graph.inserting_before(n):
             call = graph.call_function(embedding, (weight, ids, padding_idx))
         call.meta.update(n.meta)  # val, stack_trace, nn_module_stack: the profile and reports read them

@@ -149,15 +149,51 @@ def positive_inputs(ir: RegionIR) -> set[int]:
     return out
 
 
+# indexing ops: the source's dim each index operand (args[k]) picks from, per op
+_INDEXING = ("aten.index.Tensor", "aten.gather.default", "aten.index_select.default", "aten.embedding.default")
+_INDEX_VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.unsqueeze.default",
+                "aten.squeeze.dim", "aten.squeeze.dims", "aten.expand.default", "aten.permute.default",
+                "aten.transpose.int", "aten.t.default", "aten.clone.default", "aten.alias.default"}
+
+
+def index_inputs(ir: RegionIR) -> dict[int, tuple[int, int]]:
+    """Integer inputs read (through views) as the index of an indexing op, each with the range
+    [lo, hi) its trials are drawn from: every index of the dim it picks from, the negative ones too
+    where the op wraps them (advanced indexing), so the trials read all over the source; torch
+    raises on any other index (the kernel's NaN: lower.py's gather)."""
+    out: dict[int, tuple[int, int]] = {}
+    for op in ir.ops:
+        if op.target not in _INDEXING or len(op.args) < (2 if op.target in _INDEXING[::3] else 3):
+            continue  # _INDEXING[::3]: index.Tensor and embedding, whose index is args[1]
+        src = ir.out_meta(op.args[0]).shape
+        if op.target == "aten.index.Tensor":
+            picks = [(t, src[d], True) for d, t in enumerate(op.args[1]) if isinstance(t, Ref)]
+        elif op.target == "aten.embedding.default":
+            picks = [(op.args[1], src[0], False)]
+        else:
+            picks = [(op.args[2], src[op.args[1] % len(src)], False)]
+        for r, n, wrap in picks:
+            while isinstance(r, Ref) and r.src == "op" and ir.ops[r.i].target in _INDEX_VIEWS:
+                r = ir.ops[r.i].args[0]
+            if not isinstance(r, Ref) or r.src != "in":
+                continue
+            lo, hi = out.get(r.i, (-n if wrap else 0, n))
+            out[r.i] = (max(lo, -n if wrap else 0), min(hi, n))
+    return out
+
+
 def _draw(shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype, positive: bool,
-          g: torch.Generator, where: torch.device, device: torch.device) -> torch.Tensor:
-    """A tensor of `shape` laid out with `stride` over a storage drawn whole (on `where`, then moved)."""
+          g: torch.Generator, where: torch.device, device: torch.device,
+          span: tuple[int, int] | None = None) -> torch.Tensor:
+    """A tensor of `shape` laid out with `stride` over a storage drawn whole (on `where`, then moved);
+    an integer one in {0, 1}, or in [lo, hi) for `span` (an index: `index_inputs`)."""
     size = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else 0
     if dtype.is_floating_point:
         flat = torch.randn(size, generator=g, device=where)
         flat = flat.abs() + 0.5 if positive else flat
     else:
-        flat = torch.randint(0, 2, (size,), generator=g, device=where)
+        lo, hi = span or (0, 2)
+        flat = torch.randint(lo, hi, (size,), generator=g, device=where)
     return flat.to(device=device, dtype=dtype).as_strided(tuple(shape), tuple(stride))
 
 
@@ -168,9 +204,10 @@ def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
     ignored: a region's shapes are part of its key, and every tail of its kernels is masked."""
     ir = region(workload).ir
     device = torch.device(device or workload.device)
-    pos = positive_inputs(ir)
+    pos, spans = positive_inputs(ir), index_inputs(ir)
     g, where = input_generator(sum(m.numel for m in ir.inputs), device, seed)
-    xs = tuple(_draw(m.shape, m.stride, m.dtype, i in pos, g, where, device) for i, m in enumerate(ir.inputs))
+    xs = tuple(_draw(m.shape, m.stride, m.dtype, i in pos, g, where, device, spans.get(i))
+               for i, m in enumerate(ir.inputs))
     return xs, {"key": workload.param("key")}
 
 

@@ -74,10 +74,11 @@ def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
     """Fresh random inputs of the backward (`rows` is ignored: its sizes are in its keys)."""
     fwd = workload.param("fwd")
     p = plan_of(fwd)
-    pos = G.positive_inputs(store.load(fwd))
+    pos, spans = G.positive_inputs(store.load(fwd)), G.index_inputs(store.load(fwd))
     device = torch.device(device or workload.device)
     g, where = input_generator(sum(m.numel for m in p.input_metas), device, seed)
-    xs = tuple(G._draw(m.shape, m.stride, m.dtype, src[0] == "saved" and src[1] in pos, g, where, device)
+    xs = tuple(G._draw(m.shape, m.stride, m.dtype, src[0] == "saved" and src[1] in pos, g, where, device,
+                       spans.get(src[1]) if src[0] == "saved" else None)
                for m, src in zip(p.input_metas, p.inputs, strict=True))
     return xs, {"key": workload.param("key"), "fwd": fwd}
 

@@ -254,9 +254,14 @@ def _written_between(graph: fx.Graph, inputs: list[fx.Node], lo: int, hi: int, o
 
 
 def match(graph: fx.Graph, claimed: Collection[fx.Node] = frozenset()) -> list[Match]:
+    from solforge.integrate.embeddings import takes
     from solforge.kernels.generated import generated_op, workload_for
 
-    sc, excluded = scratch(graph, claimed)
+    # a training graph's trainable embedding stays integrate/embeddings.py's: its backward adds the
+    # looked-up rows into .grad in place, where a generated region's (a gather's vjp: the eager
+    # vjp) would build the dense V x H gradient
+    kept = {n for n in graph.nodes if takes(graph.owning_module, n)}  # type: ignore[arg-type]
+    sc, excluded = scratch(graph, {*claimed, *kept})
     order = {n: i for i, n in enumerate(graph.nodes)}
     out: list[Match] = []
     for fr in RG.form_regions(sc.graph, excluded):
