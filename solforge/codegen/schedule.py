@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import triton
 
-from solforge.codegen import layout
+from solforge.codegen import layout, online
 from solforge.codegen.lower import Lowered
 from solforge.kernels import config_text
 
@@ -62,7 +62,7 @@ SMS = 132
 # short to pay for the extra launch per stage
 _SPLIT_TILES_COLS = 4096
 _MAX_SPLITS = 256  # partials a program combines per reduction (a power of two >= splits of them)
-_ABBREV = {"block": "b", "rows": "r", "num_warps": "w", "contig": "c", "rblock": "rb", "splits": "s"}
+_ABBREV = {"block": "b", "rows": "r", "num_warps": "w", "contig": "c", "rblock": "rb", "splits": "s", "online": "o"}
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,7 @@ class Schedule(config_text.Text):
     contig: int = 0
     rblock: int = 1  # tiles: reduced elements per tile (a transposing pointwise region: points along the slow dim)
     splits: int = 1  # split (and split tiles): programs per row
+    online: int = 0  # 1: each online (max, sum of exp) pair in one pass (online.py); looped rows and tiles only
 
     _family, _variants, _abbrev = "generated", VARIANTS, _ABBREV
     _always = ("block", "num_warps")
@@ -110,8 +111,19 @@ def _tile_ok(elems: int, warps: int) -> bool:
     return elems <= _MAX_TILE and elems // (32 * warps) <= _MAX_PER_THREAD
 
 
+def online_ok(schedule: Schedule, region: Lowered) -> bool:
+    """`online` = 1 where a chunked pass runs the reductions (looped; tiles whose `rblock` is
+    narrower than the reduced extent, unsplit) and the region has an online pair."""
+    c = schedule
+    chunked = c.variant == "looped" or (c.variant == "tiles" and c.splits == 1 and
+                                        c.rblock < triton.next_power_of_2(max(region.space.cols, 1)))
+    return c.online == 1 and region.reduces and chunked and bool(online.pairs(region))
+
+
 def is_valid(schedule: Schedule, region: Lowered) -> bool:
     c, s = schedule, region.space
+    if c.online and not online_ok(c, region):
+        return False
     if c.variant not in VARIANTS or c.num_warps not in _WARPS or not (_pow2(c.block) and _pow2(c.rows)):
         return False
     if region.scans and c.variant not in ("rows", "looped"):
@@ -210,6 +222,8 @@ def space(region: Lowered) -> list[Schedule]:
                     out += [Schedule("looped", block, r, w, cd) for w in (1, 2, 4, 8)
                             if 1 <= r * block // (32 * w) <= 32]
         out += _tiles_space(region) + _split_space(region)
+        if online.pairs(region):  # each chunked schedule also with its online pairs in one pass
+            out += [dataclasses.replace(c, online=1) for c in out if c.variant in ("looped", "tiles")]
     seen: set[Schedule] = set()
     return [c for c in out if is_valid(c, region) and not (c in seen or seen.add(c))]  # type: ignore[func-returns-value]
 
@@ -298,4 +312,6 @@ def heuristic(region: Lowered) -> Schedule:
         c = Schedule("looped", 2048, 1, 8, cd)
     while not is_valid(c, region) and c.num_warps < 32:
         c = dataclasses.replace(c, num_warps=c.num_warps * 2)
+    if online_ok(dataclasses.replace(c, online=1), region) and is_valid(dataclasses.replace(c, online=1), region):
+        c = dataclasses.replace(c, online=1)  # a chunked softmax's max and sum of exp in one pass
     return c

@@ -31,6 +31,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
+from solforge.codegen import online
 from solforge.codegen.lower import ARG_FNS, KNode, Lowered
 from solforge.codegen.schedule import Schedule, split_chunk, tile_axes
 
@@ -489,6 +490,9 @@ class _Reduction:
         self.loop_outs = [(k, o) for k, o in outs if not (kinds[o] == "row" or (
             kinds[o] == "pre" and _numel(g, o) == self.R and self.R != sp.numel))]
         self.row_outs = [(k, o) for k, o in outs if (k, o) not in self.loop_outs]
+        # online (schedule.online): max node -> its pair; the pair's sum is computed in the max's pass
+        self.pairs = {p.mx: p for p in online.pairs(region)} if sched.online else {}
+        self.fused = {p.sm for p in self.pairs.values()}
 
     def emit(self) -> None:
         g, s = self.g, self.sched
@@ -565,7 +569,11 @@ class _Reduction:
         if not self.looped:
             loop = self.open_cols("")
         for st in stage_list:
-            mine = [i for i in self.reduces if stages[i] == st]
+            mine = [i for i in self.reduces if stages[i] == st and i not in self.fused]
+            if not mine:  # every reduction of the stage ran in an earlier pass (online pairs)
+                continue
+            ons = {i: (g.fresh("om"), g.fresh("os")) for i in mine if i in self.pairs}
+            mine = [i for i in mine if i not in ons]
             pairs: dict[tuple[int, str], list[int]] = {}  # (operand, max|min) -> its arg reduce nodes
             for i in mine:
                 node = g.g.nodes[i]
@@ -580,6 +588,9 @@ class _Reduction:
                 for (_, d), (av, ai) in paccs.items():
                     g.line(f"{av} = tl.full({self.shape}, {_IDENT[d]}, tl.float32)")
                     g.line(f"{ai} = tl.full({self.shape}, {self.K}, {self.itype})")
+                for om, os_ in ons.values():
+                    g.line(f'{om} = tl.full({self.shape}, float("-inf"), tl.float32)')
+                    g.line(f"{os_} = tl.full({self.shape}, 0.0, tl.float32)")
                 loop = self.open_loop()
             for i in mine:
                 node = g.g.nodes[i]
@@ -596,8 +607,11 @@ class _Reduction:
                 g.acc[i] = a
             for key, acc in paccs.items():
                 paccs[key] = self.arg_step(key, acc, loop)
+            b_idx = {i: self.online_step(self.pairs[i], acc, loop) for i, acc in ons.items()}
             if self.looped:
                 self.close_loop()
+            for i, acc in ons.items():
+                self.online_final(self.pairs[i], acc, b_idx[i])
             for i in mine:
                 res = g.fresh("red")
                 g.line(f"{res} = {_REDUCE[g.g.nodes[i].fn]}({g.acc[i]}, axis={self.kax}){self.rsl}")
@@ -653,6 +667,68 @@ class _Reduction:
         g.line(f"{av} = tl.where({take}, {nv}, {av})")
         g.line(f"{ai} = tl.where({take}, {ni}, {ai})")
         return av, ai
+
+    def _b_at(self, p: online.Pair, m: str, idx: tuple[str, ...]) -> str:
+        """The pair's B with its max taken as `m` (a lane tile or a row), in a scope of its own."""
+        g = self.g
+        g.push()
+        g.acc[p.mx] = m
+        v, _ = g.value(p.b, idx)
+        g.pop()
+        return v
+
+    def _exp(self, p: online.Pair, arg: str) -> str:
+        fn = "tl.exp2" if p.fn == "exp2" else "tl.exp"
+        return f"{fn}({arg})" if p.scale == 1.0 else f"{fn}(({arg}) * {_lit(p.scale, 'f')})"
+
+    def online_step(self, p: online.Pair, acc: tuple[str, str], loop: tuple[str, ...]) -> tuple[str, ...]:
+        """One chunk of an online pair (online.py): the lanes' running max `om` and their sum `os`
+        of exp(c * (A - B(om))), rescaled where the max grew; a lane still at -inf sums relative
+        to B(0) (its terms are 0, or NaN from a NaN, whatever the reference) and is not rescaled.
+        Returns the index B is read at."""
+        g, nodes = self.g, self.g.g.nodes
+        om, os_ = acc
+        idx = loop
+        for parent, child in zip(p.chain, p.chain[1:], strict=False):
+            idx = g.bcast(idx, nodes[parent].shape, nodes[child].shape)
+        b_idx = g.bcast(idx, nodes[p.chain[-1]].shape, nodes[p.b].shape)
+        masked = g.rmask or g.kmask
+        x, _ = g.value(nodes[p.mx].inputs[0], loop)
+        full = f"tl.broadcast_to({x}, {self.shape})"
+        mn, so, sn = g.fresh("mn"), g.fresh("so"), g.fresh("sn")
+        g.line(f"{mn} = tl.maximum({om}, " + (f'tl.where(m, {full}, float("-inf")))' if masked else f"{full})"))
+        g.line(f'{so} = tl.where({om} == float("-inf"), 0.0, {om})')
+        g.line(f'{sn} = tl.where({mn} == float("-inf"), 0.0, {mn})')
+        b_old = self._b_at(p, so, b_idx)
+        g.push()  # B and the sum's operand at the new max: not the values of the row (dropped after)
+        g.acc[p.mx] = sn
+        b_new, _ = g.value(p.b, b_idx)
+        e, _ = g.value(nodes[p.sm].inputs[0], loop)
+        g.pop()
+        efull = f"tl.broadcast_to({e}, {self.shape})"
+        if masked:
+            efull = f"tl.where(m, {efull}, 0.0)"
+        g.line(f'{os_} = tl.where({om} == float("-inf"), {os_}, {os_} * {self._exp(p, f"{b_old} - {b_new}")}) + '
+               f"{efull}")
+        g.line(f"{om} = {mn}")
+        return b_idx
+
+    def online_final(self, p: online.Pair, acc: tuple[str, str], b_idx: tuple[str, ...]) -> None:
+        """The lanes of an online pair combined per row: M = max m_i, S = sum s_i * exp(c * (B(m_i)
+        - B(M))) (a lane at -inf keeps s_i); a row of -inf gets the graph's own sum (online.py)."""
+        g = self.g
+        om, os_ = acc
+        mx, sl, ct, sm = g.fresh("red"), g.fresh("sl"), g.fresh("ct"), g.fresh("red")
+        g.line(f"{mx} = tl.max({om}, axis={self.kax}){self.rsl}")
+        g.line(f'{sl} = tl.where({om} == float("-inf"), 0.0, {om})')
+        bl = self._b_at(p, sl, b_idx)
+        g.acc[p.mx] = mx  # the row's max from here on: B(M) is the row's B, kept for the passes after
+        bm, _ = g.value(p.b, b_idx)
+        g.line(f'{ct} = tl.where({om} == float("-inf"), {os_}, {os_} * {self._exp(p, f"{bl} - {_p(bm)}")})')
+        g.line(f"{sm} = tl.sum({ct}, axis={self.kax}){self.rsl}")
+        inf_sum = self._exp(p, f'float("-inf") - {_p(bm)}')
+        g.line(f'{sm} = tl.where({mx} == float("-inf"), {sm} + 0.0 * {inf_sum}, {sm})')
+        g.acc[p.sm] = sm
 
     def arg_final(self, d: str, acc: tuple[str, str]) -> tuple[str, str]:
         """(value, index) of each row from a pair tile: a row holding a NaN gives NaN at its first
