@@ -27,6 +27,13 @@
              first combines the earlier stages' partials in a fixed order (no atomics: the same
              result every run). Any number of stages (var's mean then squares, softmax's max then
              sum) splits this way, at one launch per stage.
+`online` (looped, and tiles whose `rblock` is narrower than the reduced extent, unsplit): each
+online pair of the region (online.py: a `max` and, one stage later, a `sum` of exp(c * (A - max))
+over the same dims: softmax, log_softmax, logsumexp, cross-entropy) in one pass, a running max and
+a rescaled sum per lane, so a chunked softmax reads its row twice (max and sum, then the store),
+not three times; `is_valid` admits it only where the region has a pair. The space holds every
+looped and tiles schedule with and without it (the tuner measures both); the heuristic takes it
+where its pick is chunked. A split keeps one phase per stage (online = 0).
 `contig` is the dim of the loop whose index the tile walks fastest: for `tiles` a kept dim (the
 row index is decomposed with it innermost) or one of a transpose's two dims; for the others the
 last dim of the loop, or of the reduced dims for a reduction (what the flat index walks fastest),
