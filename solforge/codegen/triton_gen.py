@@ -6,7 +6,8 @@ arguments (so permuted, expanded and sliced inputs need no copy); views rewrite 
 permute permutes it, an expand zeroes broadcast dims, a slice scales and shifts it, a reshape goes
 through the linear index, a pad shifts it and masks its input's loads to the range, its fill
 elsewhere: concatenations, constant pads and pooling windows); pointwise ops evaluate their
-operands at the broadcast index; a reduction is an accumulator of the current rows; a scan is
+operands at the broadcast index; a reduction is an accumulator of the current rows (an online pair,
+Schedule.online: a running max and a rescaled sum of exp per lane, in one pass); a scan is
 tl.cumsum / tl.cumprod of its input over the tile's reduced axis (identities in masked lanes),
 combined, in a looped pass, with a carry: the running total of the row's earlier chunks, the
 chunks walked in the scans' direction. Values are memoized per (node, index), so a value read at
@@ -491,7 +492,8 @@ class _Reduction:
             kinds[o] == "pre" and _numel(g, o) == self.R and self.R != sp.numel))]
         self.row_outs = [(k, o) for k, o in outs if (k, o) not in self.loop_outs]
         # online (schedule.online): max node -> its pair; the pair's sum is computed in the max's pass
-        self.pairs = {p.mx: p for p in online.pairs(region)} if sched.online else {}
+        self.pairs = {p.mx: p for p in online.pairs(region)} if sched.online and self.looped and not self.split \
+            else {}
         self.fused = {p.sm for p in self.pairs.values()}
 
     def emit(self) -> None:
