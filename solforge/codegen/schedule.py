@@ -27,13 +27,15 @@
              first combines the earlier stages' partials in a fixed order (no atomics: the same
              result every run). Any number of stages (var's mean then squares, softmax's max then
              sum) splits this way, at one launch per stage.
-`online` (looped, and tiles whose `rblock` is narrower than the reduced extent, unsplit): each
-online pair of the region (online.py: a `max` and, one stage later, a `sum` of exp(c * (A - max))
-over the same dims: softmax, log_softmax, logsumexp, cross-entropy) in one pass, a running max and
-a rescaled sum per lane, so a chunked softmax reads its row twice (max and sum, then the store),
-not three times; `is_valid` admits it only where the region has a pair. The space holds every
-looped and tiles schedule with and without it (the tuner measures both); the heuristic takes it
-where its pick is chunked. A split keeps one phase per stage (online = 0).
+`online` (looped, split, and tiles whose `rblock` is narrower than the reduced extent or split):
+each online pair of the region (online.py: a `max` and, one stage later, a `sum` of exp(c * (A -
+max)) over the same dims: softmax, log_softmax, logsumexp, cross-entropy) in one pass, a running
+max and a rescaled sum per lane, so a chunked softmax reads its row twice (max and sum, then the
+store), not three times; a split writes each program's (max, sum) partials and the next phase
+combines them the same way, one launch fewer per pair. `is_valid` admits it only where the region
+has a pair and the schedule is chunked (not `rows`, which reads once anyway). The space holds
+every chunked schedule with and without it (the tuner measures both); the heuristic takes it
+where its pick is chunked.
 `contig` is the dim of the loop whose index the tile walks fastest: for `tiles` a kept dim (the
 row index is decomposed with it innermost) or one of a transpose's two dims; for the others the
 last dim of the loop, or of the reduced dims for a reduction (what the flat index walks fastest),
@@ -81,7 +83,7 @@ class Schedule(config_text.Text):
     contig: int = 0
     rblock: int = 1  # tiles: reduced elements per tile (a transposing pointwise region: points along the slow dim)
     splits: int = 1  # split (and split tiles): programs per row
-    online: int = 0  # 1: each online (max, sum of exp) pair in one pass (online.py); looped rows and tiles only
+    online: int = 0  # 1: each online (max, sum of exp) pair in one pass (online.py); chunked schedules only
 
     _family, _variants, _abbrev = "generated", VARIANTS, _ABBREV
     _always = ("block", "num_warps")
@@ -119,11 +121,11 @@ def _tile_ok(elems: int, warps: int) -> bool:
 
 
 def online_ok(schedule: Schedule, region: Lowered) -> bool:
-    """`online` = 1 where a chunked pass runs the reductions (looped; tiles whose `rblock` is
-    narrower than the reduced extent, unsplit) and the region has an online pair."""
+    """`online` = 1 where a chunked pass runs the reductions (looped, split; tiles whose `rblock`
+    is narrower than the reduced extent, or split) and the region has an online pair."""
     c = schedule
-    chunked = c.variant == "looped" or (c.variant == "tiles" and c.splits == 1 and
-                                        c.rblock < triton.next_power_of_2(max(region.space.cols, 1)))
+    chunked = c.variant in ("looped", "split") or (c.variant == "tiles" and (
+        c.splits > 1 or c.rblock < triton.next_power_of_2(max(region.space.cols, 1))))
     return c.online == 1 and region.reduces and chunked and bool(online.pairs(region))
 
 
@@ -230,7 +232,7 @@ def space(region: Lowered) -> list[Schedule]:
                             if 1 <= r * block // (32 * w) <= 32]
         out += _tiles_space(region) + _split_space(region)
         if online.pairs(region):  # each chunked schedule also with its online pairs in one pass
-            out += [dataclasses.replace(c, online=1) for c in out if c.variant in ("looped", "tiles")]
+            out += [dataclasses.replace(c, online=1) for c in out if c.variant in ("looped", "tiles", "split")]
     seen: set[Schedule] = set()
     return [c for c in out if is_valid(c, region) and not (c in seen or seen.add(c))]  # type: ignore[func-returns-value]
 

@@ -407,6 +407,14 @@ def reductions(region: Lowered) -> list[int]:
     return [i for i, n in enumerate(region.graph.nodes) if n.kind == "reduce"]
 
 
+def passes(region: Lowered, sched: Schedule) -> list[int]:
+    """The reduction stages a schedule makes a pass for (split: a launch each, then one that
+    stores): every stage, less one whose reductions are all online pairs' sums (run in their max's)."""
+    stages = region.analysis.stages
+    fused = {p.sm for p in online.pairs(region)} if sched.online else set()
+    return sorted({stages[i] for i in reductions(region) if i not in fused})
+
+
 def generate(region: Lowered, sched: Schedule) -> str:
     """The module source: imports, then one kernel `generated_kernel(*_arg_names)`."""
     g = _Gen(region, sched, needs_index64(region))
@@ -492,9 +500,8 @@ class _Reduction:
             kinds[o] == "pre" and _numel(g, o) == self.R and self.R != sp.numel))]
         self.row_outs = [(k, o) for k, o in outs if (k, o) not in self.loop_outs]
         # online (schedule.online): max node -> its pair; the pair's sum is computed in the max's pass
-        self.pairs = {p.mx: p for p in online.pairs(region)} if sched.online and self.looped and not self.split \
-            else {}
-        self.fused = {p.sm for p in self.pairs.values()}
+        self.pairs = {p.mx: p for p in online.pairs(region)} if sched.online and self.looped else {}
+        self.fused = {p.sm: p for p in self.pairs.values()}
 
     def emit(self) -> None:
         g, s = self.g, self.sched
@@ -511,15 +518,16 @@ class _Reduction:
         if not self.split:
             self.body(range(1, self.sp.stages + 1), store=True)
             return
-        # one launch per stage (PHASE = its number), then one that stores (PHASE = stages + 1)
-        for phase in range(1, self.sp.stages + 2):
+        # one launch per pass's stage (PHASE = its place), then one that stores (PHASE = passes + 1)
+        stages = passes(self.region, s)
+        for phase in range(1, len(stages) + 2):
             g.line(f"if PHASE == {phase}:")
             g.depth += 1
             g.push()
             acc = dict(g.acc)
-            self.combine(phase)
-            if phase <= self.sp.stages:
-                self.body([phase], store=False)
+            self.combine(stages[phase - 1] if phase <= len(stages) else self.sp.stages + 1)
+            if phase <= len(stages):
+                self.body([stages[phase - 1]], store=False)
             else:
                 self.body([], store=True)
             g.acc = acc
@@ -609,11 +617,12 @@ class _Reduction:
                 g.acc[i] = a
             for key, acc in paccs.items():
                 paccs[key] = self.arg_step(key, acc, loop)
-            b_idx = {i: self.online_step(self.pairs[i], acc, loop) for i, acc in ons.items()}
+            for i, acc in ons.items():
+                self.online_step(self.pairs[i], acc, loop)
             if self.looped:
                 self.close_loop()
             for i, acc in ons.items():
-                self.online_final(self.pairs[i], acc, b_idx[i])
+                self.online_final(self.pairs[i], acc, partial=self.split)
             for i in mine:
                 res = g.fresh("red")
                 g.line(f"{res} = {_REDUCE[g.g.nodes[i].fn]}({g.acc[i]}, axis={self.kax}){self.rsl}")
@@ -683,17 +692,21 @@ class _Reduction:
         fn = "tl.exp2" if p.fn == "exp2" else "tl.exp"
         return f"{fn}({arg})" if p.scale == 1.0 else f"{fn}(({arg}) * {_lit(p.scale, 'f')})"
 
-    def online_step(self, p: online.Pair, acc: tuple[str, str], loop: tuple[str, ...]) -> tuple[str, ...]:
+    def _b_idx(self, p: online.Pair) -> tuple[str, ...]:
+        """The index the pair's B (a value per row) is read at in this program's rows."""
+        g, nodes = self.g, self.g.g.nodes
+        idx = tuple(self.ridx.get(d, "0") for d in range(len(self.sp.shape)))  # the sum's operand: shape S
+        for parent, child in zip(p.chain, (*p.chain[1:], p.b), strict=True):
+            idx = g.bcast(idx, nodes[parent].shape, nodes[child].shape)
+        return idx
+
+    def online_step(self, p: online.Pair, acc: tuple[str, str], loop: tuple[str, ...]) -> None:
         """One chunk of an online pair (online.py): the lanes' running max `om` and their sum `os`
         of exp(c * (A - B(om))), rescaled where the max grew; a lane still at -inf sums relative
-        to B(0) (its terms are 0, or NaN from a NaN, whatever the reference) and is not rescaled.
-        Returns the index B is read at."""
+        to B(0) (its terms are 0, or NaN from a NaN, whatever the reference) and is not rescaled."""
         g, nodes = self.g, self.g.g.nodes
         om, os_ = acc
-        idx = loop
-        for parent, child in zip(p.chain, p.chain[1:], strict=False):
-            idx = g.bcast(idx, nodes[parent].shape, nodes[child].shape)
-        b_idx = g.bcast(idx, nodes[p.chain[-1]].shape, nodes[p.b].shape)
+        b_idx = self._b_idx(p)
         masked = g.rmask or g.kmask
         x, _ = g.value(nodes[p.mx].inputs[0], loop)
         full = f"tl.broadcast_to({x}, {self.shape})"
@@ -713,13 +726,15 @@ class _Reduction:
         g.line(f'{os_} = tl.where({om} == float("-inf"), {os_}, {os_} * {self._exp(p, f"{b_old} - {b_new}")}) + '
                f"{efull}")
         g.line(f"{om} = {mn}")
-        return b_idx
 
-    def online_final(self, p: online.Pair, acc: tuple[str, str], b_idx: tuple[str, ...]) -> None:
-        """The lanes of an online pair combined per row: M = max m_i, S = sum s_i * exp(c * (B(m_i)
-        - B(M))) (a lane at -inf keeps s_i); a row of -inf gets the graph's own sum (online.py)."""
+    def online_final(self, p: online.Pair, acc: tuple[str, str], partial: bool = False) -> None:
+        """The lanes of an online pair (or a split's partials, along the same axis) combined per
+        row: M = max m_i, S = sum s_i * exp(c * (B(m_i) - B(M))) (a lane at -inf keeps s_i); a row
+        of -inf gets the graph's own sum (online.py), except in a split's `partial`: the program's
+        (M, S) written to the workspace, S relative to B(M), for the next phase to combine."""
         g = self.g
         om, os_ = acc
+        b_idx = self._b_idx(p)
         mx, sl, ct, sm = g.fresh("red"), g.fresh("sl"), g.fresh("ct"), g.fresh("red")
         g.line(f"{mx} = tl.max({om}, axis={self.kax}){self.rsl}")
         g.line(f'{sl} = tl.where({om} == float("-inf"), 0.0, {om})')
@@ -728,8 +743,13 @@ class _Reduction:
         bm, _ = g.value(p.b, b_idx)
         g.line(f'{ct} = tl.where({om} == float("-inf"), {os_}, {os_} * {self._exp(p, f"{bl} - {_p(bm)}")})')
         g.line(f"{sm} = tl.sum({ct}, axis={self.kax}){self.rsl}")
-        inf_sum = self._exp(p, f'float("-inf") - {_p(bm)}')
-        g.line(f'{sm} = tl.where({mx} == float("-inf"), {sm} + 0.0 * {inf_sum}, {sm})')
+        if partial:
+            m = f", mask={g.rmask}" if g.rmask else ""
+            g.line(f"tl.store(ws + {self._ws(p.mx, 'sp')}, {mx}{m})")
+            g.line(f"tl.store(ws + {self._ws(p.sm, 'sp')}, {sm}{m})")
+        else:
+            inf_sum = self._exp(p, f'float("-inf") - {_p(bm)}')
+            g.line(f'{sm} = tl.where({mx} == float("-inf"), {sm} + 0.0 * {inf_sum}, {sm})')
         g.acc[p.sm] = sm
 
     def arg_final(self, d: str, acc: tuple[str, str]) -> tuple[str, str]:
@@ -751,12 +771,13 @@ class _Reduction:
         j = self.reduces.index(i)
         return f"({j * self.sched.splits} + {split}) * {self.R} + rr"
 
-    def combine(self, phase: int) -> None:
-        """A split's phase first combines the partials of every earlier stage, always in the same
-        order, so each program holds the same row values."""
+    def combine(self, stage: int) -> None:
+        """A split's phase first combines the partials of every stage before its own, always in the
+        same order, so each program holds the same row values (an online pair's sum: in its max's
+        stage, combined with it)."""
         g, s = self.g, self.sched
         stages = self.region.analysis.stages
-        earlier = [i for i in self.reduces if stages[i] < phase]
+        earlier = [i for i in self.reduces if stages[self.fused[i].mx if i in self.fused else i] < stage]
         if not earlier:
             return
         sp2 = _next_pow2(s.splits)
@@ -765,10 +786,18 @@ class _Reduction:
         if masks:
             g.line(f"wm = {' & '.join(_p(x) for x in masks)}")
         for i in earlier:
+            if i in self.fused:  # with its max
+                continue
             fn = g.g.nodes[i].fn
             p = g.fresh("part")
             m = f", mask=wm, other={_IDENT[fn]}" if masks else ""
             g.line(f"{p} = tl.load(ws + {self._ws(i, 'si')}{m})")
+            if i in self.pairs:
+                ps = g.fresh("part")
+                m = ", mask=wm, other=0.0" if masks else ""
+                g.line(f"{ps} = tl.load(ws + {self._ws(self.pairs[i].sm, 'si')}{m})")
+                self.online_final(self.pairs[i], (p, ps))
+                continue
             res = g.fresh("red")
             g.line(f"{res} = {_REDUCE[fn]}({p}, axis={self.kax}){self.rsl}")
             g.acc[i] = res
