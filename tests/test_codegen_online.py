@@ -99,8 +99,8 @@ def test_softmax_and_log_softmax(kind: str, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_logsumexp_keepdim_and_not(dtype: torch.dtype) -> None:
     x = _specials(_rows(4, 1500, dtype=dtype))
-    for keep in (False, True):
-        low = _low(lambda x, keep=keep: torch.logsumexp(x, -1, keepdim=keep), x)
+    for fn in (lambda x: torch.logsumexp(x, -1), lambda x: torch.logsumexp(x, -1, keepdim=True)):
+        low = _low(fn, x)
         _online_vs_multipass(low, [x], SC.Schedule("looped", 256, 1, 4, 1), loops=1)  # one pass, no store loop
     _check(low, [x], SC.Schedule("looped", 128, 4, 4, 1, online=1))
 
@@ -119,7 +119,8 @@ def test_cross_entropy_like_chain(dtype: torch.dtype) -> None:
     low = _low(f, x, onehot)
     _online_vs_multipass(low, [x, onehot], SC.Schedule("looped", 256, 1, 4, 1), loops=3)
     ref = F.cross_entropy(x.float()[2:], target[2:], reduction="none")  # the finite rows, as torch computes them
-    (nll, _) = RT.run(low, SC.Schedule("looped", 256, 2, 4, 1, online=1), [x, onehot])
+    outs = RT.run(low, SC.Schedule("looped", 256, 2, 4, 1, online=1), [x, onehot])
+    (nll,) = [o for o in outs if o.shape == (5,)]  # the region's outputs come in its own order
     assert compare(nll[2:], ref).ok
 
 
@@ -159,7 +160,7 @@ def test_scaled_user_written_softmax_and_exp2() -> None:
 
     def lse2(x: torch.Tensor) -> torch.Tensor:
         m = x.amax(-1, keepdim=True)
-        return torch.log2(torch.exp2((x - m) * 1.4426950408889634).sum(-1)) * 0.6931471805599453 + m[:, 0]
+        return torch.log2(torch.exp2((x - m) * 1.4426950408889634).sum(-1, keepdim=True)) * 0.6931471805599453 + m
 
     x = _specials(_rows(5, 1500, dtype=torch.float32))
     for fn, loops in ((soft, 2), (lse2, 1)):
