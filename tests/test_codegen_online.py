@@ -55,13 +55,16 @@ def _check(low: Lowered, ins: list[torch.Tensor], sched: SC.Schedule) -> None:
 
 
 def _online_vs_multipass(low: Lowered, ins: list[torch.Tensor], looped: SC.Schedule, loops: int) -> None:
-    """The online form of `looped` and the multi-pass one, both against the reference; the online
-    source has one loop fewer per pair (`loops` in all: its reduction passes and the store pass)."""
-    on = dataclasses.replace(looped, online=1)
-    _check(low, ins, on)
+    """The online forms of `looped` (a running max per lane; looped and split: per row too) and
+    the multi-pass one, all against the reference; the online source has one loop fewer per pair
+    (`loops` in all: its reduction passes and the store pass)."""
     _check(low, ins, looped)
-    n_on, n_multi = _loops(generate(low, on)), _loops(generate(low, looped))
-    assert n_on == loops and n_multi == loops + len(online.pairs(low)), (n_on, n_multi)
+    n_multi = _loops(generate(low, looped))
+    for v in (1, 2) if looped.variant in ("looped", "split") else (1,):
+        on = dataclasses.replace(looped, online=v)
+        _check(low, ins, on)
+        n_on = _loops(generate(low, on))
+        assert n_on == loops and n_multi == loops + len(online.pairs(low)), (on.encode(), n_on, n_multi)
 
 
 def _rows(*shape: int, dtype: torch.dtype, scale: float = 3.0) -> torch.Tensor:
@@ -205,6 +208,7 @@ def test_nan_rows() -> None:
         low = _low(fn, x)
         _check(low, [x], SC.Schedule("looped", 256, 1, 4, 1, online=1))
         _check(low, [x], SC.Schedule("looped", 128, 2, 4, 1, online=1))
+        _check(low, [x], SC.Schedule("looped", 128, 2, 4, 1, online=2))
 
 
 def _ln(x: torch.Tensor) -> torch.Tensor:
@@ -222,6 +226,8 @@ def test_validity_space_and_heuristic() -> None:
     sp = SC.space(big)
     assert any(c.online for c in sp) and any(c.variant == "looped" and not c.online for c in sp)
     assert all(c.variant in ("looped", "tiles", "split") for c in sp if c.online)
+    assert {c.online for c in sp if c.variant == "looped"} == {0, 1, 2}
+    assert all(c.variant in ("looped", "split") for c in sp if c.online == 2)
     # few long rows: split, the pair in one phase; whole rows do not take it
     few = _low(lambda x: torch.log_softmax(x, -1), _rows(2, 9000, dtype=torch.float32))
     h = SC.heuristic(few)

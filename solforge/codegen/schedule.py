@@ -35,7 +35,9 @@ store), not three times; a split writes each program's (max, sum) partials and t
 combines them the same way, one launch fewer per pair. `is_valid` admits it only where the region
 has a pair and the schedule is chunked (not `rows`, which reads once anyway). The space holds
 every chunked schedule with and without it (the tuner measures both); the heuristic takes it
-where its pick is chunked.
+where its pick is chunked. `online` = 2 keeps the running max per row instead of per lane: each
+chunk's max is reduced across lanes first (a cross-lane reduction per chunk for one rescaling exp per
+row instead of one per element); in the space for looped and split.
 `contig` is the dim of the loop whose index the tile walks fastest: for `tiles` a kept dim (the
 row index is decomposed with it innermost) or one of a transpose's two dims; for the others the
 last dim of the loop, or of the reduced dims for a reduction (what the flat index walks fastest),
@@ -83,7 +85,9 @@ class Schedule(config_text.Text):
     contig: int = 0
     rblock: int = 1  # tiles: reduced elements per tile (a transposing pointwise region: points along the slow dim)
     splits: int = 1  # split (and split tiles): programs per row
-    online: int = 0  # 1: each online (max, sum of exp) pair in one pass (online.py); chunked schedules only
+    # 1: each online (max, sum of exp) pair in one pass (online.py), a running max per lane; 2: per
+    # row (each chunk's max reduced across lanes: one rescaling exp per row, not per element); chunked only
+    online: int = 0
 
     _family, _variants, _abbrev = "generated", VARIANTS, _ABBREV
     _always = ("block", "num_warps")
@@ -121,12 +125,12 @@ def _tile_ok(elems: int, warps: int) -> bool:
 
 
 def online_ok(schedule: Schedule, region: Lowered) -> bool:
-    """`online` = 1 where a chunked pass runs the reductions (looped, split; tiles whose `rblock`
+    """`online` = 1 or 2 where a chunked pass runs the reductions (looped, split; tiles whose `rblock`
     is narrower than the reduced extent, or split) and the region has an online pair."""
     c = schedule
     chunked = c.variant in ("looped", "split") or (c.variant == "tiles" and (
         c.splits > 1 or c.rblock < triton.next_power_of_2(max(region.space.cols, 1))))
-    return c.online == 1 and region.reduces and chunked and bool(online.pairs(region))
+    return c.online in (1, 2) and region.reduces and chunked and bool(online.pairs(region))
 
 
 def is_valid(schedule: Schedule, region: Lowered) -> bool:
@@ -232,7 +236,8 @@ def space(region: Lowered) -> list[Schedule]:
                             if 1 <= r * block // (32 * w) <= 32]
         out += _tiles_space(region) + _split_space(region)
         if online.pairs(region):  # each chunked schedule also with its online pairs in one pass
-            out += [dataclasses.replace(c, online=1) for c in out if c.variant in ("looped", "tiles", "split")]
+            out += [dataclasses.replace(c, online=1) for c in out if c.variant in ("looped", "tiles", "split")] + \
+                [dataclasses.replace(c, online=2) for c in out if c.variant in ("looped", "split")]
     seen: set[Schedule] = set()
     return [c for c in out if is_valid(c, region) and not (c in seen or seen.add(c))]  # type: ignore[func-returns-value]
 

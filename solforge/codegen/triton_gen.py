@@ -598,8 +598,11 @@ class _Reduction:
                 for (_, d), (av, ai) in paccs.items():
                     g.line(f"{av} = tl.full({self.shape}, {_IDENT[d]}, tl.float32)")
                     g.line(f"{ai} = tl.full({self.shape}, {self.K}, {self.itype})")
+                # online = 2: one running max per row (each chunk's max reduced across lanes)
+                mshape = (f"[1, {self.PR}]" if self.tiles else f"[{self.PR}, 1]") if self.sched.online == 2 \
+                    else self.shape
                 for om, os_ in ons.values():
-                    g.line(f'{om} = tl.full({self.shape}, float("-inf"), tl.float32)')
+                    g.line(f'{om} = tl.full({mshape}, float("-inf"), tl.float32)')
                     g.line(f"{os_} = tl.full({self.shape}, 0.0, tl.float32)")
                 loop = self.open_loop()
             for i in mine:
@@ -622,7 +625,7 @@ class _Reduction:
             if self.looped:
                 self.close_loop()
             for i, acc in ons.items():
-                self.online_final(self.pairs[i], acc, partial=self.split)
+                self.online_final(self.pairs[i], acc, partial=self.split, row=self.sched.online == 2)
             for i in mine:
                 res = g.fresh("red")
                 g.line(f"{res} = {_REDUCE[g.g.nodes[i].fn]}({g.acc[i]}, axis={self.kax}){self.rsl}")
@@ -701,9 +704,10 @@ class _Reduction:
         return idx
 
     def online_step(self, p: online.Pair, acc: tuple[str, str], loop: tuple[str, ...]) -> None:
-        """One chunk of an online pair (online.py): the lanes' running max `om` and their sum `os`
-        of exp(c * (A - B(om))), rescaled where the max grew; a lane still at -inf sums relative
-        to B(0) (its terms are 0, or NaN from a NaN, whatever the reference) and is not rescaled."""
+        """One chunk of an online pair (online.py): the lanes' running max `om` (online = 2: the
+        row's, the chunk's max reduced across lanes) and their sum `os` of exp(c * (A - B(om))),
+        rescaled where the max grew; a lane still at -inf sums relative to B(0) (its terms are 0,
+        or NaN from a NaN, whatever the reference) and is not rescaled."""
         g, nodes = self.g, self.g.g.nodes
         om, os_ = acc
         b_idx = self._b_idx(p)
@@ -711,7 +715,11 @@ class _Reduction:
         x, _ = g.value(nodes[p.mx].inputs[0], loop)
         full = f"tl.broadcast_to({x}, {self.shape})"
         mn, so, sn = g.fresh("mn"), g.fresh("so"), g.fresh("sn")
-        g.line(f"{mn} = tl.maximum({om}, " + (f'tl.where(m, {full}, float("-inf")))' if masked else f"{full})"))
+        if masked:
+            full = f'tl.where(m, {full}, float("-inf"))'
+        if self.sched.online == 2:
+            full = f"tl.max({full}, axis={self.kax}){self.rsl}"
+        g.line(f"{mn} = tl.maximum({om}, {full})")
         g.line(f'{so} = tl.where({om} == float("-inf"), 0.0, {om})')
         g.line(f'{sn} = tl.where({mn} == float("-inf"), 0.0, {mn})')
         b_old = self._b_at(p, so, b_idx)
@@ -727,22 +735,30 @@ class _Reduction:
                f"{efull}")
         g.line(f"{om} = {mn}")
 
-    def online_final(self, p: online.Pair, acc: tuple[str, str], partial: bool = False) -> None:
+    def online_final(self, p: online.Pair, acc: tuple[str, str], partial: bool = False, row: bool = False) -> None:
         """The lanes of an online pair (or a split's partials, along the same axis) combined per
         row: M = max m_i, S = sum s_i * exp(c * (B(m_i) - B(M))) (a lane at -inf keeps s_i); a row
         of -inf gets the graph's own sum (online.py), except in a split's `partial`: the program's
-        (M, S) written to the workspace, S relative to B(M), for the next phase to combine."""
+        (M, S) written to the workspace, S relative to B(M), for the next phase to combine. `row`:
+        `om` is the row's max already (online = 2), every lane's sum relative to B(M)."""
         g = self.g
         om, os_ = acc
         b_idx = self._b_idx(p)
-        mx, sl, ct, sm = g.fresh("red"), g.fresh("sl"), g.fresh("ct"), g.fresh("red")
-        g.line(f"{mx} = tl.max({om}, axis={self.kax}){self.rsl}")
-        g.line(f'{sl} = tl.where({om} == float("-inf"), 0.0, {om})')
-        bl = self._b_at(p, sl, b_idx)
-        g.acc[p.mx] = mx  # the row's max from here on: B(M) is the row's B, kept for the passes after
-        bm, _ = g.value(p.b, b_idx)
-        g.line(f'{ct} = tl.where({om} == float("-inf"), {os_}, {os_} * {self._exp(p, f"{bl} - {_p(bm)}")})')
-        g.line(f"{sm} = tl.sum({ct}, axis={self.kax}){self.rsl}")
+        sm = g.fresh("red")
+        if row:
+            mx = om
+            g.acc[p.mx] = mx
+            bm, _ = g.value(p.b, b_idx)
+            g.line(f"{sm} = tl.sum({os_}, axis={self.kax}){self.rsl}")
+        else:
+            mx, sl, ct = g.fresh("red"), g.fresh("sl"), g.fresh("ct")
+            g.line(f"{mx} = tl.max({om}, axis={self.kax}){self.rsl}")
+            g.line(f'{sl} = tl.where({om} == float("-inf"), 0.0, {om})')
+            bl = self._b_at(p, sl, b_idx)
+            g.acc[p.mx] = mx  # the row's max from here on: B(M) is the row's B, kept for the passes after
+            bm, _ = g.value(p.b, b_idx)
+            g.line(f'{ct} = tl.where({om} == float("-inf"), {os_}, {os_} * {self._exp(p, f"{bl} - {_p(bm)}")})')
+            g.line(f"{sm} = tl.sum({ct}, axis={self.kax}){self.rsl}")
         if partial:
             m = f", mask={g.rmask}" if g.rmask else ""
             g.line(f"tl.store(ws + {self._ws(p.mx, 'sp')}, {mx}{m})")
