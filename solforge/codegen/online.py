@@ -99,6 +99,8 @@ def _scaled_sub(g: KernelGraph, z: int) -> tuple[float, tuple[int, ...]] | None:
 def pairs(region: Lowered) -> list[Pair]:
     """The region's online (max, sum of exp) pairs, at most one per max and per sum."""
     g, an = region.graph, region.analysis
+    if region.scans:  # the sum's operand is evaluated in a scope of its own: a scan's carry must advance once a chunk
+        return []
     stages = an.stages
     deps = _reduce_deps(g)
     out: list[Pair] = []
