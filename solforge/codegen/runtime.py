@@ -23,7 +23,7 @@ from solforge import settings
 from solforge.codegen import layout
 from solforge.codegen.lower import Lowered
 from solforge.codegen.schedule import Schedule, heuristic, is_valid, tile_axes
-from solforge.codegen.triton_gen import I32_MAX, KERNEL, generate, needs_index64, reductions
+from solforge.codegen.triton_gen import I32_MAX, KERNEL, generate, needs_index64, passes, reductions
 from solforge.kernels.launch import launch as _launch
 
 _KERNELS: dict[tuple[str, Schedule], Any] = {}
@@ -113,11 +113,12 @@ def run(region: Lowered, schedule: Schedule | None, inputs: Sequence[torch.Tenso
     elif not region.reduces:
         _launch(k, (triton.cdiv(sp.numel, sched.block),), args, {"num_warps": sched.num_warps})
     elif sched.splits > 1:  # split, or split tiles
-        # fp32 partials of every reduction: [reduction, split, row]; one launch per stage, then the stores
+        # fp32 partials of every reduction: [reduction, split, row]; one launch per stage (an online
+        # pair's sum: in its max's), then the stores
         ws = torch.empty(len(reductions(region)) * sched.splits * sp.rows, dtype=torch.float32, device=device)
         per = sched.block if sched.variant == "tiles" else sched.rows
         grid = (triton.cdiv(sp.rows, per) * sched.splits,)
-        for phase in range(1, sp.stages + 2):
+        for phase in range(1, len(passes(region, sched)) + 2):
             _launch(k, grid, [*args, ws], {"num_warps": sched.num_warps, "PHASE": phase})
     elif sched.variant == "tiles":
         _launch(k, (triton.cdiv(sp.rows, sched.block),), args, {"num_warps": sched.num_warps})

@@ -27,6 +27,17 @@
              first combines the earlier stages' partials in a fixed order (no atomics: the same
              result every run). Any number of stages (var's mean then squares, softmax's max then
              sum) splits this way, at one launch per stage.
+`online` (looped, split, and tiles whose `rblock` is narrower than the reduced extent or split):
+each online pair of the region (online.py: a `max` and, one stage later, a `sum` of exp(c * (A -
+max)) over the same dims: softmax, log_softmax, logsumexp, cross-entropy) in one pass, a running
+max and a rescaled sum per lane, so a chunked softmax reads its row twice (max and sum, then the
+store), not three times; a split writes each program's (max, sum) partials and the next phase
+combines them the same way, one launch fewer per pair. `is_valid` admits it only where the region
+has a pair and the schedule is chunked (not `rows`, which reads once anyway). The space holds
+every chunked schedule with and without it (the tuner measures both); the heuristic takes it
+where its pick is chunked. `online` = 2 keeps the running max per row instead of per lane: each
+chunk's max is reduced across lanes first (a cross-lane reduction per chunk for one rescaling exp per
+row instead of one per element); in the space for looped and split.
 `contig` is the dim of the loop whose index the tile walks fastest: for `tiles` a kept dim (the
 row index is decomposed with it innermost) or one of a transpose's two dims; for the others the
 last dim of the loop, or of the reduced dims for a reduction (what the flat index walks fastest),
@@ -45,7 +56,7 @@ from dataclasses import dataclass
 
 import triton
 
-from solforge.codegen import layout
+from solforge.codegen import layout, online
 from solforge.codegen.lower import Lowered
 from solforge.kernels import config_text
 
@@ -62,7 +73,7 @@ SMS = 132
 # short to pay for the extra launch per stage
 _SPLIT_TILES_COLS = 4096
 _MAX_SPLITS = 256  # partials a program combines per reduction (a power of two >= splits of them)
-_ABBREV = {"block": "b", "rows": "r", "num_warps": "w", "contig": "c", "rblock": "rb", "splits": "s"}
+_ABBREV = {"block": "b", "rows": "r", "num_warps": "w", "contig": "c", "rblock": "rb", "splits": "s", "online": "o"}
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,9 @@ class Schedule(config_text.Text):
     contig: int = 0
     rblock: int = 1  # tiles: reduced elements per tile (a transposing pointwise region: points along the slow dim)
     splits: int = 1  # split (and split tiles): programs per row
+    # 1: each online (max, sum of exp) pair in one pass (online.py), a running max per lane; 2: per
+    # row (each chunk's max reduced across lanes: one rescaling exp per row, not per element); chunked only
+    online: int = 0
 
     _family, _variants, _abbrev = "generated", VARIANTS, _ABBREV
     _always = ("block", "num_warps")
@@ -110,8 +124,19 @@ def _tile_ok(elems: int, warps: int) -> bool:
     return elems <= _MAX_TILE and elems // (32 * warps) <= _MAX_PER_THREAD
 
 
+def online_ok(schedule: Schedule, region: Lowered) -> bool:
+    """`online` = 1 or 2 where a chunked pass runs the reductions (looped, split; tiles whose `rblock`
+    is narrower than the reduced extent, or split) and the region has an online pair."""
+    c = schedule
+    chunked = c.variant in ("looped", "split") or (c.variant == "tiles" and (
+        c.splits > 1 or c.rblock < triton.next_power_of_2(max(region.space.cols, 1))))
+    return c.online in (1, 2) and region.reduces and chunked and bool(online.pairs(region))
+
+
 def is_valid(schedule: Schedule, region: Lowered) -> bool:
     c, s = schedule, region.space
+    if c.online and not online_ok(c, region):
+        return False
     if c.variant not in VARIANTS or c.num_warps not in _WARPS or not (_pow2(c.block) and _pow2(c.rows)):
         return False
     if region.scans and c.variant not in ("rows", "looped"):
@@ -210,6 +235,9 @@ def space(region: Lowered) -> list[Schedule]:
                     out += [Schedule("looped", block, r, w, cd) for w in (1, 2, 4, 8)
                             if 1 <= r * block // (32 * w) <= 32]
         out += _tiles_space(region) + _split_space(region)
+        if online.pairs(region):  # each chunked schedule also with its online pairs in one pass
+            out += [dataclasses.replace(c, online=1) for c in out if c.variant in ("looped", "tiles", "split")] + \
+                [dataclasses.replace(c, online=2) for c in out if c.variant in ("looped", "split")]
     seen: set[Schedule] = set()
     return [c for c in out if is_valid(c, region) and not (c in seen or seen.add(c))]  # type: ignore[func-returns-value]
 
@@ -298,4 +326,6 @@ def heuristic(region: Lowered) -> Schedule:
         c = Schedule("looped", 2048, 1, 8, cd)
     while not is_valid(c, region) and c.num_warps < 32:
         c = dataclasses.replace(c, num_warps=c.num_warps * 2)
+    if online_ok(dataclasses.replace(c, online=1), region) and is_valid(dataclasses.replace(c, online=1), region):
+        c = dataclasses.replace(c, online=1)  # a chunked softmax's max and sum of exp in one pass
     return c

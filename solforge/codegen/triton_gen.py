@@ -8,7 +8,8 @@ through the linear index, a pad shifts it and masks its input's loads to the ran
 elsewhere: concatenations, constant pads and pooling windows); pointwise ops evaluate their
 operands at the broadcast index; a gather reads its source at an index taken from its index
 operands' values (wrapped when negative, clamped into range: `_Gen.gather`); a reduction is an
-accumulator of the current rows; a scan is
+accumulator of the current rows (an online pair, Schedule.online: a running max and a rescaled sum
+of exp per lane, in one pass); a scan is
 tl.cumsum / tl.cumprod of its input over the tile's reduced axis (identities in masked lanes),
 combined, in a looped pass, with a carry: the running total of the row's earlier chunks, the
 chunks walked in the scans' direction. Values are memoized per (node, index), so a value read at
@@ -33,6 +34,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
+from solforge.codegen import online
 from solforge.codegen.lower import ARG_FNS, KNode, Lowered
 from solforge.codegen.schedule import Schedule, split_chunk, tile_axes
 
@@ -444,6 +446,14 @@ def reductions(region: Lowered) -> list[int]:
     return [i for i, n in enumerate(region.graph.nodes) if n.kind == "reduce"]
 
 
+def passes(region: Lowered, sched: Schedule) -> list[int]:
+    """The reduction stages a schedule makes a pass for (split: a launch each, then one that
+    stores): every stage, less one whose reductions are all online pairs' sums (run in their max's)."""
+    stages = region.analysis.stages
+    fused = {p.sm for p in online.pairs(region)} if sched.online else set()
+    return sorted({stages[i] for i in reductions(region) if i not in fused})
+
+
 def generate(region: Lowered, sched: Schedule) -> str:
     """The module source: imports, then one kernel `generated_kernel(*_arg_names)`."""
     g = _Gen(region, sched, needs_index64(region))
@@ -528,6 +538,9 @@ class _Reduction:
         self.loop_outs = [(k, o) for k, o in outs if not (kinds[o] == "row" or (
             kinds[o] == "pre" and _numel(g, o) == self.R and self.R != sp.numel))]
         self.row_outs = [(k, o) for k, o in outs if (k, o) not in self.loop_outs]
+        # online (schedule.online): max node -> its pair; the pair's sum is computed in the max's pass
+        self.pairs = {p.mx: p for p in online.pairs(region)} if sched.online and self.looped else {}
+        self.fused = {p.sm: p for p in self.pairs.values()}
 
     def emit(self) -> None:
         g, s = self.g, self.sched
@@ -544,15 +557,16 @@ class _Reduction:
         if not self.split:
             self.body(range(1, self.sp.stages + 1), store=True)
             return
-        # one launch per stage (PHASE = its number), then one that stores (PHASE = stages + 1)
-        for phase in range(1, self.sp.stages + 2):
+        # one launch per pass's stage (PHASE = its place), then one that stores (PHASE = passes + 1)
+        stages = passes(self.region, s)
+        for phase in range(1, len(stages) + 2):
             g.line(f"if PHASE == {phase}:")
             g.depth += 1
             g.push()
             acc = dict(g.acc)
-            self.combine(phase)
-            if phase <= self.sp.stages:
-                self.body([phase], store=False)
+            self.combine(stages[phase - 1] if phase <= len(stages) else self.sp.stages + 1)
+            if phase <= len(stages):
+                self.body([stages[phase - 1]], store=False)
             else:
                 self.body([], store=True)
             g.acc = acc
@@ -604,7 +618,11 @@ class _Reduction:
         if not self.looped:
             loop = self.open_cols("")
         for st in stage_list:
-            mine = [i for i in self.reduces if stages[i] == st]
+            mine = [i for i in self.reduces if stages[i] == st and i not in self.fused]
+            if not mine:  # every reduction of the stage ran in an earlier pass (online pairs)
+                continue
+            ons = {i: (g.fresh("om"), g.fresh("os")) for i in mine if i in self.pairs}
+            mine = [i for i in mine if i not in ons]
             pairs: dict[tuple[int, str], list[int]] = {}  # (operand, max|min) -> its arg reduce nodes
             for i in mine:
                 node = g.g.nodes[i]
@@ -619,6 +637,12 @@ class _Reduction:
                 for (_, d), (av, ai) in paccs.items():
                     g.line(f"{av} = tl.full({self.shape}, {_IDENT[d]}, tl.float32)")
                     g.line(f"{ai} = tl.full({self.shape}, {self.K}, {self.itype})")
+                # online = 2: one running max per row (each chunk's max reduced across lanes)
+                mshape = (f"[1, {self.PR}]" if self.tiles else f"[{self.PR}, 1]") if self.sched.online == 2 \
+                    else self.shape
+                for om, os_ in ons.values():
+                    g.line(f'{om} = tl.full({mshape}, float("-inf"), tl.float32)')
+                    g.line(f"{os_} = tl.full({self.shape}, 0.0, tl.float32)")
                 loop = self.open_loop()
             for i in mine:
                 node = g.g.nodes[i]
@@ -635,8 +659,12 @@ class _Reduction:
                 g.acc[i] = a
             for key, acc in paccs.items():
                 paccs[key] = self.arg_step(key, acc, loop)
+            for i, acc in ons.items():
+                self.online_step(self.pairs[i], acc, loop)
             if self.looped:
                 self.close_loop()
+            for i, acc in ons.items():
+                self.online_final(self.pairs[i], acc, partial=self.split, row=self.sched.online == 2)
             for i in mine:
                 res = g.fresh("red")
                 g.line(f"{res} = {_REDUCE[g.g.nodes[i].fn]}({g.acc[i]}, axis={self.kax}){self.rsl}")
@@ -693,6 +721,92 @@ class _Reduction:
         g.line(f"{ai} = tl.where({take}, {ni}, {ai})")
         return av, ai
 
+    def _b_at(self, p: online.Pair, m: str, idx: tuple[str, ...]) -> str:
+        """The pair's B with its max taken as `m` (a lane tile or a row), in a scope of its own."""
+        g = self.g
+        g.push()
+        g.acc[p.mx] = m
+        v, _ = g.value(p.b, idx)
+        g.pop()
+        return v
+
+    def _exp(self, p: online.Pair, arg: str) -> str:
+        fn = "tl.exp2" if p.fn == "exp2" else "tl.exp"
+        return f"{fn}({arg})" if p.scale == 1.0 else f"{fn}(({arg}) * {_lit(p.scale, 'f')})"
+
+    def _b_idx(self, p: online.Pair) -> tuple[str, ...]:
+        """The index the pair's B (a value per row) is read at in this program's rows."""
+        g, nodes = self.g, self.g.g.nodes
+        idx = tuple(self.ridx.get(d, "0") for d in range(len(self.sp.shape)))  # the sum's operand: shape S
+        for parent, child in zip(p.chain, (*p.chain[1:], p.b), strict=True):
+            idx = g.bcast(idx, nodes[parent].shape, nodes[child].shape)
+        return idx
+
+    def online_step(self, p: online.Pair, acc: tuple[str, str], loop: tuple[str, ...]) -> None:
+        """One chunk of an online pair (online.py): the lanes' running max `om` (online = 2: the
+        row's, the chunk's max reduced across lanes) and their sum `os` of exp(c * (A - B(om))),
+        rescaled where the max grew; a lane still at -inf sums relative to B(0) (its terms are 0,
+        or NaN from a NaN, whatever the reference) and is not rescaled."""
+        g, nodes = self.g, self.g.g.nodes
+        om, os_ = acc
+        b_idx = self._b_idx(p)
+        masked = g.rmask or g.kmask
+        x, _ = g.value(nodes[p.mx].inputs[0], loop)
+        full = f"tl.broadcast_to({x}, {self.shape})"
+        mn, so, sn = g.fresh("mn"), g.fresh("so"), g.fresh("sn")
+        if masked:
+            full = f'tl.where(m, {full}, float("-inf"))'
+        if self.sched.online == 2:
+            full = f"tl.max({full}, axis={self.kax}){self.rsl}"
+        g.line(f"{mn} = tl.maximum({om}, {full})")
+        g.line(f'{so} = tl.where({om} == float("-inf"), 0.0, {om})')
+        g.line(f'{sn} = tl.where({mn} == float("-inf"), 0.0, {mn})')
+        b_old = self._b_at(p, so, b_idx)
+        g.push()  # B and the sum's operand at the new max: not the values of the row (dropped after)
+        g.acc[p.mx] = sn
+        b_new, _ = g.value(p.b, b_idx)
+        e, _ = g.value(nodes[p.sm].inputs[0], loop)
+        g.pop()
+        efull = f"tl.broadcast_to({e}, {self.shape})"
+        if masked:
+            efull = f"tl.where(m, {efull}, 0.0)"
+        g.line(f'{os_} = tl.where({om} == float("-inf"), {os_}, {os_} * {self._exp(p, f"{b_old} - {b_new}")}) + '
+               f"{efull}")
+        g.line(f"{om} = {mn}")
+
+    def online_final(self, p: online.Pair, acc: tuple[str, str], partial: bool = False, row: bool = False) -> None:
+        """The lanes of an online pair (or a split's partials, along the same axis) combined per
+        row: M = max m_i, S = sum s_i * exp(c * (B(m_i) - B(M))) (a lane at -inf keeps s_i); a row
+        of -inf gets the graph's own sum (online.py), except in a split's `partial`: the program's
+        (M, S) written to the workspace, S relative to B(M), for the next phase to combine. `row`:
+        `om` is the row's max already (online = 2), every lane's sum relative to B(M)."""
+        g = self.g
+        om, os_ = acc
+        b_idx = self._b_idx(p)
+        sm = g.fresh("red")
+        if row:
+            mx = om
+            g.acc[p.mx] = mx
+            bm, _ = g.value(p.b, b_idx)
+            g.line(f"{sm} = tl.sum({os_}, axis={self.kax}){self.rsl}")
+        else:
+            mx, sl, ct = g.fresh("red"), g.fresh("sl"), g.fresh("ct")
+            g.line(f"{mx} = tl.max({om}, axis={self.kax}){self.rsl}")
+            g.line(f'{sl} = tl.where({om} == float("-inf"), 0.0, {om})')
+            bl = self._b_at(p, sl, b_idx)
+            g.acc[p.mx] = mx  # the row's max from here on: B(M) is the row's B, kept for the passes after
+            bm, _ = g.value(p.b, b_idx)
+            g.line(f'{ct} = tl.where({om} == float("-inf"), {os_}, {os_} * {self._exp(p, f"{bl} - {_p(bm)}")})')
+            g.line(f"{sm} = tl.sum({ct}, axis={self.kax}){self.rsl}")
+        if partial:
+            m = f", mask={g.rmask}" if g.rmask else ""
+            g.line(f"tl.store(ws + {self._ws(p.mx, 'sp')}, {mx}{m})")
+            g.line(f"tl.store(ws + {self._ws(p.sm, 'sp')}, {sm}{m})")
+        else:
+            inf_sum = self._exp(p, f'float("-inf") - {_p(bm)}')
+            g.line(f'{sm} = tl.where({mx} == float("-inf"), {sm} + 0.0 * {inf_sum}, {sm})')
+        g.acc[p.sm] = sm
+
     def arg_final(self, d: str, acc: tuple[str, str]) -> tuple[str, str]:
         """(value, index) of each row from a pair tile: a row holding a NaN gives NaN at its first
         NaN's index, else the max (min) at the smallest index holding it."""
@@ -712,12 +826,13 @@ class _Reduction:
         j = self.reduces.index(i)
         return f"({j * self.sched.splits} + {split}) * {self.R} + rr"
 
-    def combine(self, phase: int) -> None:
-        """A split's phase first combines the partials of every earlier stage, always in the same
-        order, so each program holds the same row values."""
+    def combine(self, stage: int) -> None:
+        """A split's phase first combines the partials of every stage before its own, always in the
+        same order, so each program holds the same row values (an online pair's sum: in its max's
+        stage, combined with it)."""
         g, s = self.g, self.sched
         stages = self.region.analysis.stages
-        earlier = [i for i in self.reduces if stages[i] < phase]
+        earlier = [i for i in self.reduces if stages[self.fused[i].mx if i in self.fused else i] < stage]
         if not earlier:
             return
         sp2 = _next_pow2(s.splits)
@@ -726,10 +841,18 @@ class _Reduction:
         if masks:
             g.line(f"wm = {' & '.join(_p(x) for x in masks)}")
         for i in earlier:
+            if i in self.fused:  # with its max
+                continue
             fn = g.g.nodes[i].fn
             p = g.fresh("part")
             m = f", mask=wm, other={_IDENT[fn]}" if masks else ""
             g.line(f"{p} = tl.load(ws + {self._ws(i, 'si')}{m})")
+            if i in self.pairs:
+                ps = g.fresh("part")
+                m = ", mask=wm, other=0.0" if masks else ""
+                g.line(f"{ps} = tl.load(ws + {self._ws(self.pairs[i].sm, 'si')}{m})")
+                self.online_final(self.pairs[i], (p, ps))
+                continue
             res = g.fresh("red")
             g.line(f"{res} = {_REDUCE[fn]}({p}, axis={self.kax}){self.rsl}")
             g.acc[i] = res
