@@ -10,7 +10,11 @@ What works (tests/test_distributed.py, gloo on the CPU, 2 processes):
   graphs, never inside one. The parameters a graph reads are FSDP2's unsharded ones.
 
 Each rank runs optimize itself, so every rank must make the same calls of the model in the same
-order (each call of a sharded model all-gathers): `validate` therefore
+order (each call of a sharded model all-gathers). optimize takes the parameters whose gradients
+it checks from the model with every FSDP2 unit resharded (`resting`): the capture runs forwards
+alone, after which a root unit keeps its unsharded tensors registered, and the check would then
+clear and compare those while FSDP2's reduce-scatter set the sharded ones' `.grad`, which the
+user's first step would add to. `validate` then
 - compares each gradient's local shard (`local`): a DTensor's own values, no gathering; the
   norm-relative error of the worst shard bounds the whole tensor's from above;
 - times a fixed number of calls (no early stop on steady samples, which each rank would reach
