@@ -39,6 +39,7 @@ from solforge.options import MODES, Options, check_families, check_interpreter, 
 from solforge.records import E2EReport, Profile, RegionReport, Report, TuneResult, Workload
 from solforge.report import TRACE_BASELINE, TRACE_OPTIMIZED, ensure_writable, write_report
 from solforge.report.progress import Reporter, Silent, Timed
+from solforge.runtime import distributed
 from solforge.runtime.logits import shown
 from solforge.runtime.stepgraphs import settled_since_now
 from solforge.tune.stage import known, tune_groups
@@ -229,6 +230,12 @@ def optimize(
     rep = Timed(reporter or Silent())
     started = time.perf_counter()
     example_inputs = tuple(example_inputs)
+    distributed.check_wrapper(model)
+    if opts.profile == "on" and distributed.active():
+        # the profile times forwards until they are steady: each rank would make its own number of
+        # calls, and a sharded model's calls gather across the ranks (runtime/distributed.py)
+        raise UserError("profile='on' is not supported under torch.distributed (the ranks would time different "
+                        "numbers of calls); use profile='auto' (skipped there) or 'off'")
     device = check_device(_model_device(model, example_inputs))
     if device == "cpu":
         check_interpreter()
@@ -269,7 +276,8 @@ def optimize(
         cached = {g.workload for g in groups
                   if kdb is not None and not opts.retune and known(kdb, g.workload, opts.resume)}
         prof: Profile | None = None
-        if opts.profile == "on" or (opts.profile == "auto" and len(cached) < len(groups) and device == "cuda"):
+        if opts.profile == "on" or (opts.profile == "auto" and len(cached) < len(groups) and device == "cuda"
+                                    and not distributed.active()):
             rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
             prof = _profile_stage(model, example_inputs, device=device, name=name, families=fams,
                                   trace=opts.out_dir / TRACE_BASELINE if opts.out_dir is not None else None,
@@ -278,6 +286,8 @@ def optimize(
             # the profile is of the forward, so a backward group ranks with its forward, right after it
             saving = _ranking(prof)
             groups.sort(key=lambda g: -saving((g.forward or g.alternative_of or g.workload).key))
+        elif opts.profile == "auto" and groups and distributed.active():
+            notes.append("profile skipped: under torch.distributed each rank would time its own number of calls")
         elif opts.profile == "auto" and groups and device != "cuda":
             # the profile ranks regions by GPU time to spend the budget where it pays; off the GPU
             # every region gets its heuristic config, and the interpreter's times rank nothing
@@ -369,7 +379,9 @@ def _deliver(model: torch.nn.Module, example_inputs: tuple[Any, ...], full: tupl
     returned has its CUDA graphs released. Returns the choice and the returned model's stats (the
     full model's when the original comes back)."""
     fresh = tuple(opts.make_inputs(1)) if opts.make_inputs is not None else _fresh(example_inputs)
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if opts.train else None
+    # FSDP2: the sharded parameters, whose .grad the steps' reduce-scatters set (runtime/distributed.py)
+    params = ([(n, p) for n, p in distributed.resting(model).named_parameters() if p.requires_grad]
+              if opts.train else None)
     is_lm = opts.is_language_model
     if is_lm is None:
         is_lm = hasattr(getattr(model, "config", None), "vocab_size")

@@ -49,7 +49,7 @@ the graph's, so it stays valid after the next replay. A capture that fails (an o
 input on the CPU, an output that is a view of an input) is recorded in `declined` and the graph
 runs as it is from then on. A call made with autograd recording, where an input requires grad (a
 training step), goes to the training side instead (traingraphs.py): its forward and backward are
-captured together.
+captured together; under torch.distributed it runs as it is (distributed.py says why).
 
 Dynamo guards each static graph on its inputs' shapes, strides and dtypes, so every call of it
 has the captured signature; copied inputs are checked again before the copy. A dynamic-shape graph
@@ -71,7 +71,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 
-from solforge.runtime import traingraphs
+from solforge.runtime import distributed, traingraphs
 from solforge.runtime.shapes import symbolic_inputs
 from solforge.runtime.traingraphs import reset_capture_state
 
@@ -345,7 +345,10 @@ class StepGraph:
         if not (self.auto if on is None else on):
             return run(*args)
         if torch.is_grad_enabled():
-            if not traingraphs.ENABLED or not any(isinstance(x, torch.Tensor) and x.requires_grad for x in args):
+            # no training replays under torch.distributed (FSDP2 moves the weights between a
+            # forward and its backward, DDP overlaps its all-reduces with the backward: distributed.py)
+            if not traingraphs.ENABLED or not any(isinstance(x, torch.Tensor) and x.requires_grad for x in args) \
+                    or distributed.active():
                 return run(*args)
             return self._guarded(self._train_call, args)
         if self.declined is not None:

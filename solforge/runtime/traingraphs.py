@@ -10,7 +10,8 @@ replays the backward.
 
 `StepGraph` (stepgraphs.py) owns one `TrainGraph` and sends it the calls made with autograd
 recording where some tensor input requires grad, when its replays are on (an optimized model's
-calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off.
+calls: integrate's `cuda_graphs`). `SOLFORGE_TRAIN_GRAPHS=0` turns this part off; it is off
+under torch.distributed too (DDP, FSDP2: distributed.py says why).
 
 1. The screen. The first call runs the graph as it is. The next ones are timed in pairs: one with
    events around it (the GPU's time from the call's start to its end, idle gaps included: its

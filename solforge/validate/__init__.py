@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from solforge.records import E2EReport, RunResult
+from solforge.runtime import distributed
 from solforge.tune.timing import time_model
 
 # End-to-end thresholds: errors from a different (fp32) reduction order in one op can flip a
@@ -178,12 +179,13 @@ def _clocked(fn: Callable[[], Any], device: str, wall: list[float]) -> Any:
 
 
 def _step(fn: Callable[..., Any], inputs: Sequence[Any], params: Params) -> tuple[Any, dict[str, torch.Tensor]]:
-    """One forward and backward; returns the outputs and a copy of every parameter's gradient."""
+    """One forward and backward; returns the outputs and a copy of every parameter's gradient (of
+    a sharded parameter's, its local shard: runtime/distributed.py)."""
     for _, p in params:
         p.grad = None
     out = fn(*inputs)
     train_loss(out).backward()
-    grads = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
+    grads = {n: distributed.local(p.grad).detach().clone() for n, p in params if p.grad is not None}
     for _, p in params:
         p.grad = None
     return out, grads
@@ -412,6 +414,17 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
              dtype: torch.dtype, device: str, is_language_model: bool, time_it: bool = True,
              params: Params | None = None, settled: Callable[[], bool] | None = None,
              view: View | None = None) -> E2EReport:
+    """`_validate`, its result agreed across the ranks under torch.distributed (every rank calls it
+    with its own inputs: runtime/distributed.py)."""
+    return distributed.agree(_validate(original, optimized, inputs, dtype=dtype, device=device,
+                                       is_language_model=is_language_model, time_it=time_it, params=params,
+                                       settled=settled, view=view))
+
+
+def _validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs: Sequence[Any], *,
+              dtype: torch.dtype, device: str, is_language_model: bool, time_it: bool = True,
+              params: Params | None = None, settled: Callable[[], bool] | None = None,
+              view: View | None = None) -> E2EReport:
     """Compare outputs (and, with `params`, i.e. in train mode, the parameters' gradients of
     `train_loss`) and time both models: forwards, or whole training steps with `params`. Each
     compared run starts from the same RNG seed (COMPARE_SEED), so dropout draws the same masks.
@@ -458,8 +471,11 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
         note = None
         wide: WideCheck | None = None
         if (bad or not grads_ok) and not any(e.nonfinite for e in bad) and dtype in (torch.bfloat16, torch.float16):
-            # past the bar: is the original's own rounding the larger part? (WIDE_SLACK)
-            checked = (_wide(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g, view)
+            # past the bar: is the original's own rounding the larger part? (WIDE_SLACK) Not under
+            # torch.distributed: each rank would decide on its own numbers to run the fp32 copy
+            # (a sharded model's calls gather across the ranks)
+            checked = ("torch.distributed: not run on one rank's numbers" if distributed.active()
+                       else _wide(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g, view)
                        if isinstance(original, torch.nn.Module) else "the original is not a module")
             if isinstance(checked, WideCheck):
                 wide = checked
@@ -492,13 +508,19 @@ def validate(original: Callable[..., Any], optimized: Callable[..., Any], inputs
         if time_it and device != "cuda":  # the interpreter: the compared runs were the timed ones
             base, opt = (RunResult(w, w, w, meaningful=False) for w in wall)
         elif time_it:
+            # under torch.distributed every rank times the same number of calls (each call of a
+            # sharded model gathers across the ranks): no early stop, no warm-up until settled
+            fixed: dict[str, Any] = {}
+            if distributed.active():
+                fixed = {"runs": 5, "min_runs": 5, "steady": -1.0, "max_seconds": math.inf}
+                settled = None
             if train:
                 assert params is not None
                 runs = [lambda f=f: _step(f, inputs, params) for f in (run, optimized)]
                 peaks = (_peak_gb(runs[0], device), _peak_gb(runs[1], device))
             else:
                 runs = [lambda f=f: f(*inputs) for f in (run, optimized)]
-            base, opt = time_model(runs[0], device), time_model(runs[1], device, settled=settled)
+            base, opt = time_model(runs[0], device, **fixed), time_model(runs[1], device, settled=settled, **fixed)
     ms = lambda r: r.p50_us / 1e3 if r.ok else None  # noqa: E731
     speedup = base.p50_us / opt.p50_us if base.ok and opt.ok else None
     return E2EReport(
