@@ -74,10 +74,11 @@ def _hashable(a: Any) -> Any:
 
 def copy_back_fuses(n: fx.Node) -> bool:
     """Whether the copy back to the original layout after convolution `n` would be part of the
-    generated region after it: every user of its result can be in a region."""
-    from solforge.codegen.regions import anchor_reason
-
-    return bool(n.users) and all(anchor_reason(u) is None for u in n.users)
+    generated region after it: every user of its result is a pointwise ATen op (ATen's tag; what
+    region formation takes first. Not codegen's own test: capture must not import codegen)."""
+    return bool(n.users) and all(
+        u.op == "call_function" and isinstance(u.target, torch._ops.OpOverload)
+        and torch.Tag.pointwise in u.target.tags for u in n.users)
 
 
 def _key(n: fx.Node) -> tuple[Any, ...]:
