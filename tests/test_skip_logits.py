@@ -26,7 +26,7 @@ LCE = "solforge::linear_cross_entropy"
 
 
 def _qwen3() -> torch.nn.Module:
-    cfg = transformers.Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    cfg = transformers.Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                    max_position_embeddings=64, use_cache=False)
     torch.manual_seed(0)
