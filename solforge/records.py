@@ -39,7 +39,10 @@ class Workload:
 
     @property
     def label(self) -> str:
-        """Short name for tables: the first input's shape and dtype."""
+        """Short name for tables: the first input's shape and dtype ("no inputs" for a region
+        computed from generators alone, such as a causal mask built from aranges)."""
+        if not self.shapes:
+            return "no inputs"
         return "x".join(str(d) for d in self.shapes[0]) + f" {self.dtypes[0]}"
 
     @property

@@ -267,3 +267,19 @@ def test_training_runs_the_generated_backward(monkeypatch: pytest.MonkeyPatch) -
     net(x).backward(dy)
     c = compare(got, net.lin.weight.grad)
     assert c.ok, c.reason
+
+
+def test_region_without_inputs(tmp_path: Path) -> None:
+    """A region computed from generators alone (a causal mask built from two aranges, as a traced
+    transformers model builds it) has no inputs: it is tuned, stored in the database and verified
+    like any other (its label once crashed the database write)."""
+    class Masked(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            n = x.shape[-1]
+            i = torch.arange(n, device=x.device)
+            bias = torch.where(i[:, None] >= i[None, :], 0.0, -1e4).to(x.dtype) * 0.5
+            return x @ bias
+
+    _, report = _run(Masked(), _r(3, 67), db=tmp_path / "k.db")
+    (r,) = report.regions  # type: ignore[attr-defined]
+    assert r.family == "generated" and r.label == "no inputs" and r.verified, r

@@ -301,9 +301,12 @@ def eager_outputs(fam: FamilyLike) -> Any:
 
 
 def verify_rows(fam: FamilyLike, wl: Workload) -> int:
-    """The size the verifier's odd shape replaces (default: the first input's first dimension)."""
+    """The size the verifier's odd shape replaces (default: the first input's first dimension; 1
+    for a workload without inputs or whose first input is a scalar)."""
     hook = _hook(fam, "verify_rows")
-    return int(hook(wl)) if hook is not None else int(wl.shapes[0][0])
+    if hook is not None:
+        return int(hook(wl))
+    return int(wl.shapes[0][0]) if wl.shapes and wl.shapes[0] else 1
 
 
 def norm_error_bound(fam: FamilyLike, wl: Workload) -> Any:
