@@ -134,7 +134,9 @@ def _fsdp(rank: int, base: nn.Module) -> dict[str, Any]:
     return out
 
 
-CASES: dict[str, Callable[[int, nn.Module], dict[str, Any]]] = {"ddp": _ddp, "fsdp": _fsdp}
+# both cases in one pair of processes (the spawn and its imports are most of a case's time)
+CASES: dict[str, Callable[[int, nn.Module], dict[str, Any]]] = {
+    "ddp": _ddp, "fsdp": _fsdp, "both": lambda rank, base: {"ddp": _ddp(rank, base), "fsdp": _fsdp(rank, base)}}
 
 
 def _worker(rank: int, port: int, case: str, out_dir: str) -> None:
@@ -184,8 +186,14 @@ def _same_training(got: dict[str, Any], want: dict[str, Any], start: dict[str, t
     assert all(not torch.allclose(p, start[n], **TOL) for n, p in want["params"].items())
 
 
-def test_ddp_optimize_before_or_after_wrapping(tmp_path: Path) -> None:
-    ranks = _run("ddp", tmp_path)
+@pytest.fixture(scope="module")
+def both(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return _run("both", tmp_path_factory.mktemp("ranks"))
+
+
+@pytest.mark.xdist_group("distributed")
+def test_ddp_optimize_before_or_after_wrapping(both: list[dict[str, Any]]) -> None:
+    ranks = [r["ddp"] | {"start": r["start"]} for r in both]
     for r in ranks:
         for order in ("optimized_first", "wrapped_first"):
             _same_training(r[order], r["eager"], r["start"])
@@ -201,8 +209,9 @@ def test_ddp_optimize_before_or_after_wrapping(tmp_path: Path) -> None:
         torch.testing.assert_close(ranks[1]["wrapped_first"]["params"][name], p, atol=0, rtol=0)
 
 
-def test_fsdp2_optimize_before_or_after_fully_shard(tmp_path: Path) -> None:
-    ranks = _run("fsdp", tmp_path)
+@pytest.mark.xdist_group("distributed")
+def test_fsdp2_optimize_before_or_after_fully_shard(both: list[dict[str, Any]]) -> None:
+    ranks = [r["fsdp"] | {"start": r["start"]} for r in both]
     for r in ranks:
         for order in ("sharded_first", "optimized_first"):
             _same_training(r[order], r["eager"], r["start"])

@@ -54,16 +54,16 @@ def test_validate_catches_a_wrong_gradient() -> None:
     assert not rep.passed and "gradients" in (rep.note or "")
 
 
-def test_twenty_adamw_steps_converge_the_same() -> None:
+def test_adamw_steps_converge_the_same() -> None:
     lm = _tiny()
     ref_model = lm.model.train()
     sf_model = copy.deepcopy(ref_model)
     sf_step, stats = integrate(sf_model, {})
     g = torch.Generator().manual_seed(0)
     vocab = ref_model.config.vocab_size
-    # two fixed batches, alternated: learnable (memorized) in 20 steps, unlike fresh random tokens
+    # two fixed batches, alternated: learnable (memorized) in a few steps, unlike fresh random tokens
     pair = [torch.randint(0, vocab, (2, 9), generator=g).to(DEVICE) for _ in range(2)]
-    batches = [pair[i % 2] for i in range(20)]
+    batches = [pair[i % 2] for i in range(8)]
     losses: dict[str, list[float]] = {"ref": [], "solforge": []}
     for name, model, fn in (("ref", ref_model, ref_model), ("solforge", sf_model, sf_step)):
         optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -75,11 +75,11 @@ def test_twenty_adamw_steps_converge_the_same() -> None:
             optim.step()
             losses[name].append(float(loss))
     assert stats.total > 0
-    assert losses["ref"][-1] < losses["ref"][0] - 1.0  # 6.2 -> 4.4  # it really trained
+    assert losses["ref"][-1] < losses["ref"][0] - 0.6  # 6.25 -> 5.38  # it really trained
     # fp32 kernels that sum in another order than eager differ in the last bits, and Adam scales
     # each element's update by its own gradient's size, so small gradients carry those bits into
     # lr-sized steps: the runs drift apart slowly. Measured here (CPU, 2026-11-22): solforge's
-    # parameters 5.2e-4 (norm-relative, worst tensor) from eager's after 20 steps, and eager's own
+    # parameters 5.2e-4 (norm-relative, worst tensor) from eager's after 20 steps (8 here), and eager's own
     # run with 1e-6 (norm-relative) noise added to every gradient 6.5e-4. A wrong gradient is off
     # by orders of magnitude more.
     for a, b in zip(losses["ref"], losses["solforge"], strict=True):
