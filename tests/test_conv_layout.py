@@ -138,3 +138,74 @@ def test_optimize_integrates_a_channels_last_convolution_where_no_region_matched
         got, want = opt(fresh), model(fresh)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert got.is_contiguous()
+
+
+@pytest.mark.parametrize("case", ["conv2d_relu_bias", "conv_transpose2d"])
+def test_the_bias_moves_into_the_region_after_the_convolution(case: str) -> None:
+    """A bias whose convolution's users are all pointwise becomes an add that region formation
+    takes with them (one pass over the output instead of ATen's separate bias add); where the
+    convolution's result is the graph's output the bias stays. Values as eager's."""
+    f, xs = CASES[case]
+    gm = trace(f, *xs)
+    want = f(*xs)
+    stripped = L.strip_bias(gm, where=lambda n: True)
+    (conv,) = _convs(gm)
+    if case == "conv_transpose2d":  # the result is the output: no region after it to take the add
+        assert stripped == 0 and conv.args[2] is not None
+        return
+    assert stripped == 1 and conv.args[2] is None
+    (add,) = conv.users
+    assert add.target is aten.add.Tensor
+    fr = next(fr for fr in RG.form_regions(gm.graph) if conv in fr.inputs)
+    assert add in fr.nodes
+    assert check_region(fr, values(gm, *xs)) >= 1
+    got = gm(*xs)
+    got = got[0] if isinstance(got, tuple | list) else got
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # then channels-last: the copy back and the bias add are in the one region after it
+    gm = trace(f, *xs)
+    assert L.channels_last_convolutions(gm, decide=lambda n: True, strip=lambda n: True) == 1
+    (conv,) = _convs(gm)
+    (back,) = conv.users
+    fr = next(fr for fr in RG.form_regions(gm.graph) if conv in fr.inputs)
+    adds = [n for n in fr.nodes
+            if n.target is aten.add.Tensor and getattr(n.args[1], "target", None) is aten.view.default]
+    assert back in fr.nodes and len(adds) == 1
+    got = gm(*xs)
+    torch.testing.assert_close(got[0] if isinstance(got, tuple | list) else got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["inference", "train"])
+def test_optimize_with_the_bias_moved_and_channels_last(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """Conv2d with a bias, then ReLU and a scale: with the bias moved and the layout forced (the GPU
+    decides both), optimize's end-to-end check passes and, in training, every gradient (the
+    bias's too) matches eager's."""
+    import torch.nn as nn
+
+    from solforge import optimize
+
+    monkeypatch.setattr(L, "measured", lambda n: True)
+    monkeypatch.setattr(L, "on_cuda", lambda n: True)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 5, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.conv(x)) * 0.5
+
+    torch.manual_seed(0)
+    model = Net().to(DEVICE)
+    train = mode == "train"
+    x = _r(2, 3, 7, 9).requires_grad_(train)
+    opt, report = optimize(model, (x,), mode=mode, budget=1, max_candidates=1, db=False, profile="off",
+                           keep_slower=True, make_inputs=lambda s: (_r(2, 3, 7, 9, seed=s).requires_grad_(train),))
+    assert report.e2e is not None and report.e2e.passed, report.notes
+    assert any("run channels-last" in n for n in report.notes), report.notes
+    assert any(r.family == "generated" and r.verified for r in report.regions), report.regions
+    if train:
+        assert report.e2e.grads_compared == 2, report.e2e  # the weight's and the bias's
+    fresh = _r(2, 3, 7, 9, seed=11)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(fresh), model(fresh), rtol=1e-5, atol=1e-5)

@@ -283,3 +283,26 @@ def test_region_without_inputs(tmp_path: Path) -> None:
     _, report = _run(Masked(), _r(3, 67), db=tmp_path / "k.db")
     (r,) = report.regions  # type: ignore[attr-defined]
     assert r.family == "generated" and r.label == "no inputs" and r.verified, r
+
+
+@pytest.mark.parametrize("case", ["channels_last", "permuted_contiguous"])
+def test_a_lone_copy_that_changes_the_memory_order_is_a_region(case: str) -> None:
+    """A copy into another memory order (NCHW -> channels-last, contiguous() of a permuted view)
+    alone is worth a kernel: eager's copy kernel is strided on one side. A plain copy is not."""
+    class Relayout(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if case == "channels_last":
+                return x.contiguous(memory_format=torch.channels_last)
+            return x.permute(0, 2, 3, 1).contiguous()
+
+    class Copy(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+    x = _r(3, 5, 7, 11)
+    opt, _ = _run(Relayout(), x)
+    got = opt(x)
+    want = Relayout()(x)
+    assert got.stride() == want.stride()  # the kernel writes the copy's memory order
+    _, report = optimize(Copy(), (x,), budget=1, max_candidates=1, db=False, profile="off")
+    assert not report.regions and report.returned == "original", report.notes
