@@ -209,3 +209,87 @@ def test_optimize_with_the_bias_moved_and_channels_last(monkeypatch: pytest.Monk
     fresh = _r(2, 3, 7, 9, seed=11)
     with torch.no_grad():
         torch.testing.assert_close(opt(fresh), model(fresh), rtol=1e-5, atol=1e-5)
+
+
+def _chain(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """conv -> bias -> ReLU -> max-pool -> scale (a broadcast input) -> conv -> ReLU (AlexNet's shape)."""
+    y = F.max_pool2d(torch.relu(F.conv2d(x, w1, b1, padding=1)), 3, 2) * s
+    return torch.relu(F.conv2d(y, w2))
+
+
+CHAIN = [_r(2, 3, 13, 11), _r(6, 3, 3, 3, seed=1), _r(6, seed=2), _r(5, 6, 3, 3, seed=3), _r(1, 6, 1, 1, seed=4)]
+
+
+def test_copies_between_two_channels_last_convolutions_cancel() -> None:
+    """Between two rewritten convolutions the copy back and the copy in go when every op on the way
+    keeps the memory order: the pool and the pointwise ops run channels-last (their fake values
+    say so), only the graph's first input and its output are copied, and the values are eager's."""
+    gm = trace(_chain, *CHAIN)
+    want = _chain(*CHAIN)
+    assert L.channels_last_convolutions(gm, decide=lambda n: True, strip=lambda n: True) == 2
+    first, second = _convs(gm)
+    assert second.args[0].target is not aten.clone.default  # the copy in is gone
+    copies = [n for n in gm.graph.nodes if n.target is aten.clone.default]
+    # the graph input's copy, two weights' copies, the copy back after the second convolution
+    assert len(copies) == 4, [n.format_node() for n in copies]
+    pool = next(n for n in gm.graph.nodes if n.target is aten.max_pool2d_with_indices.default)
+    assert pool.meta["val"][0].is_contiguous(memory_format=torch.channels_last)
+    env = values(gm, *CHAIN)
+    assert env[pool][0].is_contiguous(memory_format=torch.channels_last)  # it really ran that way
+    got = gm(*CHAIN)
+    got = got[0] if isinstance(got, tuple | list) else got
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # the regions on the way read and write channels-last, checked against fp64
+    for fr in RG.form_regions(gm.graph):
+        assert check_region(fr, env) >= 1
+
+
+def test_a_value_read_elsewhere_keeps_its_copies() -> None:
+    """A value on the way that the graph returns (or that a training graph saves) keeps the copy
+    back: its layout is what the rest of the program expects."""
+    def f(x, w1, b1, w2, s):  # noqa: ANN001, ANN202
+        r = torch.relu(F.conv2d(x, w1, b1, padding=1))
+        return F.conv2d(r * s, w2), r
+
+    gm = trace(f, *CHAIN)
+    assert L.channels_last_convolutions(gm, decide=lambda n: True, strip=lambda n: True) == 2
+    second = _convs(gm)[1]
+    assert second.args[0].target is aten.clone.default
+    got, want = gm(*CHAIN), f(*CHAIN)
+    for g, w in zip(got, want, strict=True):
+        assert g.stride() == w.stride()
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["inference", "train"])
+def test_optimize_a_channels_last_chain(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    import torch.nn as nn
+
+    from solforge import optimize
+
+    monkeypatch.setattr(L, "measured", lambda n: True)
+    monkeypatch.setattr(L, "on_cuda", lambda n: True)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(3, 6, 3, padding=1), nn.Conv2d(6, 5, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.c2(F.max_pool2d(torch.relu(self.c1(x)), 3, 2) * 0.5))
+
+    torch.manual_seed(0)
+    model = Net().to(DEVICE)
+    train = mode == "train"
+    x = _r(2, 3, 13, 11).requires_grad_(train)
+    opt, report = optimize(model, (x,), mode=mode, budget=1, max_candidates=1, db=False, profile="off",
+                           keep_slower=True, make_inputs=lambda s: (_r(2, 3, 13, 11, seed=s).requires_grad_(train),))
+    assert report.e2e is not None and report.e2e.passed, report.notes
+    if train:
+        assert report.e2e.grads_compared == 4, report.e2e
+    fresh = _r(2, 3, 13, 11, seed=11)
+    with torch.no_grad():
+        got = opt(fresh)
+        torch.testing.assert_close(got, model(fresh), rtol=1e-5, atol=1e-5)
+    assert got.is_contiguous()

@@ -28,6 +28,11 @@ Off the GPU nothing is rewritten (no timing means anything there); tests pass th
 Decisions are kept per shape and parameters for the process. SOLFORGE_CONV_LAYOUT=0 turns the pass
 off.
 
+Between two rewritten convolutions, the copy back after the first and the copy in before the second
+cancel (`cancel_copies`) where every op on the way keeps the memory order (pointwise ops, pools,
+eval BatchNorm) and no value on the way leaves the graph: a CNN's conv -> ReLU -> pool -> conv
+chain runs channels-last throughout, with one copy at the graph's input and one at its output.
+
 Before deciding, a CUDA convolution's bias moves to the region after it (`strip_bias`): ATen adds a
 cuDNN convolution's bias in a separate pass over the output, which the region after it can do for
 free while it reads that output (as Inductor does).
@@ -36,6 +41,7 @@ free while it reads that output (as Inductor does).
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -183,6 +189,80 @@ def strip_bias(gm: fx.GraphModule, where: Callable[[fx.Node], bool] = on_cuda) -
     return done
 
 
+# Ops that compute a channels-last result from a channels-last input as they compute an NCHW one
+# from an NCHW input (ATen's pointwise ops keep their input's memory order; these pools and eval
+# BatchNorm have channels-last kernels): a copy back to NCHW before them and a copy to
+# channels-last after them, into the next convolution, cancel out.
+_KEEP_LAYOUT = {aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default,
+                aten.avg_pool2d.default, aten.avg_pool3d.default,
+                aten._native_batch_norm_legit_no_training.default}
+
+
+def _keeps_layout(n: fx.Node) -> bool:
+    if n.op != "call_function":
+        return False
+    if n.target is operator.getitem:
+        return True
+    t = n.target
+    return t in _KEEP_LAYOUT or (isinstance(t, torch._ops.OpOverload) and torch.Tag.pointwise in t.tags
+                                 and not t._schema.is_mutable)
+
+
+def _is_copy_to(n: fx.Node, fmt: torch.memory_format) -> bool:
+    return (n.op == "call_function" and n.target is aten.clone.default
+            and n.kwargs.get("memory_format") == fmt and len(n.args) == 1)
+
+
+def cancel_copies(gm: fx.GraphModule, backs: list[fx.Node]) -> int:
+    """Between two rewritten convolutions, the copy back to NCHW after the first and the copy to
+    channels-last before the second go when every op on the way keeps the memory order
+    (`_KEEP_LAYOUT`, pointwise ops) and no value on the way leaves the graph or is read by anything
+    else: a conv -> bias -> ReLU -> max-pool -> conv chain then runs channels-last throughout, as
+    under Inductor. The values on the way get their channels-last fake values again (their strides
+    are what generated regions compile for). Returns how many copies went."""
+    graph, gone = gm.graph, 0
+    for back in backs:
+        if back.graph is not graph or not back.users:
+            continue
+        conv = back.args[0]
+        fmt = _format(_val(conv).dim()) if isinstance(_val(conv), torch.Tensor) else None
+        if fmt is None:
+            continue
+        way: list[fx.Node] = []
+        ends: list[fx.Node] = []
+        stack, seen, ok = list(back.users), set(), True
+        while stack and ok:
+            u = stack.pop()
+            if u in seen:
+                continue
+            seen.add(u)
+            if _is_copy_to(u, fmt):
+                ends.append(u)
+            elif _keeps_layout(u):
+                way.append(u)
+                stack.extend(u.users)
+            else:
+                ok = False  # a view, the graph's output, an op of unknown layout: the copy back stays
+        if not ok or not ends:
+            continue
+        back.replace_all_uses_with(conv)
+        graph.erase_node(back)
+        for e in ends:
+            e.replace_all_uses_with(e.args[0])
+            graph.erase_node(e)
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        for n in sorted(way, key=order.__getitem__):
+            args = fx.node.map_arg(n.args, _val)
+            kwargs = fx.node.map_arg(n.kwargs, _val)
+            vals = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+            n.meta["val"] = _fake(lambda *_, t=n.target, a=args, k=kwargs: t(*a, **k), *vals)
+        gone += 1 + len(ends)
+    if gone:
+        graph.lint()
+        gm.recompile()
+    return gone
+
+
 def channels_last_convolutions(gm: fx.GraphModule, decide: Callable[[fx.Node], bool] | None = None,
                                strip: Callable[[fx.Node], bool] | None = None) -> int:
     """Rewrite the convolutions `decide` picks (default: `measured`, looked up at the call); returns
@@ -196,6 +276,7 @@ def channels_last_convolutions(gm: fx.GraphModule, decide: Callable[[fx.Node], b
     strip_bias(gm, strip or on_cuda)
     decide = decide or measured
     graph, done = gm.graph, 0
+    backs: list[fx.Node] = []
     for n in list(graph.nodes):
         if not candidate(n) or not decide(n):
             continue
@@ -218,8 +299,10 @@ def channels_last_convolutions(gm: fx.GraphModule, decide: Callable[[fx.Node], b
             back = graph.call_function(aten.clone.default, (n,), {"memory_format": torch.contiguous_format})
         back.meta["val"] = backv
         n.replace_all_uses_with(back, delete_user_cb=lambda u, b=back: u is not b)
+        backs.append(back)
         done += 1
     if done:
         graph.lint()
         gm.recompile()
+        cancel_copies(gm, backs)
     return done
