@@ -24,15 +24,7 @@ from solforge.capture.backend import static_shapes
 from solforge.capture.stage import capture_model, capture_notes, lowering_cache
 from solforge.errors import UserError
 from solforge.integrate import IntegrationStats, Integrator, config_text, integrate, integrate_captured
-from solforge.integrate.select import (
-    Pick,
-    integration_notes,
-    kept_out,
-    not_faster,
-    pick_alternatives,
-    swaps,
-    winner_configs,
-)
+from solforge.integrate.select import Pick, integration_notes, kept_out, not_faster, select
 from solforge.kernels import registry
 from solforge.numerics import dtype_name
 from solforge.options import MODES, Options, check_families, check_interpreter, check_seconds  # noqa: F401  (check_seconds: the CLI's)
@@ -230,27 +222,9 @@ def optimize(
     rep = Timed(reporter or Silent())
     started = time.perf_counter()
     example_inputs = tuple(example_inputs)
-    distributed.check_wrapper(model)
-    if opts.profile == "on" and distributed.active():
-        # the profile times forwards until they are steady: each rank would make its own number of
-        # calls, and a sharded model's calls gather across the ranks (runtime/distributed.py)
-        raise UserError("profile='on' is not supported under torch.distributed (the ranks would time different "
-                        "numbers of calls); use profile='auto' (skipped there) or 'off'")
-    device = check_device(_model_device(model, example_inputs))
-    if device == "cpu":
-        check_interpreter()
-    dtype = _model_dtype(model, example_inputs)
+    opts, device, dtype, notes = _start(model, example_inputs, opts)
     fams = check_families(opts.families)
     name = opts.name or type(model).__name__
-    notes: list[str] = []
-    if device != "cuda":
-        notes.append("no GPU: kernels ran in Triton's interpreter; every timing here means nothing")
-        if opts.max_candidates is None:
-            # the interpreter's times rank nothing (tune._winner keeps the heuristic config there
-            # anyway): each workload's heuristic config is built, verified and run once, no more
-            opts = dataclasses.replace(opts, max_candidates=1)
-    if opts.train:
-        _check_trainable(model, example_inputs)
 
     rep.stage("capture", "torch.compile backend -> ATen graphs")
     model.train(opts.train)
@@ -275,25 +249,9 @@ def optimize(
         run_id = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S") + f"-{uuid.uuid4().hex[:6]}"
         cached = {g.workload for g in groups
                   if kdb is not None and not opts.retune and known(kdb, g.workload, opts.resume)}
-        prof: Profile | None = None
-        if opts.profile == "on" or (opts.profile == "auto" and len(cached) < len(groups) and device == "cuda"
-                                    and not distributed.active()):
-            rep.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
-            prof = _profile_stage(model, example_inputs, device=device, name=name, families=fams,
-                                  trace=opts.out_dir / TRACE_BASELINE if opts.out_dir is not None else None,
-                                  lowering_cache=cache)
-            # tune where the end-to-end time is: the largest Amdahl saving first (the budget may run out);
-            # the profile is of the forward, so a backward group ranks with its forward, right after it
-            saving = _ranking(prof)
-            groups.sort(key=lambda g: -saving((g.forward or g.alternative_of or g.workload).key))
-        elif opts.profile == "auto" and groups and distributed.active():
-            notes.append("profile skipped: under torch.distributed each rank would time its own number of calls")
-        elif opts.profile == "auto" and groups and device != "cuda":
-            # the profile ranks regions by GPU time to spend the budget where it pays; off the GPU
-            # every region gets its heuristic config, and the interpreter's times rank nothing
-            notes.append("profile skipped: off the GPU it ranks nothing (--profile on to profile anyway)")
-        elif opts.profile == "auto" and groups:
-            notes.append("profile skipped: every kernel came from the kernel database (--profile on to profile anyway)")
+        prof, more = _profile_and_rank(model, example_inputs, groups, cached, opts, device=device, name=name,
+                                       families=fams, cache=cache, reporter=rep)
+        notes += more
         tuned = tune_groups(groups, device=device, opts=opts, kdb=kdb, cached=cached, run_id=run_id, reporter=rep)
     finally:
         if kdb is not None:
@@ -301,21 +259,10 @@ def optimize(
     notes += tuned.notes
     if kdb is not None:  # a corrupt or read-only file: the run went on, the report says how
         notes += [f"kernel database: {p}" for p in kdb.problems]
-    meaningful = device == "cuda"
-    # the generated alternatives leave the groups here: each family workload keeps its kernel or
-    # takes its alternative's (integrate/select.py); `judged` holds the result of the one chosen
-    every_result = tuned.results
-    groups, results, judged, picks = pick_alternatives(groups, tuned.results, meaningful=meaningful)
-
-    # keep_slower: every verified kernel enters the model, a slower one too (noted), as it says
-    keep, kept_notes = kept_out(groups, judged, meaningful=meaningful, keep_slower=opts.keep_slower)
-    notes += kept_notes
-    swapped = swaps(picks, every_result, keep)
-    # a family's own kernel still serves the regions whose alternative forms another workload,
-    # unless it is slower than the region as the model ran it
-    own_slower = set() if opts.keep_slower else not_faster([r for r in results if r.workload in swapped],
-                                                            meaningful=meaningful)
-    winners = winner_configs(results, keep | own_slower)
+    sel = select(groups, tuned.results, meaningful=device == "cuda", keep_slower=opts.keep_slower)
+    notes += sel.notes
+    groups, results, judged, picks = sel.groups, sel.results, sel.judged, sel.picks
+    keep, swapped, winners = sel.keep, sel.swapped, sel.winners
     prof_after: Profile | None = None
     choice = Choice(model, ORIGINAL, "no region of a known kernel family was found" if not groups else
                     "no region got a kernel that is verified and (on the GPU) faster than the region", None)
@@ -362,6 +309,32 @@ def optimize(
     if opts.out_dir is not None:
         write_report(report, opts.out_dir)
     return choice.model, report
+
+
+def _start(model: torch.nn.Module, example_inputs: tuple[Any, ...],
+           opts: Options) -> tuple[Options, str, torch.dtype, list[str]]:
+    """The checks before any stage (a clear error for what cannot work) and what they decide: the
+    options (off the GPU one candidate per workload), the device, the model's dtype, first notes."""
+    distributed.check_wrapper(model)
+    if opts.profile == "on" and distributed.active():
+        # the profile times forwards until they are steady: each rank would make its own number of
+        # calls, and a sharded model's calls gather across the ranks (runtime/distributed.py)
+        raise UserError("profile='on' is not supported under torch.distributed (the ranks would time different "
+                        "numbers of calls); use profile='auto' (skipped there) or 'off'")
+    device = check_device(_model_device(model, example_inputs))
+    if device == "cpu":
+        check_interpreter()
+    dtype = _model_dtype(model, example_inputs)
+    notes: list[str] = []
+    if device != "cuda":
+        notes.append("no GPU: kernels ran in Triton's interpreter; every timing here means nothing")
+        if opts.max_candidates is None:
+            # the interpreter's times rank nothing (tune._winner keeps the heuristic config there
+            # anyway): each workload's heuristic config is built, verified and run once, no more
+            opts = dataclasses.replace(opts, max_candidates=1)
+    if opts.train:
+        _check_trainable(model, example_inputs)
+    return opts, device, dtype, notes
 
 
 # the note that says what optimize returned, before its reason
@@ -463,6 +436,34 @@ def profile(
     if out_dir is not None:
         write_report(report, Path(out_dir))
     return report
+
+
+def _profile_and_rank(model: torch.nn.Module, example_inputs: tuple[Any, ...], groups: list[_plan.WorkloadGroup],
+                      cached: set[Any], opts: Options, *, device: str, name: str, families: Any, cache: Any,
+                      reporter: Reporter) -> tuple[Profile | None, list[str]]:
+    """The profile stage where it pays: on the GPU, with workloads left to tune (or `profile="on"`),
+    not under torch.distributed (each rank would time its own number of calls). `groups` are then
+    sorted so the tuning budget goes where the end-to-end time is: the largest Amdahl saving first;
+    the profile is of the forward, so a backward group ranks with its forward, right after it.
+    Returns the profile (None where skipped) and notes saying why it was skipped."""
+    if opts.profile == "on" or (opts.profile == "auto" and len(cached) < len(groups) and device == "cuda"
+                                and not distributed.active()):
+        reporter.stage("profile", "torch.profiler: kernels -> regions -> roofline -> Amdahl ranking")
+        prof = _profile_stage(model, example_inputs, device=device, name=name, families=families,
+                              trace=opts.out_dir / TRACE_BASELINE if opts.out_dir is not None else None,
+                              lowering_cache=cache)
+        saving = _ranking(prof)
+        groups.sort(key=lambda g: -saving((g.forward or g.alternative_of or g.workload).key))
+        return prof, []
+    if opts.profile != "auto" or not groups:
+        return None, []
+    if distributed.active():
+        return None, ["profile skipped: under torch.distributed each rank would time its own number of calls"]
+    if device != "cuda":
+        # the profile ranks regions by GPU time to spend the budget where it pays; off the GPU
+        # every region gets its heuristic config, and the interpreter's times rank nothing
+        return None, ["profile skipped: off the GPU it ranks nothing (--profile on to profile anyway)"]
+    return None, ["profile skipped: every kernel came from the kernel database (--profile on to profile anyway)"]
 
 
 def _profile_stage(model: torch.nn.Module, inputs: Sequence[Any], *, device: str, name: str,

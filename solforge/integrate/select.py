@@ -163,3 +163,34 @@ def swaps(picks: dict[Workload, Pick], results: Sequence[TuneResult],
         if p.won and f not in keep and r is not None and r.best is not None:
             out[f] = (p.generated, config_text(r.best))
     return out
+
+
+@dataclass
+class Selection:
+    """What enters the model after tuning (`select`): the groups without their generated
+    alternatives, their results as tuned and as judged, the alternatives' picks, the workloads kept
+    out, the family workloads swapped for their alternative, the winners' configs, and notes."""
+
+    groups: list[_plan.WorkloadGroup]
+    results: list[TuneResult]
+    judged: list[TuneResult]
+    picks: dict[Workload, Pick]
+    keep: set[Any]
+    swapped: dict[Workload, tuple[Workload, str]]
+    winners: dict[Workload, str]
+    notes: list[str]
+
+
+def select(groups: Sequence[_plan.WorkloadGroup], results: Sequence[TuneResult], *, meaningful: bool,
+           keep_slower: bool) -> Selection:
+    """The tune stage's results -> what enters the model: each family workload keeps its kernel or
+    takes its generated alternative's (`pick_alternatives`); a region whose kernel is unverified,
+    or not faster (unless `keep_slower`: every verified kernel enters, a slower one noted), stays as
+    the model ran it (`kept_out`); a family's own kernel still serves the regions whose alternative
+    forms another workload, unless it is slower than the region as the model ran it."""
+    rest, tuned, judged, picks = pick_alternatives(groups, results, meaningful=meaningful)
+    keep, notes = kept_out(rest, judged, meaningful=meaningful, keep_slower=keep_slower)
+    swapped = swaps(picks, results, keep)
+    own_slower = set() if keep_slower else not_faster([r for r in tuned if r.workload in swapped],
+                                                        meaningful=meaningful)
+    return Selection(rest, tuned, judged, picks, keep, swapped, winner_configs(tuned, keep | own_slower), notes)
