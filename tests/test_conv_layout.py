@@ -293,3 +293,62 @@ def test_optimize_a_channels_last_chain(monkeypatch: pytest.MonkeyPatch, mode: s
         got = opt(fresh)
         torch.testing.assert_close(got, model(fresh), rtol=1e-5, atol=1e-5)
     assert got.is_contiguous()
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.b2(self.c2(torch.relu(self.b1(self.c1(x))))) + x)
+
+
+class _ResNet(torch.nn.Module):
+    """A stem (conv, bias, ReLU, max-pool), two residual blocks with eval BatchNorm, a global
+    average pool and a linear head: odd spatial sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.stem, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 5)
+        self.blocks = nn.Sequential(_Block(8), _Block(8))
+        for m in self.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.normal_()
+                m.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.blocks(F.max_pool2d(torch.relu(self.stem(x)), 2))
+        return self.fc(F.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+def test_a_resnet_runs_channels_last_between_its_input_and_its_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every convolution channels-last (forced), the residual adds and eval BatchNorms inside the
+    island: one copy in at the graph's input, one copy out before the average pool, the weights'
+    copies, and nothing else; optimize's end-to-end check passes and the outputs are eager's."""
+    from solforge import capture, optimize
+
+    monkeypatch.setattr(L, "measured", lambda n: True)
+    monkeypatch.setattr(L, "on_cuda", lambda n: True)
+    torch.manual_seed(0)
+    model = _ResNet().to(DEVICE).eval()
+    x = _r(2, 3, 15, 13)
+    with torch.no_grad():
+        b = capture.capture(model, (x,))
+    (g,) = b.graphs
+    assert g.conv_layouts == 5
+    copies = [n for n in g.aten.graph.nodes if n.target is aten.clone.default]
+    outs = [n for n in copies if n.kwargs.get("memory_format") == torch.contiguous_format]
+    assert len(copies) == 1 + 5 + 1 and len(outs) == 1, [n.format_node() for n in copies]
+    (pool,) = outs[0].users
+    assert "pool" in str(pool.target) or pool.target is aten.mean.dim, pool.format_node()
+    torch.compiler.reset()
+    with torch.no_grad():
+        opt, report = optimize(model, (x,), budget=1, max_candidates=1, db=False, profile="off", keep_slower=True,
+                               make_inputs=lambda s: (_r(2, 3, 15, 13, seed=s),))
+        assert report.e2e is not None and report.e2e.passed, report.notes
+        fresh = _r(2, 3, 15, 13, seed=11)
+        torch.testing.assert_close(opt(fresh), model(fresh), rtol=1e-5, atol=1e-5)

@@ -28,10 +28,11 @@ Off the GPU nothing is rewritten (no timing means anything there); tests pass th
 Decisions are kept per shape and parameters for the process. SOLFORGE_CONV_LAYOUT=0 turns the pass
 off.
 
-Between two rewritten convolutions, the copy back after the first and the copy in before the second
-cancel (`cancel_copies`) where every op on the way keeps the memory order (pointwise ops, pools,
-eval BatchNorm) and no value on the way leaves the graph: a CNN's conv -> ReLU -> pool -> conv
-chain runs channels-last throughout, with one copy at the graph's input and one at its output.
+Between rewritten convolutions, the copies cancel (`cancel_copies`: channels-last islands): the
+channels-last result flows through the ops that keep the memory order (pointwise ops, pools, eval
+BatchNorm) into the next convolutions, whose copies in go, and the copy back moves to where the
+island ends: a CNN's conv -> ReLU -> pool -> conv chains and a ResNet's residual adds run
+channels-last throughout, with a copy at the graph's input and one where the island ends.
 
 Before deciding, a CUDA convolution's bias moves to the region after it (`strip_bias`): ATen adds a
 cuDNN convolution's bias in a separate pass over the output, which the region after it can do for
@@ -204,6 +205,8 @@ def _keeps_layout(n: fx.Node) -> bool:
     if n.target is operator.getitem:
         return True
     t = n.target
+    if t is aten.native_batch_norm.default:  # eval only: training updates the running statistics
+        return len(n.args) > 5 and n.args[5] is False
     return t in _KEEP_LAYOUT or (isinstance(t, torch._ops.OpOverload) and torch.Tag.pointwise in t.tags
                                  and not t._schema.is_mutable)
 
@@ -214,13 +217,17 @@ def _is_copy_to(n: fx.Node, fmt: torch.memory_format) -> bool:
 
 
 def cancel_copies(gm: fx.GraphModule, backs: list[fx.Node]) -> int:
-    """Between two rewritten convolutions, the copy back to NCHW after the first and the copy to
-    channels-last before the second go when every op on the way keeps the memory order
-    (`_KEEP_LAYOUT`, pointwise ops) and no value on the way leaves the graph or is read by anything
-    else: a conv -> bias -> ReLU -> max-pool -> conv chain then runs channels-last throughout, as
-    under Inductor. The values on the way get their channels-last fake values again (their strides
-    are what generated regions compile for). Returns how many copies went."""
+    """Channels-last islands: from each rewritten convolution, its channels-last result flows
+    through the ops that keep the memory order (`_KEEP_LAYOUT`, pointwise ops) to the next
+    rewritten convolutions, whose copies in go, and the copy back to NCHW moves to where the island
+    ends (an op of unknown layout, a view: one copy before it), as Inductor lays a CNN out. A
+    conv -> BatchNorm -> ReLU -> pool -> conv chain, and a ResNet's residual adds, then run
+    channels-last throughout. An island whose values the graph returns (a training graph saves
+    them for its backward) stays as it was, as does one that would need more copies out than it
+    saves. The values on the way get their channels-last fake values again (their strides are what
+    generated regions compile for). Returns how many copies went."""
     graph, gone = gm.graph, 0
+    rewritten = {b.args[0] for b in backs}
     for back in backs:
         if back.graph is not graph or not back.users:
             continue
@@ -230,20 +237,30 @@ def cancel_copies(gm: fx.GraphModule, backs: list[fx.Node]) -> int:
             continue
         way: list[fx.Node] = []
         ends: list[fx.Node] = []
-        stack, seen, ok = list(back.users), set(), True
+        exits: list[tuple[fx.Node, fx.Node]] = []  # (the op where the island ends, the value it reads)
+        joined = 0
+        stack = [(u, back) for u in back.users]
+        seen: set[fx.Node] = set()
+        ok = True
         while stack and ok:
-            u = stack.pop()
-            if u in seen:
-                continue
-            seen.add(u)
-            if _is_copy_to(u, fmt):
-                ends.append(u)
+            u, v = stack.pop()
+            if _is_copy_to(u, fmt) and all(w in rewritten and w.args[0] is u for w in u.users):
+                ends.append(u)  # a copy in of a convolution this pass rewrote (nothing else reads it)
+            elif u in rewritten and u.args[0] is v:
+                joined += 1  # a convolution already reading the island (its copy in went before)
+            elif _is_copy_to(u, torch.contiguous_format):
+                joined += 1  # already the way out of an island
+            elif u.op == "output":
+                ok = False  # a value the graph returns (or saves for its backward) keeps its layout
             elif _keeps_layout(u):
-                way.append(u)
-                stack.extend(u.users)
+                if u not in seen:
+                    seen.add(u)
+                    way.append(u)
+                    stack.extend((w, u) for w in u.users)
             else:
-                ok = False  # a view, the graph's output, an op of unknown layout: the copy back stays
-        if not ok or not ends:
+                exits.append((u, v))
+        ends = list(dict.fromkeys(ends))
+        if not ok or not (ends or joined) or len(exits) > len(ends) + joined:
             continue
         back.replace_all_uses_with(conv)
         graph.erase_node(back)
@@ -256,8 +273,14 @@ def cancel_copies(gm: fx.GraphModule, backs: list[fx.Node]) -> int:
             kwargs = fx.node.map_arg(n.kwargs, _val)
             vals = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
             n.meta["val"] = _fake(lambda *_, t=n.target, a=args, k=kwargs: t(*a, **k), *vals)
-        gone += 1 + len(ends)
-    if gone:
+        for u, v in exits:
+            v = conv if v is back else v
+            with graph.inserting_before(u):
+                out = graph.call_function(aten.clone.default, (v,), {"memory_format": torch.contiguous_format})
+            out.meta["val"] = _fake(lambda t: t.clone(memory_format=torch.contiguous_format), _val(v))
+            u.replace_input_with(v, out)
+        gone += 1 + len(ends) - len(exits)
+    if gone or backs:
         graph.lint()
         gm.recompile()
     return gone
