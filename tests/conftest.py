@@ -104,3 +104,13 @@ def covering(configs, first=(), ignore=()):
             out.append(c)
             seen |= values
     return out
+
+
+def alternating(items, turn: int, keep: int = 1) -> list:
+    """The items a parametrized case runs here: all of them with FULL_SWEEPS, else the first `keep`
+    and every other one after them, from the first (turn even) or the second (turn odd). Two cases
+    whose turns differ by one (the two dtypes of one shape) run every item between them."""
+    items = list(items)
+    if FULL_SWEEPS:
+        return items
+    return items[:keep] + items[keep:][turn % 2::2]

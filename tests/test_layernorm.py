@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import DEVICE, FULL_SWEEPS, covering, requires_gpu
+from conftest import DEVICE, FULL_SWEEPS, alternating, covering, requires_gpu
 
 from solforge.kernels import add_layernorm as A
 from solforge.kernels import layernorm as L
@@ -213,9 +213,12 @@ def test_bwd_config_text() -> None:
 # backward
 
 
+BWD_CASES = [((5, 48), True, True, False), ((3, 7, 130), True, False, True), ((9, 64), False, True, True),
+             ((4, 33), False, False, False)]
+
+
 @pytest.mark.parametrize("dtype", [BF16, FP32])
-@pytest.mark.parametrize("shape,weight,bias,ds", [((5, 48), True, True, False), ((3, 7, 130), True, False, True),
-                                                  ((9, 64), False, True, True), ((4, 33), False, False, False)])
+@pytest.mark.parametrize("shape,weight,bias,ds", BWD_CASES)
 def test_backward_kernel(dtype: torch.dtype, shape: tuple[int, ...], weight: bool, bias: bool, ds: bool) -> None:
     g = torch.Generator().manual_seed(len(shape) + shape[-1])
     x = (torch.randn(*shape, generator=g) * 2 + torch.randn(*shape[:-1], 1, generator=g) * 3).to(dtype).to(DEVICE)
@@ -234,7 +237,10 @@ def test_backward_kernel(dtype: torch.dtype, shape: tuple[int, ...], weight: boo
                  L.BwdConfig(2, 1, 2, bh, bt, stages=2), L.BwdConfig(1, 1, 1, bh, bt, stages=2, evict=1)]
     # the next tile loaded ahead (one block), and rmsnorm_bwd's config with it
     cfgs += [L.BwdConfig(2, 1, 1, stages=2), RmsBwdConfig(1, 1, 2, stages=2)]
-    for cfg in cfgs:
+    # every config at both dtypes on a GPU; through the interpreter the heuristic at both and the
+    # others alternate between the dtypes, and between shapes, so each runs at each shape and dtype
+    turn = [c[0] for c in BWD_CASES].index(shape) + (dtype == FP32)
+    for cfg in alternating(cfgs, turn):
         dx, *parts = L.layernorm_bwd(dy, x, w, EPS, ds=dsx, bias_grad=bias, config=cfg)
         c = compare(dx, rdx)
         assert c.ok, c.reason
@@ -266,7 +272,9 @@ def test_backward_space(rows: int, H: int, stride: int, residual: bool) -> None:
     sample = space[::stride]  # no multiple of 3: every config comes in threes (stages, evict)
     assert any(c.stages == 2 and c.block_t for c in sample) is split and any(c.stages == 1 for c in sample)
     assert any(c.block_t for c in sample) is split and any(not c.block_t for c in sample)
-    for cfg in covering(sample):  # the whole sample on a GPU
+    # the whole sample on a GPU; through the interpreter a covering part of it, whose configs after
+    # the first alternate between the cases with and without the residual gradient
+    for cfg in alternating(covering(sample), residual):
         dx, dw, db = L.layernorm_bwd(dy, x, w, EPS, ds=dsx, bias_grad=True, config=cfg)
         c = compare(dx, rdx)
         assert c.ok, f"{cfg.encode()}: {c.reason}"
