@@ -82,8 +82,11 @@ def on_device():
 # A sweep over a family's config space runs whole on a GPU, where a config costs milliseconds. Through
 # Triton's interpreter (CI: 2 cores, no GPU) a config costs seconds, so there the sweep runs a covering
 # sample: `first`, then each config that brings a field value not yet run within its variant, so every
-# variant and every value of every field of it runs at least once. SOLFORGE_FULL_SWEEPS=1 runs them whole.
-FULL_SWEEPS = torch.cuda.is_available() or os.environ.get("SOLFORGE_FULL_SWEEPS") == "1"
+# variant and every value of every field of it runs at least once. SOLFORGE_FULL_SWEEPS=1 runs them whole,
+# and so does SOLFORGE_CODEGEN_FULL=1 (the GPU runs' switch for the codegen tests' schedules): one
+# switch runs every sampled sweep whole.
+FULL_SWEEPS = torch.cuda.is_available() or os.environ.get("SOLFORGE_FULL_SWEEPS") == "1" or \
+    os.environ.get("SOLFORGE_CODEGEN_FULL", "") not in ("", "0")
 
 
 def covering(configs, first=(), ignore=()):
@@ -104,3 +107,13 @@ def covering(configs, first=(), ignore=()):
             out.append(c)
             seen |= values
     return out
+
+
+def alternating(items, turn: int, keep: int = 1) -> list:
+    """The items a parametrized case runs here: all of them with FULL_SWEEPS, else the first `keep`
+    and every other one after them, from the first (turn even) or the second (turn odd). Two cases
+    whose turns differ by one (the two dtypes of one shape) run every item between them."""
+    items = list(items)
+    if FULL_SWEEPS:
+        return items
+    return items[:keep] + items[keep:][turn % 2::2]

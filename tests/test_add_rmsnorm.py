@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import DEVICE, requires_gpu
+from conftest import DEVICE, alternating, covering, requires_gpu
 
 from solforge.kernels import add_rmsnorm as A
 from solforge.kernels import rmsnorm as R
@@ -48,7 +48,9 @@ def test_every_config_in_space(rows: int, H: int) -> None:
     wl = _wl(rows, H)
     configs = A.space(wl)
     assert configs and all(c.variant in A.VARIANTS and A.is_valid(c, wl) for c in configs)
-    for c in configs[:12]:
+    # the whole space on a GPU; through the interpreter a covering sample: every variant, block split,
+    # rows and evict value (the warps only size the same program's work)
+    for c in covering(configs, ignore=("num_warps",)):
         _check(wl, c)
 
 
@@ -85,18 +87,25 @@ def test_bad_inputs() -> None:
 # backward
 
 
+BWD_CASES = [((5, 48), True, False, True), ((3, 7, 130), True, True, False), ((9, 64), False, True, False),
+             ((4, 200), True, True, True)]
+
+
 @pytest.mark.parametrize("dtype", [BF16, FP32])
-@pytest.mark.parametrize("shape,weight,ds,rbw", [((5, 48), True, False, True), ((3, 7, 130), True, True, False),
-                                                 ((9, 64), False, True, False), ((4, 200), True, True, True)])
+@pytest.mark.parametrize("shape,weight,ds,rbw", BWD_CASES)
 def test_backward_kernel(dtype: torch.dtype, shape: tuple[int, ...], weight: bool, ds: bool, rbw: bool) -> None:
     g = torch.Generator().manual_seed(len(shape))
     x, dy = (torch.randn(*shape, generator=g).to(dtype).to(DEVICE) for _ in range(2))
     w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(dtype).to(DEVICE) if weight else None
     dsx = torch.randn(*shape, generator=g).to(dtype).to(DEVICE) if ds else None
     # heuristic; loops of several tiles (4 fake SMs); the main block + tail split (130 = 128 + 2,
-    # 200 = 128 + a masked 128), the next tile loaded ahead, evict_first loads
-    for cfg in (None, BwdConfig(2, 1, 1), BwdConfig(1, 1, 2), BwdConfig(2, 1, 1, split=1, stages=2),
-                BwdConfig(1, 1, 2, split=1, evict=1), BwdConfig(4, 1, 1, stages=2)):
+    # 200 = 128 + a masked 128), the next tile loaded ahead, evict_first loads. Every config at both
+    # dtypes on a GPU; through the interpreter the heuristic at both and the others alternate between
+    # the two dtypes, and between shapes, so each config runs at each shape and at each dtype
+    cfgs = (None, BwdConfig(2, 1, 1), BwdConfig(1, 1, 2), BwdConfig(2, 1, 1, split=1, stages=2),
+            BwdConfig(1, 1, 2, split=1, evict=1), BwdConfig(4, 1, 1, stages=2))
+    turn = [c[0] for c in BWD_CASES].index(shape) + (dtype == FP32)
+    for cfg in alternating(cfgs, turn):
         dx, *dw = rmsnorm_bwd(dy, x, w, EPS, round_before_weight=rbw, ds=dsx, config=cfg)
         rdx, *rdw = rmsnorm_bwd_ref(dy, x, w, EPS, round_before_weight=rbw, ds=dsx)
         assert dx.dtype == rdx.dtype == dtype

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from codegen_helpers import trace
+from conftest import alternating
 
 from solforge.codegen import online
 from solforge.codegen import reference as REF
@@ -181,22 +182,32 @@ def test_split_rows_and_split_tiles(dtype: torch.dtype) -> None:
     # row 0's first share all -inf (a program whose partial max is -inf), row 1 all -inf
     x = _specials(_rows(5, 1500, dtype=dtype))
     x[0, :384] = float("-inf")
-    for fn, loops in ((lambda x: torch.softmax(x, -1), 2), (lambda x: torch.logsumexp(x, -1), 1)):
+
+    def split_rows(fn: Callable[[torch.Tensor], torch.Tensor], loops: int) -> None:
         low = _low(fn, x)
         sched = SC.Schedule("split", 128, 2, 4, 1, 1, 4)
         _online_vs_multipass(low, [x], sched, loops=loops)
         assert len(passes(low, dataclasses.replace(sched, online=1))) == len(passes(low, sched)) - 1  # one launch fewer
+
     # a user-written softmax (the max unshifted: a share of -inf must not make its partial NaN)
     def soft(x: torch.Tensor) -> torch.Tensor:
         e = torch.exp(x - x.amax(-1, keepdim=True))
         return e / e.sum(-1, keepdim=True)
 
-    low = _low(soft, x)
-    _online_vs_multipass(low, [x], SC.Schedule("split", 128, 1, 4, 1, 1, 4), loops=2)
+    def user_softmax() -> None:
+        _online_vs_multipass(_low(soft, x), [x], SC.Schedule("split", 128, 1, 4, 1, 1, 4), loops=2)
+
     # split tiles of a transposed input: 4 rows x 32 of the row a tile, the row over 4 programs
-    xt = x.t().contiguous().t()
-    low = _low(lambda x: torch.log_softmax(x, -1), xt)
-    _online_vs_multipass(low, [xt], SC.Schedule("tiles", 4, 1, 4, 0, 32, 4), loops=2)
+    def split_tiles() -> None:
+        xt = x.t().contiguous().t()
+        low = _low(lambda x: torch.log_softmax(x, -1), xt)
+        _online_vs_multipass(low, [xt], SC.Schedule("tiles", 4, 1, 4, 0, 32, 4), loops=2)
+
+    cases = [lambda: split_rows(lambda x: torch.softmax(x, -1), 2),
+             lambda: split_rows(lambda x: torch.logsumexp(x, -1), 1), user_softmax, split_tiles]
+    # every case at both dtypes on a GPU; through the interpreter each case at one of them, in turn
+    for case in alternating(cases, DTYPES.index(dtype), keep=0):
+        case()
 
 
 def test_nan_rows() -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import DEVICE, FULL_SWEEPS, covering, requires_gpu
+from conftest import DEVICE, FULL_SWEEPS, alternating, covering, requires_gpu
 
 from solforge.kernels import add_layernorm as A
 from solforge.kernels import layernorm as L
@@ -65,7 +65,7 @@ def test_every_config_in_space(rows: int, H: int, residual: bool) -> None:
     assert {c.variant for c in configs} == {"row", "rows"} and all(L.is_valid(c, wl) for c in configs)
     # 96 = 64 + 32 and 80 = 64 + 16 are split into a main block and a tail; 200 (-> 256) is not
     assert any(c.block_t for c in configs) is (H != 200)
-    for c in covering(configs):  # the whole space on a GPU
+    for c in covering(configs, ignore=("num_warps",)):  # the whole space on a GPU (warps size the same work)
         _check(wl, c)
 
 
@@ -80,7 +80,9 @@ def test_split_variant_every_chunking(rows: int, H: int, dtype: torch.dtype) -> 
     # once and each choice at least once (the chunk loop and the affine step are separate code)
     pairs = [(a, c) for a in affine for c in chunks] if FULL_SWEEPS else \
         [(affine[i % len(affine)], c) for i, c in enumerate(chunks)]
-    for (weight, bias), (chunk, warps) in pairs:
+    # and the chunkings alternate between the two dtypes there: each runs at every shape, in one of them
+    turn = [(3, 1000), (2, 4096), (5, 777), (1, 33)].index((rows, H)) + (dtype == BF16)
+    for (weight, bias), (chunk, warps) in alternating(pairs, turn, keep=0):
         wl = _wl(rows, H, dtype=dtype, weight=weight, bias=bias)
         c = L.Config("split", chunk, 0, 1, warps)
         assert L.is_valid(c, wl), c
@@ -213,9 +215,12 @@ def test_bwd_config_text() -> None:
 # backward
 
 
+BWD_CASES = [((5, 48), True, True, False), ((3, 7, 130), True, False, True), ((9, 64), False, True, True),
+             ((4, 33), False, False, False)]
+
+
 @pytest.mark.parametrize("dtype", [BF16, FP32])
-@pytest.mark.parametrize("shape,weight,bias,ds", [((5, 48), True, True, False), ((3, 7, 130), True, False, True),
-                                                  ((9, 64), False, True, True), ((4, 33), False, False, False)])
+@pytest.mark.parametrize("shape,weight,bias,ds", BWD_CASES)
 def test_backward_kernel(dtype: torch.dtype, shape: tuple[int, ...], weight: bool, bias: bool, ds: bool) -> None:
     g = torch.Generator().manual_seed(len(shape) + shape[-1])
     x = (torch.randn(*shape, generator=g) * 2 + torch.randn(*shape[:-1], 1, generator=g) * 3).to(dtype).to(DEVICE)
@@ -234,7 +239,10 @@ def test_backward_kernel(dtype: torch.dtype, shape: tuple[int, ...], weight: boo
                  L.BwdConfig(2, 1, 2, bh, bt, stages=2), L.BwdConfig(1, 1, 1, bh, bt, stages=2, evict=1)]
     # the next tile loaded ahead (one block), and rmsnorm_bwd's config with it
     cfgs += [L.BwdConfig(2, 1, 1, stages=2), RmsBwdConfig(1, 1, 2, stages=2)]
-    for cfg in cfgs:
+    # every config at both dtypes on a GPU; through the interpreter the heuristic at both and the
+    # others alternate between the dtypes, and between shapes, so each runs at each shape and dtype
+    turn = [c[0] for c in BWD_CASES].index(shape) + (dtype == FP32)
+    for cfg in alternating(cfgs, turn):
         dx, *parts = L.layernorm_bwd(dy, x, w, EPS, ds=dsx, bias_grad=bias, config=cfg)
         c = compare(dx, rdx)
         assert c.ok, c.reason
@@ -266,7 +274,9 @@ def test_backward_space(rows: int, H: int, stride: int, residual: bool) -> None:
     sample = space[::stride]  # no multiple of 3: every config comes in threes (stages, evict)
     assert any(c.stages == 2 and c.block_t for c in sample) is split and any(c.stages == 1 for c in sample)
     assert any(c.block_t for c in sample) is split and any(not c.block_t for c in sample)
-    for cfg in covering(sample):  # the whole sample on a GPU
+    # the whole sample on a GPU; through the interpreter a covering part of it, whose configs after
+    # the first alternate between the cases with and without the residual gradient
+    for cfg in alternating(covering(sample), residual):
         dx, dw, db = L.layernorm_bwd(dy, x, w, EPS, ds=dsx, bias_grad=True, config=cfg)
         c = compare(dx, rdx)
         assert c.ok, f"{cfg.encode()}: {c.reason}"

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn as nn
-from conftest import DEVICE, HAND_WRITTEN, covering, requires_gpu
+from conftest import DEVICE, FULL_SWEEPS, HAND_WRITTEN, covering, requires_gpu
 
 from solforge import capture, plan
 from solforge.integrate import integrate
@@ -364,10 +364,14 @@ def _families(m: nn.Module, x: torch.Tensor) -> list[tuple[str, int, Workload]]:
     return sorted(((g.workload.family, g.count, g.workload) for g in groups), key=lambda t: (t[0], t[1]))
 
 
-def _integrated(m: nn.Module, x: torch.Tensor, families: tuple[str, ...] | None = HAND_WRITTEN):  # noqa: ANN202
-    with torch.no_grad():
-        groups = plan.plan(capture.capture(m, (x,)).graphs, families)
-    winners = {g.workload: family_module(g.workload.family).heuristic(g.workload).encode() for g in groups}
+def _integrated(m: nn.Module, x: torch.Tensor, families: tuple[str, ...] | None = HAND_WRITTEN,  # noqa: ANN202
+                found: list[tuple[str, int, Workload]] | None = None):
+    """`found`: what _families(m, x) found (the same capture and families), rather than capture again."""
+    if found is None:
+        with torch.no_grad():
+            found = [(g.workload.family, g.count, g.workload)
+                     for g in plan.plan(capture.capture(m, (x,)).graphs, families)]
+    winners = {wl: family_module(wl.family).heuristic(wl).encode() for _f, _c, wl in found}
     return integrate(m, winners, families=families)
 
 
@@ -383,7 +387,7 @@ def test_hf_attention_is_matched_and_swapped(dtype: torch.dtype, qk_norm: bool, 
     assert wl.shapes[:4] == ((2, 7, 6, 16), (2, 7, 2, 16), (1, 7, 16), (1, 7, 16))
     assert wl.param("norm") is qk_norm and wl.param("heads_first") is (not token_major)
     assert wl.param("round_before_weight") is (qk_norm and dtype == BF16)
-    opt, stats = _integrated(m, x)
+    opt, stats = _integrated(m, x, found=found)
     with torch.no_grad():
         out, ref = opt(x), m(x)
     assert stats.total == 1
@@ -413,7 +417,7 @@ def test_rope_whose_rotate_half_leaks_keeps_it_and_leaves_the_norms_out() -> Non
     (rope,) = plan.find_matches(g.aten.graph, ["rope"])
     assert [n.target for n in rope.kept if n.target in (torch.ops.aten.cat.default, torch.ops.aten.neg.default)] \
         == [torch.ops.aten.neg.default, torch.ops.aten.cat.default]
-    opt, stats = _integrated(m, x)
+    opt, stats = _integrated(m, x, found=found)
     with torch.no_grad():
         out, ref = opt(x), m(x)
     assert stats.total == 3 and compare(out, ref).ok
@@ -427,7 +431,7 @@ def test_norm_output_used_elsewhere_is_not_fused() -> None:
     found = _families(m, x)
     assert [(f, c) for f, c, _ in found] == [("rmsnorm", 1), ("rmsnorm", 1), ("rope", 1)]
     assert found[2][2].param("norm") is False
-    opt, stats = _integrated(m, x)
+    opt, stats = _integrated(m, x, found=found)
     with torch.no_grad():
         out, ref = opt(x), m(x)
     assert stats.total == 3 and compare(out, ref).ok
@@ -525,8 +529,11 @@ def test_heuristics_are_valid(B: int, S: int, Hq: int, Hk: int, D: int) -> None:
     assert R.is_valid(R.heuristic(wl), wl) and R.is_valid(R.bwd_heuristic(wl), wl)
 
 
-@pytest.mark.parametrize("stages", [1, 2])
-@pytest.mark.parametrize("norm,weight", [(True, True), (False, False)])
+# every pairing on a GPU; through the interpreter each stage count once and each norm form once
+PERSISTENT = [(s, n, n) for s in (1, 2) for n in (True, False)] if FULL_SWEEPS else [(1, True, True), (2, False, False)]
+
+
+@pytest.mark.parametrize("stages,norm,weight", PERSISTENT)
 def test_persistent_forward_matches_the_tile_kernel(stages: int, norm: bool, weight: bool) -> None:
     """progs > 0: the grid-stride forward (4 fake SMs: several token blocks a program, a ragged
     last one) computes what the one-program-per-tile kernel does, bit for bit."""
