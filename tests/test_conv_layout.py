@@ -102,7 +102,7 @@ def test_the_timing_counts_the_copy_back_only_where_no_region_takes_it(monkeypat
         assert L.copy_back_fuses(conv) is fuses
         if DEVICE == "cuda":
             assert L.measured(conv) is False
-            assert keys[-1][-1] is (not fuses)  # the key's last item: the copy back is a pass of its own
+            assert keys[-1][-2] is (not fuses)  # the key's item: the copy back is a pass of its own
     two = trace(lambda x, w1, w2: F.conv2d(F.conv2d(x, w1), w2), _r(2, 5, 9, 11), _r(6, 5, 3, 3, seed=1),
                 _r(4, 6, 3, 3, seed=2))
     first = _convs(two)[0]
@@ -226,7 +226,10 @@ def test_copies_between_two_channels_last_convolutions_cancel() -> None:
     say so), only the graph's first input and its output are copied, and the values are eager's."""
     gm = trace(_chain, *CHAIN)
     want = _chain(*CHAIN)
-    assert L.channels_last_convolutions(gm, decide=lambda n: True, strip=lambda n: True) == 2
+    free: list[bool] = []  # at each decision: will its copy in cancel? (then the timing leaves it out)
+    assert L.channels_last_convolutions(gm, decide=lambda n: free.append(L.copy_in_free(n)) or True,
+                                        strip=lambda n: True) == 2
+    assert free == [False, True]
     first, second = _convs(gm)
     assert second.args[0].target is not aten.clone.default  # the copy in is gone
     copies = [n for n in gm.graph.nodes if n.target is aten.clone.default]
@@ -331,7 +334,8 @@ def test_a_resnet_runs_channels_last_between_its_input_and_its_pool(monkeypatch:
     copies, and nothing else; optimize's end-to-end check passes and the outputs are eager's."""
     from solforge import capture, optimize
 
-    monkeypatch.setattr(L, "measured", lambda n: True)
+    free: list[bool] = []  # per decision: the copy in will cancel (only the stem's input is copied)
+    monkeypatch.setattr(L, "measured", lambda n: free.append(L.copy_in_free(n)) or True)
     monkeypatch.setattr(L, "on_cuda", lambda n: True)
     torch.manual_seed(0)
     model = _ResNet().to(DEVICE).eval()
@@ -339,7 +343,7 @@ def test_a_resnet_runs_channels_last_between_its_input_and_its_pool(monkeypatch:
     with torch.no_grad():
         b = capture.capture(model, (x,))
     (g,) = b.graphs
-    assert g.conv_layouts == 5
+    assert g.conv_layouts == 5 and free == [False, True, True, True, True]
     copies = [n for n in g.aten.graph.nodes if n.target is aten.clone.default]
     outs = [n for n in copies if n.kwargs.get("memory_format") == torch.contiguous_format]
     assert len(copies) == 1 + 5 + 1 and len(outs) == 1, [n.format_node() for n in copies]

@@ -18,8 +18,10 @@ formation fuses with the ops after the convolution (a ReLU and a bias add then r
 channels-last output once and write the contiguous result once: no extra pass over memory).
 
 Whether to rewrite is measured, not guessed: `decide(node)` times the convolution both ways on the
-GPU at the node's shapes, dtypes and parameters (random inputs), the channels-last way with both
-input copies counted, and rewrites only where that is at least MARGIN faster. The output copy is
+GPU at the node's shapes, dtypes and parameters (random inputs), the channels-last way with the
+weight's copy counted and the input's unless it comes channels-last from an earlier rewritten
+convolution through ops that keep the layout (`copy_in_free`: that copy cancels), and rewrites
+only where that is at least MARGIN faster. The output copy is
 counted too unless every op reading the convolution's result can be in a generated region (then
 the copy back is that region's strided read, no pass of its own: `copy_back_fuses`). With it
 always counted, no convolution of KernelBench level 2's rows run (H100/H200, 2026-11-27) was
@@ -92,23 +94,41 @@ def copy_back_fuses(n: fx.Node) -> bool:
         and torch.Tag.pointwise in u.target.tags for u in n.users)
 
 
+def copy_in_free(n: fx.Node) -> bool:
+    """Whether the copy in before convolution `n` will cancel (`cancel_copies`): its input comes,
+    through ops that keep the memory order and copies back, from a convolution this pass already
+    made channels-last (the pass goes in graph order). Follows each op's first input."""
+    v = n.args[0]
+    for _ in range(256):
+        if not isinstance(v, fx.Node) or v.op != "call_function":
+            return False
+        if v.target is CONV:
+            out = _val(v)
+            fmt = _format(out.dim()) if isinstance(out, torch.Tensor) else None
+            return fmt is not None and out.is_contiguous(memory_format=fmt) and not out.is_contiguous()
+        if not (_is_copy_to(v, torch.contiguous_format) or _keeps_layout(v)):
+            return False
+        v = next((a for a in v.args if isinstance(a, fx.Node)), None)
+    return False
+
+
 def _key(n: fx.Node) -> tuple[Any, ...]:
     """What the timing depends on: shapes, strides, dtypes, device, whether there is a bias, the
-    convolution's parameters (stride, padding, dilation, transposed, output padding, groups) and
-    whether the copy back is a pass of its own."""
+    convolution's parameters (stride, padding, dilation, transposed, output padding, groups),
+    whether the copy back is a pass of its own and whether the copy in is."""
     x, w = _val(n.args[0]), _val(n.args[1])
     return (tuple(x.shape), tuple(x.stride()), x.dtype, tuple(w.shape), w.dtype, str(x.device),
-            n.args[2] is not None, _hashable(tuple(n.args[3:])), not copy_back_fuses(n))
+            n.args[2] is not None, _hashable(tuple(n.args[3:])), not copy_back_fuses(n), not copy_in_free(n))
 
 
 @functools.cache
 def _measured(key: tuple[Any, ...]) -> bool:
-    """Time the convolution of `key` as the graph runs it and the channels-last way (copies in
-    counted, the copy out where it is a pass of its own) on the GPU; True where the latter is at
-    most MARGIN of the former."""
+    """Time the convolution of `key` as the graph runs it and the channels-last way (the weight's
+    copy counted, the input's and the output's where each is a pass of its own) on the GPU; True
+    where the latter is at most MARGIN of the former."""
     from solforge.tune.timing import time_kernel
 
-    xshape, xstride, dtype, wshape, wdtype, device, has_bias, rest, copy_back = key
+    xshape, xstride, dtype, wshape, wdtype, device, has_bias, rest, copy_back, copy_in = key
     fmt = _format(len(xshape))
     transposed, groups = rest[3], rest[5]
     try:
@@ -121,8 +141,10 @@ def _measured(key: tuple[Any, ...]) -> bool:
         def plain() -> Any:
             return CONV(x, w, b, *rest)
 
+        x_last = x.contiguous(memory_format=fmt)  # the island's input, already channels-last
+
         def last() -> Any:
-            out = CONV(x.clone(memory_format=fmt), w.clone(memory_format=fmt), b, *rest)
+            out = CONV(x.clone(memory_format=fmt) if copy_in else x_last, w.clone(memory_format=fmt), b, *rest)
             return out.clone(memory_format=torch.contiguous_format) if copy_back else out
 
         t0, t1 = time_kernel(plain, "cuda"), time_kernel(last, "cuda")
