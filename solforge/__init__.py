@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["backend", "optimize", "profile", "restore", "step_graphs"]
+__all__ = ["backend", "optimize", "profile", "restore", "skip_logits", "step_graphs"]
 
 # the device files of a GPU that Triton can compile for (NVIDIA, WSL's, AMD's)
 _GPU_DEVICE_FILES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
@@ -63,6 +63,17 @@ def restore(model: Any) -> Any:
     from solforge.runtime.inplace import restore as _restore
 
     return _restore(model)
+
+
+def skip_logits(model: Any) -> Any:
+    """`optimize`'s skip_logits for a model run any other way (`torch.compile(model,
+    backend="solforge")`, another backend, eager): a training call whose output has a loss returns
+    `logits=None`, so under a compiler the LM head and the loss can fuse. Wraps the model's forward
+    (an instance attribute; state_dict, signature, deepcopy and pickle unchanged); returns a handle
+    (`handle.remove()` turns it off). See solforge.runtime.logits."""
+    from solforge.runtime.logits import install
+
+    return install(model)
 
 
 def backend(**options: Any) -> Any:

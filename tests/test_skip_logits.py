@@ -192,3 +192,48 @@ def test_trainer_trains_with_the_option(tmp_path: Path) -> None:
         assert float(eager.norm()) > 0, name
         err = float((mine - eager).norm() / eager.norm())
         assert err < (1e-3 if DEVICE == "cpu" else 3e-3), (name, err)  # the GPU's bf16/TF32 matmuls: 1.1e-3 seen
+
+
+def test_the_option_under_the_solforge_backend(tmp_path: Path) -> None:
+    """`solforge.skip_logits(model)` then `torch.compile(model, backend="solforge")`: dynamo traces
+    the wrapped forward, so the training graph has no logits output and the fused head + loss op
+    runs in it; the loss and the gradients are eager's; eval calls keep their logits; the model's
+    keys and signature are its own, a deepcopy's forward is the copy's, torch.save works; the
+    handle takes the option off."""
+    import inspect
+
+    from solforge import dynamo
+
+    torch._dynamo.reset()
+    ref = _qwen3()
+    model = copy.deepcopy(ref)
+    keys, sig = list(model.state_dict()), inspect.signature(model.forward)
+    handle = solforge.skip_logits(model)
+    assert list(model.state_dict()) == keys and inspect.signature(model.forward) == sig
+    twin = copy.deepcopy(model)
+    assert twin.forward.model is twin
+    torch.save(model, tmp_path / "m.pt")
+    assert torch.load(tmp_path / "m.pt", weights_only=False).forward.model is not model
+    before = len(dynamo.history)
+    compiled = torch.compile(model, backend="solforge", options={"budget": 0, "db": False, "mode": "train",
+                                                                  "families": ["linear_cross_entropy"]})
+    ids, labels = _batch(4)
+    model.train()
+    ref.train()
+    got, calls = _lce_calls(lambda: compiled(input_ids=ids, labels=labels))
+    assert got.logits is None and calls >= 1
+    assert any(r.solforge_calls() >= 1 and r.error is None for r in list(dynamo.history)[before:])
+    got.loss.backward()
+    want = ref(input_ids=ids, labels=labels)
+    want.loss.backward()
+    torch.testing.assert_close(got.loss, want.loss, atol=1e-5, rtol=1e-5)
+    got_g, want_g = _grads(model), _grads(ref)
+    assert set(got_g) == set(want_g)
+    for n, g in want_g.items():
+        assert float((got_g[n] - g).norm() / g.norm()) < 1e-4, n
+    with torch.no_grad():
+        model.eval()
+        assert model(input_ids=ids, labels=labels).logits is not None
+        model.train()
+        handle.remove()
+        assert model(input_ids=ids, labels=labels).logits is not None

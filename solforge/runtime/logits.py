@@ -16,6 +16,8 @@ is the model's own."""
 
 from __future__ import annotations
 
+import copy
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -46,3 +48,49 @@ def skipping(model: torch.nn.Module, call: Callable[..., Any]) -> Callable[..., 
         return shown(model, call(*args, **kwargs))
 
     return skipping_logits
+
+
+class SkipLogitsForward:
+    """`model.forward` with the option on (`install`): the model's own forward, then `shown`. An
+    instance attribute, so every way of calling the model goes through it (`torch.compile` traces
+    `forward`, not the module's hooks), dynamo inlines it, and it shows the forward's signature
+    (HF Trainer reads it). A deepcopy or pickle of the model carries it, bound to the copy."""
+
+    def __init__(self, model: torch.nn.Module, forward: Callable[..., Any]) -> None:
+        self.model, self.forward = model, forward
+        self.__signature__ = inspect.signature(forward)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return shown(self.model, self.forward(*args, **kwargs))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SkipLogitsForward:
+        model = copy.deepcopy(self.model, memo)  # the copy being made: deepcopy put it in memo first
+        return SkipLogitsForward(model, type(model).forward.__get__(model))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebind, (self.model,)
+
+
+def _rebind(model: torch.nn.Module) -> SkipLogitsForward:
+    return SkipLogitsForward(model, type(model).forward.__get__(model))
+
+
+class Installed:
+    """What `install` returns: `remove()` gives the model its own forward back."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def remove(self) -> None:
+        if isinstance(self.model.__dict__.get("forward"), SkipLogitsForward):
+            del self.model.forward
+
+
+def install(model: torch.nn.Module) -> Installed:
+    """The option for any way of running `model` (eager, `torch.compile(model)` with any backend,
+    `backend="solforge"`, Trainer): its forward becomes `SkipLogitsForward`, which dynamo traces
+    with the model, so under a compiler the logits are no graph output either. Returns a handle
+    (`.remove()` turns it off). The model's own forward (its class's) is what runs inside."""
+    if not isinstance(model.__dict__.get("forward"), SkipLogitsForward):
+        model.forward = SkipLogitsForward(model, type(model).forward.__get__(model))
+    return Installed(model)
