@@ -23,6 +23,19 @@ def _r(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
 
 
+def _strides_as_planned(gm: Any, env: dict[Any, Any]) -> None:
+    """Every value's strides when the graph runs are its fake value's (what regions compile for),
+    over the dims of size > 1."""
+    for n, v in env.items():
+        fake = n.meta.get("val")
+        pairs = [(v, fake)] if isinstance(v, torch.Tensor) else list(zip(v, fake, strict=False)) \
+            if isinstance(v, tuple) and isinstance(fake, tuple | list) else []
+        for got, want in pairs:
+            if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
+                dims = [d for d in range(got.dim()) if got.shape[d] > 1]
+                assert [got.stride(d) for d in dims] == [want.stride(d) for d in dims], n.format_node()
+
+
 def _convs(gm: Any) -> list[Any]:
     return [n for n in gm.graph.nodes if n.target is aten.convolution.default]
 
@@ -239,6 +252,7 @@ def test_copies_between_two_channels_last_convolutions_cancel() -> None:
     assert pool.meta["val"][0].is_contiguous(memory_format=torch.channels_last)
     env = values(gm, *CHAIN)
     assert env[pool][0].is_contiguous(memory_format=torch.channels_last)  # it really ran that way
+    _strides_as_planned(gm, env)
     got = gm(*CHAIN)
     got = got[0] if isinstance(got, tuple | list) else got
     assert got.stride() == want.stride()
@@ -349,6 +363,20 @@ def test_a_resnet_runs_channels_last_between_its_input_and_its_pool(monkeypatch:
     assert len(copies) == 1 + 5 + 1 and len(outs) == 1, [n.format_node() for n in copies]
     (pool,) = outs[0].users
     assert "pool" in str(pool.target) or pool.target is aten.mean.dim, pool.format_node()
+    # the same net traced here (its weights and statistics inputs): every value runs with its
+    # planned strides
+    state = dict(model.state_dict())
+    names = list(state)
+
+    def net(t: torch.Tensor, *ps: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(model, dict(zip(names, ps, strict=True)), (t,))
+
+    args = [x, *(state[k].detach() for k in names)]
+    gm = trace(net, *args)
+    assert L.channels_last_convolutions(gm, decide=lambda n: True, strip=lambda n: True) == 5
+    assert sum(n.target is aten.clone.default and n.kwargs.get("memory_format") == torch.contiguous_format
+               for n in gm.graph.nodes) == 1
+    _strides_as_planned(gm, values(gm, *args))
     torch.compiler.reset()
     with torch.no_grad():
         opt, report = optimize(model, (x,), budget=1, max_candidates=1, db=False, profile="off", keep_slower=True,
@@ -356,3 +384,22 @@ def test_a_resnet_runs_channels_last_between_its_input_and_its_pool(monkeypatch:
         assert report.e2e is not None and report.e2e.passed, report.notes
         fresh = _r(2, 3, 15, 13, seed=11)
         torch.testing.assert_close(opt(fresh), model(fresh), rtol=1e-5, atol=1e-5)
+
+
+def test_an_island_whose_ends_would_not_be_channels_last_stays() -> None:
+    """`y + conv(x)` with y an NCHW input: the sum comes out NCHW (the first operand's layout), so
+    the next convolution would not read channels-last what its fake value says it reads: the copies
+    stay, and every value runs with the strides it was planned with."""
+    def f(x, w1, y, w2):  # noqa: ANN001, ANN202
+        return F.conv2d(torch.relu(y + F.conv2d(x, w1, padding=1)), w2)
+
+    xs = [_r(2, 3, 9, 7), _r(6, 3, 3, 3, seed=1), _r(2, 6, 9, 7, seed=2), _r(4, 6, 3, 3, seed=3)]
+    gm = trace(f, *xs)
+    assert L.channels_last_convolutions(gm, decide=lambda n: True, strip=lambda n: True) == 2
+    second = _convs(gm)[1]
+    assert second.args[0].target is aten.clone.default  # its copy in stayed
+    env = values(gm, *xs)
+    _strides_as_planned(gm, env)
+    got = gm(*xs)
+    torch.testing.assert_close(got[0] if isinstance(got, tuple | list) else got, f(*xs), rtol=1e-5, atol=1e-5)
+

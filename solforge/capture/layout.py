@@ -238,6 +238,44 @@ def _is_copy_to(n: fx.Node, fmt: torch.memory_format) -> bool:
             and n.kwargs.get("memory_format") == fmt and len(n.args) == 1)
 
 
+def _island_values(graph: fx.Graph, back: fx.Node, conv: fx.Node, way: list[fx.Node]) -> dict[fx.Node, Any] | None:
+    """The fake values the ops on the way would have with the convolution's channels-last result in
+    place of the copy back (None: one of them cannot be computed)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    new: dict[fx.Node, Any] = {}
+
+    def val(a: Any) -> Any:
+        return _val(conv) if a is back else new[a] if a in new else _val(a)
+
+    try:
+        for n in sorted(way, key=order.__getitem__):
+            args, kwargs = fx.node.map_arg(n.args, val), fx.node.map_arg(n.kwargs, val)
+            vals = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+            new[n] = _fake(lambda *_, t=n.target, a=args, k=kwargs: t(*a, **k), *vals)
+    except Exception:  # noqa: BLE001 - an op the fake values cannot run: the island stays as it is
+        return None
+    return new
+
+
+def _island_holds(new: dict[fx.Node, Any], back: fx.Node, ends: list[fx.Node],
+                  exits: list[tuple[fx.Node, fx.Node]], rewritten: set[fx.Node], fmt: torch.memory_format) -> bool:
+    """Whether the island's layouts are what the rest of the graph was made for: every convolution
+    at its end reads a channels-last value (its own value, and the regions after it, are
+    channels-last), and every op where it ends read an NCHW-contiguous value before (the copy out
+    gives it that again; a region after it was planned for those strides)."""
+    def now(a: fx.Node) -> Any:
+        return new.get(a, _val(a))
+
+    def last(t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and t.is_contiguous(memory_format=fmt)
+
+    if not all(last(now(e.args[0])) for e in ends):
+        return False
+    if not all(last(now(u.args[0])) for u in rewritten if u.args[0] in new):
+        return False
+    return all(v is back or (isinstance(_val(v), torch.Tensor) and _val(v).is_contiguous()) for _, v in exits)
+
+
 def cancel_copies(gm: fx.GraphModule, backs: list[fx.Node]) -> int:
     """Channels-last islands: from each rewritten convolution, its channels-last result flows
     through the ops that keep the memory order (`_KEEP_LAYOUT`, pointwise ops) to the next
@@ -247,65 +285,77 @@ def cancel_copies(gm: fx.GraphModule, backs: list[fx.Node]) -> int:
     channels-last throughout. An island whose values the graph returns (a training graph saves
     them for its backward) stays as it was, as does one that would need more copies out than it
     saves. The values on the way get their channels-last fake values again (their strides are what
-    generated regions compile for). Returns how many copies went."""
+    generated regions compile for), and an island stays as it is where they would not be what the
+    rest of the graph was made for (`_island_holds`). Returns how many copies back went."""
     graph, gone = gm.graph, 0
     rewritten = {b.args[0] for b in backs}
-    for back in backs:
-        if back.graph is not graph or not back.users:
-            continue
-        conv = back.args[0]
-        fmt = _format(_val(conv).dim()) if isinstance(_val(conv), torch.Tensor) else None
-        if fmt is None:
-            continue
-        way: list[fx.Node] = []
-        ends: list[fx.Node] = []
-        exits: list[tuple[fx.Node, fx.Node]] = []  # (the op where the island ends, the value it reads)
-        joined = 0
-        stack = [(u, back) for u in back.users]
-        seen: set[fx.Node] = set()
-        ok = True
-        while stack and ok:
-            u, v = stack.pop()
-            if _is_copy_to(u, fmt) and all(w in rewritten and w.args[0] is u for w in u.users):
-                ends.append(u)  # a copy in of a convolution this pass rewrote (nothing else reads it)
-            elif u in rewritten and u.args[0] is v:
-                joined += 1  # a convolution already reading the island (its copy in went before)
-            elif _is_copy_to(u, torch.contiguous_format):
-                joined += 1  # already the way out of an island
-            elif u.op == "output":
-                ok = False  # a value the graph returns (or saves for its backward) keeps its layout
-            elif _keeps_layout(u):
-                if u not in seen:
-                    seen.add(u)
-                    way.append(u)
-                    stack.extend((w, u) for w in u.users)
-            else:
-                exits.append((u, v))
-        ends = list(dict.fromkeys(ends))
-        if not ok or not (ends or joined) or len(exits) > len(ends) + joined:
-            continue
-        back.replace_all_uses_with(conv)
-        graph.erase_node(back)
-        for e in ends:
-            e.replace_all_uses_with(e.args[0])
-            graph.erase_node(e)
-        order = {n: i for i, n in enumerate(graph.nodes)}
-        for n in sorted(way, key=order.__getitem__):
-            args = fx.node.map_arg(n.args, _val)
-            kwargs = fx.node.map_arg(n.kwargs, _val)
-            vals = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
-            n.meta["val"] = _fake(lambda *_, t=n.target, a=args, k=kwargs: t(*a, **k), *vals)
-        for u, v in exits:
-            v = conv if v is back else v
-            with graph.inserting_before(u):
-                out = graph.call_function(aten.clone.default, (v,), {"memory_format": torch.contiguous_format})
-            out.meta["val"] = _fake(lambda t: t.clone(memory_format=torch.contiguous_format), _val(v))
-            u.replace_input_with(v, out)
-        gone += 1 + len(ends) - len(exits)
+    todo = list(backs)  # the copies back still there
+    # until nothing changes: an island may hold only once a neighbour's copy back has gone (a
+    # residual add of two islands' values is channels-last only when both are)
+    while todo:
+        left = [b for b in todo if not _cancel(graph, b, rewritten)]
+        gone += len(todo) - len(left)
+        if len(left) == len(todo):
+            break
+        todo = left
     if gone or backs:
         graph.lint()
         gm.recompile()
     return gone
+
+
+def _cancel(graph: fx.Graph, back: fx.Node, rewritten: set[fx.Node]) -> bool:
+    """One island of `cancel_copies`: True where its copies went."""
+    if not back.users:
+        return False
+    conv = back.args[0]
+    fmt = _format(_val(conv).dim()) if isinstance(_val(conv), torch.Tensor) else None
+    if fmt is None:
+        return False
+    way: list[fx.Node] = []
+    ends: list[fx.Node] = []
+    exits: list[tuple[fx.Node, fx.Node]] = []  # (the op where the island ends, the value it reads)
+    joined = 0
+    stack = [(u, back) for u in back.users]
+    seen: set[fx.Node] = set()
+    ok = True
+    while stack and ok:
+        u, v = stack.pop()
+        if _is_copy_to(u, fmt) and all(w in rewritten and w.args[0] is u for w in u.users):
+            ends.append(u)  # a copy in of a convolution this pass rewrote (nothing else reads it)
+        elif u in rewritten and u.args[0] is v:
+            joined += 1  # a convolution already reading the island (its copy in went before)
+        elif _is_copy_to(u, torch.contiguous_format):
+            joined += 1  # already the way out of an island
+        elif u.op == "output":
+            ok = False  # a value the graph returns (or saves for its backward) keeps its layout
+        elif _keeps_layout(u):
+            if u not in seen:
+                seen.add(u)
+                way.append(u)
+                stack.extend((w, u) for w in u.users)
+        else:
+            exits.append((u, v))
+    ends = list(dict.fromkeys(ends))
+    if not ok or not (ends or joined) or len(exits) > len(ends) + joined:
+        return False
+    new = _island_values(graph, back, conv, way)
+    if new is None or not _island_holds(new, back, ends, exits, rewritten, fmt):
+        return False
+    back.replace_all_uses_with(conv)
+    graph.erase_node(back)
+    for e in ends:
+        e.replace_all_uses_with(e.args[0])
+        graph.erase_node(e)
+    for n, val in new.items():
+        n.meta["val"] = val
+    for u, v in exits:
+        v = conv if v is back else v
+        with graph.inserting_before(u):
+            out = graph.call_function(aten.clone.default, (v,), {"memory_format": torch.contiguous_format})
+        out.meta["val"] = _fake(lambda t: t.clone(memory_format=torch.contiguous_format), _val(v))
+        u.replace_input_with(v, out)
+    return True
 
 
 def channels_last_convolutions(gm: fx.GraphModule, decide: Callable[[fx.Node], bool] | None = None,
