@@ -287,8 +287,9 @@ def test_region_without_inputs(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("case", ["channels_last", "permuted_contiguous"])
 def test_a_lone_copy_that_changes_the_memory_order_is_a_region(case: str) -> None:
-    """A copy into another memory order (NCHW -> channels-last, contiguous() of a permuted view)
-    alone is worth a kernel: eager's copy kernel is strided on one side. A plain copy is not."""
+    """A copy that changes which dim is contiguous (NCHW -> channels-last, contiguous() of a permuted
+    view) alone is worth a kernel: eager's copy kernel is strided on one side. A plain copy, or one
+    that keeps the innermost dim, is not."""
     class Relayout(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             if case == "channels_last":
@@ -299,10 +300,15 @@ def test_a_lone_copy_that_changes_the_memory_order_is_a_region(case: str) -> Non
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x.clone()
 
+    class KeepsInner(nn.Module):  # attention's transpose: the innermost dim stays contiguous
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.transpose(1, 2).contiguous()
+
     x = _r(3, 5, 7, 11)
     opt, _ = _run(Relayout(), x)
     got = opt(x)
     want = Relayout()(x)
     assert got.stride() == want.stride()  # the kernel writes the copy's memory order
-    _, report = optimize(Copy(), (x,), budget=1, max_candidates=1, db=False, profile="off")
-    assert not report.regions and report.returned == "original", report.notes
+    for plain in (Copy(), KeepsInner()):
+        _, report = optimize(plain, (x,), budget=1, max_candidates=1, db=False, profile="off")
+        assert not report.regions and report.returned == "original", report.notes

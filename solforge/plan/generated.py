@@ -16,7 +16,7 @@ kernel is ever kept out.
 
 A region must be worth a kernel (`worth`): at least one compute op; two ops eager launches or one
 that reduces (a reduction or a composite, where eager's kernel is not the copy roofline) or one copy
-that changes the memory order (`relayouts`: eager's copy is not the copy roofline either); and at
+that changes which dim is contiguous (`relayouts`: eager's copy is not the copy roofline either); and at
 least MIN_BYTES read and written. Its outputs must be floating point (the verifier poisons them with
 NaN) and laid out as the graph's values are; its inputs must be computable before its first output
 (the op is called there) and not written in place while it runs.
@@ -230,15 +230,18 @@ def _order(t: torch.Tensor) -> tuple[int, ...]:
 
 
 def relayouts(n: fx.Node) -> bool:
-    """A copy that changes the memory order of its input (a clone to channels-last, a contiguous()
-    of a permuted view): eager's copy kernel reads or writes one side with a stride, while a tiled
+    """A copy that changes which dim is contiguous (a clone to channels-last, a contiguous() of a
+    transposed view): eager's copy kernel reads or writes one side with a stride, while a tiled
     generated kernel reads and writes both coalesced (on an H100, an NCHW -> NHWC clone of a 537 MB
-    input took 0.58 ms in ATen, 0.25 ms in Inductor's tiled kernel; 2026-11-27)."""
+    input took 0.58 ms in ATen, 0.25 ms in Inductor's tiled kernel; 2026-11-27). A copy that keeps
+    the innermost dim (attention's [B, H, S, D] -> [B, S, H, D]) is a plain row copy for eager too."""
     if not (_launches(n) and op_name(n.target) in _CASTS and n.args and isinstance(n.args[0], fx.Node)):
         return False
     a, o = n.args[0].meta.get("val"), n.meta.get("val")
-    return (isinstance(a, torch.Tensor) and isinstance(o, torch.Tensor) and a.shape == o.shape
-            and _order(a) != _order(o))
+    if not (isinstance(a, torch.Tensor) and isinstance(o, torch.Tensor) and a.shape == o.shape):
+        return False
+    ia, io = _order(a), _order(o)
+    return bool(ia) and bool(io) and ia[-1] != io[-1]
 
 
 def worth(fr: RG.Formed, originals: list[fx.Node], composite: bool) -> str | None:
