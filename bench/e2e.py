@@ -382,8 +382,11 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
                               mode="inference" if mode == "fwd" else "train",
                               profile="on" if "-profile" in variant else "auto")
         out["optimize_s"] = round(time.time() - t0, 1)
+        # best_us/speedup are the family kernel's; `won` says which kernel runs where a generated
+        # alternative competed (its time: alternative_us)
         out["regions"] = [{"workload": r.workload, "count": r.count, "baseline_us": r.baseline_us,
-                           "best_us": r.best_us, "speedup": r.speedup, "config": r.config} for r in rep.regions]
+                           "best_us": r.best_us, "speedup": r.speedup, "config": r.config, "won": r.won,
+                           "alternative_us": r.alternative_us} for r in rep.regions]
         out["validate"] = {"passed": rep.e2e.passed, "max_rel_err": rep.e2e.max_rel_err,
                            "grad_max_rel_err": rep.e2e.grad_max_rel_err, "note": rep.e2e.note} if rep.e2e else None
     elif variant.endswith("compile"):

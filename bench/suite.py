@@ -387,7 +387,7 @@ def _build_arch(variant: str, model: Any, inputs: tuple[Any, ...], kw: dict[str,
                                        mode="train" if train else "inference")
     rep = to_dict(report)
     keys = ("family", "workload", "count", "baseline_us", "best_us", "speedup", "verified", "max_rel_err",
-            "source", "integrated", "note")
+            "source", "integrated", "note", "won", "alternative_us")  # won: which kernel runs (alternatives)
     extra: dict[str, Any] = {"regions": [{k: r.get(k) for k in keys} for r in rep["regions"]],
                              "notes": rep["notes"], "e2e": rep["e2e"]}
     returned = rep.get("returned", rep.get("extra", {}).get("returned"))
