@@ -360,7 +360,9 @@ def test_all_allowed_masks_are_dropped_with_grouped_heads_and_a_cross_length() -
             b = capture.capture(m, (q, k, v))
             out = b.compiled(q, k, v)
         (g,) = b.graphs
-        assert g.attention_restored == 1 and _sdpa_calls(g.aten) == (0, 1), additive
+        # on a GPU in fp32 the lowering may pick the math path for grouped heads (no SDPA op, no mask)
+        sdpa = _sdpa_calls(g.aten)
+        assert g.attention_restored == 1 and (sdpa == (0, 1) or (DEVICE == "cuda" and sdpa == (0, 0))), additive
         calls = [(bool(kw.get("is_causal")), heads) for kw, heads in _sdpa_args(g.aten)]
         assert calls == [(False, 2)] or (DEVICE == "cuda" and _sdpa_calls(g.aten)[0] == 0), calls  # as above
         assert "aten.clone.default" not in _ops(g.aten)

@@ -11,9 +11,7 @@ it once, and where it is exactly causal replaces the call by
 the call eager makes. Where it allows every key (a bool mask all true, an additive mask all zero:
 an encoder called without a padding mask, whose traced graph builds the mask eager never makes)
 the call is made without a mask, as eager makes it: a transformers BERT-style encoder ran at 0.22x
-eager on an H100 with the materialized mask (SDPA's masked kernel). K/V stay repeated where
-enable_gqa would lose the fused kernel (`gqa_fused`: fp32 on CUDA, where only flash takes it).
-Masks that are neither
+eager on an H100 with the materialized mask (SDPA's masked kernel). Masks that are neither
 (padding masks, which come from an input, and sliding windows) are left alone.
 
 In a graph for many sizes (shapes.py) the mask is computed from the sizes, so it has no value at
@@ -311,14 +309,6 @@ def _views_to_reshapes(node: fx.Node) -> None:
         stack.extend(u.users)
 
 
-def gqa_fused(q: Any) -> bool:
-    """Whether SDPA on un-repeated K/V (enable_gqa) still runs a fused kernel for queries like `q`:
-    on CUDA only flash takes enable_gqa, and flash only fp16/bf16 (an fp32 call there falls back to
-    the math path, several times slower than the efficient kernel on repeated K/V)."""
-    half = (torch.float16, torch.bfloat16)
-    return not (isinstance(q, torch.Tensor) and q.device.type == "cuda" and q.dtype not in half)
-
-
 def _causal_kwargs(scale: float | None, gqa: bool, causal: bool = True) -> dict[str, Any]:
     """SDPA's keyword arguments for eager's call: is_causal (or, for a mask that allows every key,
     no mask at all), with GQA on un-repeated K/V."""
@@ -425,7 +415,7 @@ def restore_causal_attention(gm: fx.GraphModule, known: dict[fx.Node, torch.Tens
                 continue
             out = outs[0]
         rk, rv = _unrepeat(k), _unrepeat(v)
-        gqa = rk is not None and rv is not None and rk[1] == rv[1] and rk[1] > 1 and gqa_fused(qv)
+        gqa = rk is not None and rv is not None and rk[1] == rv[1] and rk[1] > 1
         if gqa:
             k, v = rk[0], rv[0]  # type: ignore[index]
         with graph.inserting_before(node):

@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from solforge.capture.canonical import _causal_kwargs, _mask_kind, _mutates, _written, gqa_fused
+from solforge.capture.canonical import _causal_kwargs, _mask_kind, _mutates, _written
 from solforge.runtime.shapes import hint
 
 # dynamo records the builtin (`torch._C._nn.scaled_dot_product_attention`, which F re-exports)
@@ -155,7 +155,7 @@ def restore_attention(gm: fx.GraphModule, *, causal: bool = False) -> int:
         if not kinds[mask] or (kinds[mask] == "causal" and not causal):
             continue
         rk, rv = _unrepeat(k), _unrepeat(v)
-        gqa = rk is not None and rv is not None and rk[1] == rv[1] and rk[1] > 1 and gqa_fused(qv)
+        gqa = rk is not None and rv is not None and rk[1] == rv[1] and rk[1] > 1
         if gqa:
             k, v = rk[0], rv[0]  # type: ignore[index]
         changes.append((node, (q, k, v), _causal_kwargs(kw["scale"], gqa, kinds[mask] == "causal")))
