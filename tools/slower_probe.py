@@ -34,6 +34,19 @@ def _by_name(prof: dict[str, Any]) -> dict[str, float]:
     return {k["name"]: k["us"] for k in prof["kernels"]}
 
 
+def _tm(fn: Any) -> float | None:
+    from solforge.tune.timing import time_model
+
+    r = time_model(fn, "cuda")
+    return round(r.p50_us, 2) if r.ok else None
+
+
+def _step_state(s: Any) -> dict[str, Any]:
+    """A StepGraph's CUDA-graph state: calls, judged costs, why it declined (runtime/stepgraphs.py)."""
+    keys = ("calls", "declined", "launch_bound", "host_s", "gpu_s", "replay_s", "run_s", "judged")
+    return {k: getattr(s, k, None) for k in keys} | {"settled": getattr(s, "settled", None)}
+
+
 def probe(path: Path, budget: float) -> dict[str, Any]:
     import solforge
 
@@ -43,11 +56,22 @@ def probe(path: Path, budget: float) -> dict[str, Any]:
         opt, report = solforge.optimize(model, inputs, budget=budget, keep_slower=True)
         ref, got = original(*inputs), opt(*inputs)
         err = float((got.float() - ref.float()).abs().max()) if isinstance(got, torch.Tensor) else None
-        t_orig, t_opt = bench_us(lambda: original(*inputs)), bench_us(lambda: opt(*inputs))
+        steps = [_step_state(s) for s in getattr(getattr(opt, "solforge_stats", None), "step_graphs", [])]
+        # validation's own timer (CUDA events around each call, a sync between calls) and do_bench's
+        # (calls back to back), twice each: a difference between them, or between the rounds, is
+        # what the end-to-end check's number missed
+        rounds = [{"time_model_original_us": _tm(lambda: original(*inputs)), "time_model_optimized_us":
+                   _tm(lambda: opt(*inputs)), "do_bench_original_us": bench_us(lambda: original(*inputs)),
+                   "do_bench_optimized_us": bench_us(lambda: opt(*inputs))} for _ in range(2)]
+        steps_after = [_step_state(s) for s in getattr(getattr(opt, "solforge_stats", None), "step_graphs", [])]
+        t_orig, t_opt = rounds[-1]["do_bench_original_us"], rounds[-1]["do_bench_optimized_us"]
         p_orig, p_opt = kernels_per_call(lambda: original(*inputs)), kernels_per_call(lambda: opt(*inputs))
     a, b = _by_name(p_orig), _by_name(p_opt)
     diff = sorted(((n, a.get(n, 0.0), b.get(n, 0.0)) for n in set(a) | set(b)), key=lambda r: -abs(r[2] - r[1]))
     return {"problem": path.stem, "dtype": dt, "original_us": round(t_orig, 2), "optimized_us": round(t_opt, 2),
+            "e2e": None if report.e2e is None else {"baseline_ms": report.e2e.baseline_ms,
+                                                    "optimized_ms": report.e2e.optimized_ms},
+            "rounds": rounds, "step_graphs": steps, "step_graphs_after": steps_after,
             "max_abs_err": err, "returned": report.returned, "notes": report.notes,
             "original_kernel_us": p_orig["kernel_us_sum"], "optimized_kernel_us": p_opt["kernel_us_sum"],
             "differ": [{"name": n, "original_us": x, "optimized_us": y} for n, x, y in diff[:16]],
@@ -75,11 +99,11 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - one problem's failure is a row, the others still run
             r = {"problem": path.stem, "error": f"{type(e).__name__}: {e}"}
         results.append(r)
-        print(json.dumps({k: v for k, v in r.items() if k not in ("original_kernels", "optimized_kernels")}),
-              flush=True)
+        print(json.dumps({k: v for k, v in r.items() if k not in ("original_kernels", "optimized_kernels")},
+                         default=str), flush=True)
         torch.compiler.reset()
     if a.out:
-        Path(a.out).write_text(json.dumps(results, indent=1))
+        Path(a.out).write_text(json.dumps(results, indent=1, default=str))
     return 0
 
 

@@ -22,6 +22,7 @@ from solforge.capture.cache import LoweringCache
 from solforge.capture.canonical import constant_value, mask_inputs, restore_causal_attention
 from solforge.capture.canonical_torch import restore_attention
 from solforge.capture.cse import eliminate_common_subexpressions
+from solforge.capture.inplace import functionalize_pointwise
 from solforge.capture.layout import channels_last_convolutions
 from solforge.capture.lower import CapturedGraph, lower_to_aten
 from solforge.capture.noops import drop_empty_concats
@@ -88,7 +89,7 @@ class SolforgeBackend:
         except Exception as e:
             self.errors.append(f"graph {index} (a checkpointed region): lowering failed: {type(e).__name__}: {e}")
             return body.forward
-        restored, removed, concats, layouts = self._passes(aten, index)
+        restored, removed, concats, layouts, functional = self._passes(aten, index)
         restored += early
         if kept:
             self._causal_bodies(aten, index)  # nested checkpoints: their mask comes through this body
@@ -96,7 +97,7 @@ class SolforgeBackend:
             aten = self.rewrite(aten, index)
         self.graphs.append(CapturedGraph(index=index, aten=aten, attention_restored=restored,
                                         cse_removed=removed, empty_concats=concats,
-                                        conv_layouts=layouts))
+                                        conv_layouts=layouts, functionalized=functional))
         return aten
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -110,7 +111,7 @@ class SolforgeBackend:
             self.errors.append(f"graph {index}: lowering failed: {type(e).__name__}: {e}")
             return gm.forward
         # a call rewritten here has no mask left for the ATen pass to count again
-        restored, removed, concats, layouts = self._passes(aten, index)
+        restored, removed, concats, layouts, functional = self._passes(aten, index)
         restored += early
         if kept:
             self._causal_bodies(aten, index)
@@ -121,7 +122,7 @@ class SolforgeBackend:
             aten = self.rewrite(aten, index)
         self.graphs.append(CapturedGraph(index=index, aten=aten, attention_restored=restored,
                                         cse_removed=removed, empty_concats=concats,
-                                        conv_layouts=layouts))
+                                        conv_layouts=layouts, functionalized=functional))
         if pristine is not None:
             return ShapeDispatch(aten, aten, lambda values: self._specialize(pristine, index, values),
                                  report=lambda text: self.errors.append(f"graph {index}: {text}"),
@@ -142,10 +143,16 @@ class SolforgeBackend:
             self.errors.append(f"graph {index}: torch-level attention pass failed: {type(e).__name__}: {e}")
             return 0
 
-    def _passes(self, aten: fx.GraphModule, index: int) -> tuple[int, int, int, int]:
+    def _passes(self, aten: fx.GraphModule, index: int) -> tuple[int, int, int, int, int]:
         """The passes every lowered graph gets before matching: (SDPA calls given back is_causal,
-        subexpressions merged, empty concatenations dropped, convolutions made channels-last); a
-        failed pass leaves the graph correct."""
+        subexpressions merged, empty concatenations dropped, convolutions made channels-last,
+        in-place pointwise ops made out-of-place); a failed pass leaves the graph correct."""
+        try:
+            # first: the writes it removes would cut regions and islands in the passes after it
+            functional = functionalize_pointwise(aten)
+        except Exception as e:  # the graph as traced is still correct
+            self.errors.append(f"graph {index}: in-place pass failed: {type(e).__name__}: {e}")
+            functional = 0
         try:
             restored = restore_causal_attention(aten)
         except Exception as e:  # the graph as traced is still correct, only slower
@@ -170,7 +177,7 @@ class SolforgeBackend:
         except Exception as e:  # each convolution's new values are made before its graph changes
             self.errors.append(f"graph {index}: convolution layout pass failed: {type(e).__name__}: {e}")
             layouts = 0
-        return restored, removed, concats, layouts
+        return restored, removed, concats, layouts, functional
 
     def _causal_bodies(self, aten: fx.GraphModule, index: int) -> int:
         """Checkpointed bodies called by `aten` whose SDPA mask is an argument that `aten` computes

@@ -32,6 +32,7 @@ class CapturedGraph:
     cse_removed: int = 0  # repeated identical ops merged into their first copy (see cse.py)
     empty_concats: int = 0  # concatenations of one non-empty piece, replaced by it (see noops.py)
     conv_layouts: int = 0  # convolutions run channels-last, timed faster (see layout.py)
+    functionalized: int = 0  # in-place pointwise ops made out-of-place (see inplace.py)
 
 
 def op_name(target: Any) -> str:
