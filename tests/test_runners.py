@@ -4,6 +4,8 @@ Ray instance. Without a GPU the workers run Triton's interpreter, so the whole p
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 import torch
 from conftest import DEVICE
@@ -29,7 +31,8 @@ def _by_mode(records) -> dict[str, object]:
 HANG_S = 4
 
 
-def test_process_runner_isolates_crashes_and_hangs():
+def test_process_runner_isolates_crashes_and_hangs(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the workers' logs go
     modes = ["ok", "segv", "ok", "hang", "abort", "nan", "exit", "raise", "hang_verify", "wrong", "ok"]
     # distinct candidates: sizes tell the three "ok" ones apart
     cands = [Candidate(fake.workload(), "triton", "v", fake.Config(mode=m, size=i).items())
@@ -59,6 +62,7 @@ def test_process_runner_isolates_crashes_and_hangs():
     finally:
         runner.close()
     assert all(w.proc is None for w in runner.pool.workers)
+    assert not list(tmp_path.glob("solforge-*.log"))  # every restarted process's log went too
 
 
 def test_two_workers_measure_in_parallel_and_agree_with_local():

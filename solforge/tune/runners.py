@@ -94,6 +94,8 @@ class _Worker:
 
     def _start(self) -> str | None:
         """Start the process and wait for it to be ready; the reason when it could not start."""
+        if self.log is not None:  # the last process's log: its tail was read when it died
+            self.log.unlink(missing_ok=True)
         fd, name = tempfile.mkstemp(prefix=f"solforge-{self.mode}-", suffix=".log")
         self.log = Path(name)
         self._buf = b""
