@@ -22,7 +22,8 @@ The kernel graph has five kinds of node, each with its shape and kernel type ('f
           (torch raises, a kernel cannot) reads the clamped element, never memory outside the
           source, and gives NaN for a floating source (the verifier and the outputs show it)
 Composite ATen ops are written out here: mean = sum / n, var = sum((x - mean)^2) / (n - correction),
-softmax = exp(x - max) / sum(exp(x - max)), log_softmax, logsumexp, vector norms.
+softmax = exp(x - max) / sum(exp(x - max)), _safe_softmax (0 on a row of -inf: one more reduction, `all`),
+log_softmax, logsumexp, vector norms.
 
 `analyze` finds the region's one loop space (shape S, reduced dims D) and checks that every value
 that depends on a reduction is evaluated at the row of the loop point that reads it:
@@ -345,6 +346,9 @@ _reg("aten.logical_or.default")(lambda b, a, kw, out: b.pw("or", b.pw("to_b", a[
                                                             b.pw("to_b", a[1], ktype="b"), ktype="b"))
 _reg("aten.logical_not.default")(lambda b, a, kw, out: b.pw("not", a[0], ktype="b"))
 _reg("aten.isnan.default")(lambda b, a, kw, out: b.pw("isnan", a[0], ktype="b"))
+_reg("aten.isneginf.default")(lambda b, a, kw, out: b.pw("eq", _f(b, a[0]), float("-inf"), ktype="b"))
+_reg("aten.isposinf.default")(lambda b, a, kw, out: b.pw("eq", _f(b, a[0]), float("inf"), ktype="b"))
+_reg("aten.isinf.default")(lambda b, a, kw, out: b.pw("eq", b.pw("abs", _f(b, a[0])), float("inf"), ktype="b"))
 
 
 @_reg("aten.rsub.Scalar", "aten.rsub.Tensor")
@@ -1152,6 +1156,23 @@ def _softmax(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int,
     if "log_softmax" in b.current:
         return b.pw("sub", z, b.pw("log", s, ktype="f"))
     return b.pw("div", e, s, ktype="f")
+
+
+@_reg("aten._safe_softmax.default")
+def _safe_softmax(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    """softmax, 0 on a row of -inf only (attention with every key masked), as ATen's composite:
+    where(all(isneginf(x), dim), 0, softmax(x)); a NaN in the row keeps it NaN. The `all` is one more
+    reduction of the max's stage, so the row is still read once per stage."""
+    x = b.t(a[0])
+    dtype = kw.get("dtype", a[2] if len(a) > 2 else None)
+    x = _cast(b, x, dtype) if dtype is not None else _f(b, x)
+    dims = _dims(a[1], len(b.shape(x)))
+    z, _ = _max_shift(b, x, dims)
+    e = b.pw("exp", z, ktype="f")
+    sm = b.pw("div", e, b.reduce("sum", e, dims, True), ktype="f")
+    inf = b.pw("to_f", b.pw("eq", x, float("-inf"), ktype="b"), ktype="f")
+    masked = b.pw("gt", b.reduce("min", inf, dims, True), 0.0, ktype="b")
+    return b.pw("where", masked, 0.0, sm, ktype="f")
 
 
 @_reg("aten.logsumexp.default")
