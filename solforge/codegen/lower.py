@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -1255,10 +1255,35 @@ def lower(ir: RegionIR) -> KernelGraph:
             if g is not None and b.shape(g) != m.shape:
                 raise LowerError(f"{op.target}: lowered shape {b.shape(g)} != {m.shape}")
         results.append(got)
-    kg = KernelGraph(tuple(b.nodes), tuple(val(r).id for r in ir.outputs))
+    kg = _exact_divisions(KernelGraph(tuple(b.nodes), tuple(val(r).id for r in ir.outputs)))
     # a view of a scan rewritten as a scan leaves the original behind, whose loop space (a cat's
     # piece is shorter than the cat) or direction (a flip's) is not the region's
     return _prune(kg) if any(n.kind == "scan" for n in kg.nodes) else kg
+
+
+# pointwise fns that take a discrete decision on a float operand
+_DECISIONS = {"to_i", "to_b", "floor", "ceil", "trunc", "sign", "eq", "ne", "lt", "le", "gt", "ge"}
+
+
+def _exact_divisions(kg: KernelGraph) -> KernelGraph:
+    """Each division (and reciprocal) whose quotient reaches, through pointwise ops and views, a node
+    that decides on it (a cast to an integer or bool, floor/ceil/trunc, a comparison) marked "rn":
+    the generator writes it IEEE-rounded (tl.math.div_rn). Triton's fp32 `/` is the GPU's
+    approximate division (div.full.f32, within 2 ulp): a quotient that is exactly whole may come out
+    just below it and truncate to the integer below, where torch and the fp64 reference do not (T5's
+    relative position buckets: log(16 / 8) / log(16) * 8 = 2 exactly; an integer output is verified
+    exactly). The other divisions keep the fast instruction."""
+    reaches = [False] * len(kg.nodes)
+    users: dict[int, list[int]] = {}
+    for i, n in enumerate(kg.nodes):
+        for j in n.inputs:
+            users.setdefault(j, []).append(i)
+    for i in range(len(kg.nodes) - 1, -1, -1):  # nodes come in topological order
+        reaches[i] = any(kg.nodes[u].kind == "pw" and kg.nodes[u].fn in _DECISIONS or
+                         kg.nodes[u].kind in ("pw", "view") and reaches[u] for u in users.get(i, ()))
+    nodes = tuple(replace(n, params=("rn",)) if n.kind == "pw" and n.fn in ("div", "recip") and
+                  n.ktype == "f" and reaches[i] else n for i, n in enumerate(kg.nodes))
+    return KernelGraph(nodes, kg.outputs) if nodes != kg.nodes else kg
 
 
 def _flat(args: Sequence[Any]) -> list[Any]:
