@@ -22,7 +22,8 @@ The kernel graph has five kinds of node, each with its shape and kernel type ('f
           (torch raises, a kernel cannot) reads the clamped element, never memory outside the
           source, and gives NaN for a floating source (the verifier and the outputs show it)
 Composite ATen ops are written out here: mean = sum / n, var = sum((x - mean)^2) / (n - correction),
-softmax = exp(x - max) / sum(exp(x - max)), log_softmax, logsumexp, vector norms.
+softmax = exp(x - max) / sum(exp(x - max)), _safe_softmax (0 on a row of -inf: one more reduction, `all`),
+log_softmax, logsumexp, vector norms.
 
 `analyze` finds the region's one loop space (shape S, reduced dims D) and checks that every value
 that depends on a reduction is evaluated at the row of the loop point that reads it:
@@ -49,7 +50,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -345,6 +346,9 @@ _reg("aten.logical_or.default")(lambda b, a, kw, out: b.pw("or", b.pw("to_b", a[
                                                             b.pw("to_b", a[1], ktype="b"), ktype="b"))
 _reg("aten.logical_not.default")(lambda b, a, kw, out: b.pw("not", a[0], ktype="b"))
 _reg("aten.isnan.default")(lambda b, a, kw, out: b.pw("isnan", a[0], ktype="b"))
+_reg("aten.isneginf.default")(lambda b, a, kw, out: b.pw("eq", _f(b, a[0]), float("-inf"), ktype="b"))
+_reg("aten.isposinf.default")(lambda b, a, kw, out: b.pw("eq", _f(b, a[0]), float("inf"), ktype="b"))
+_reg("aten.isinf.default")(lambda b, a, kw, out: b.pw("eq", b.pw("abs", _f(b, a[0])), float("inf"), ktype="b"))
 
 
 @_reg("aten.rsub.Scalar", "aten.rsub.Tensor")
@@ -1154,6 +1158,23 @@ def _softmax(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int,
     return b.pw("div", e, s, ktype="f")
 
 
+@_reg("aten._safe_softmax.default")
+def _safe_softmax(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    """softmax, 0 on a row of -inf only (attention with every key masked), as ATen's composite:
+    where(all(isneginf(x), dim), 0, softmax(x)); a NaN in the row keeps it NaN. The `all` is one more
+    reduction of the max's stage, so the row is still read once per stage."""
+    x = b.t(a[0])
+    dtype = kw.get("dtype", a[2] if len(a) > 2 else None)
+    x = _cast(b, x, dtype) if dtype is not None else _f(b, x)
+    dims = _dims(a[1], len(b.shape(x)))
+    z, _ = _max_shift(b, x, dims)
+    e = b.pw("exp", z, ktype="f")
+    sm = b.pw("div", e, b.reduce("sum", e, dims, True), ktype="f")
+    inf = b.pw("to_f", b.pw("eq", x, float("-inf"), ktype="b"), ktype="f")
+    masked = b.pw("gt", b.reduce("min", inf, dims, True), 0.0, ktype="b")
+    return b.pw("where", masked, 0.0, sm, ktype="f")
+
+
 @_reg("aten.logsumexp.default")
 def _logsumexp(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
     x = b.t(a[0])
@@ -1234,10 +1255,35 @@ def lower(ir: RegionIR) -> KernelGraph:
             if g is not None and b.shape(g) != m.shape:
                 raise LowerError(f"{op.target}: lowered shape {b.shape(g)} != {m.shape}")
         results.append(got)
-    kg = KernelGraph(tuple(b.nodes), tuple(val(r).id for r in ir.outputs))
+    kg = _exact_divisions(KernelGraph(tuple(b.nodes), tuple(val(r).id for r in ir.outputs)))
     # a view of a scan rewritten as a scan leaves the original behind, whose loop space (a cat's
     # piece is shorter than the cat) or direction (a flip's) is not the region's
     return _prune(kg) if any(n.kind == "scan" for n in kg.nodes) else kg
+
+
+# pointwise fns that take a discrete decision on a float operand
+_DECISIONS = {"to_i", "to_b", "floor", "ceil", "trunc", "sign", "eq", "ne", "lt", "le", "gt", "ge"}
+
+
+def _exact_divisions(kg: KernelGraph) -> KernelGraph:
+    """Each division (and reciprocal) whose quotient reaches, through pointwise ops and views, a node
+    that decides on it (a cast to an integer or bool, floor/ceil/trunc, a comparison) marked "rn":
+    the generator writes it IEEE-rounded (tl.math.div_rn). Triton's fp32 `/` is the GPU's
+    approximate division (div.full.f32, within 2 ulp): a quotient that is exactly whole may come out
+    just below it and truncate to the integer below, where torch and the fp64 reference do not (T5's
+    relative position buckets: log(16 / 8) / log(16) * 8 = 2 exactly; an integer output is verified
+    exactly). The other divisions keep the fast instruction."""
+    reaches = [False] * len(kg.nodes)
+    users: dict[int, list[int]] = {}
+    for i, n in enumerate(kg.nodes):
+        for j in n.inputs:
+            users.setdefault(j, []).append(i)
+    for i in range(len(kg.nodes) - 1, -1, -1):  # nodes come in topological order
+        reaches[i] = any(kg.nodes[u].kind == "pw" and kg.nodes[u].fn in _DECISIONS or
+                         kg.nodes[u].kind in ("pw", "view") and reaches[u] for u in users.get(i, ()))
+    nodes = tuple(replace(n, params=("rn",)) if n.kind == "pw" and n.fn in ("div", "recip") and
+                  n.ktype == "f" and reaches[i] else n for i, n in enumerate(kg.nodes))
+    return KernelGraph(nodes, kg.outputs) if nodes != kg.nodes else kg
 
 
 def _flat(args: Sequence[Any]) -> list[Any]:

@@ -2,7 +2,7 @@
 
 Fusible: an op lower.py can write (every pointwise op it has a template for, casts, where, clamp,
 activations, constants, views that are index arithmetic, reductions over any dims, softmax,
-log_softmax, logsumexp, var/std/var_mean, vector norms, argmax/argmin, max.dim/min.dim (values and
+_safe_softmax, log_softmax, logsumexp, var/std/var_mean, vector norms, argmax/argmin, max.dim/min.dim (values and
 indices), cumsum/cumprod of floats, indexing loads: aten.index.Tensor, gather, index_select,
 embedding, from a value of no reduction at int32/int64 indices; arange) whose values are static tensors of
 fp32/bf16/fp16/bool/integer type. Anchors, never inside a region: anything else, in particular

@@ -64,7 +64,8 @@ PW: dict[str, Callable[[Sequence[str], Sequence[object]], str]] = {
     "add": lambda a, p: f"{a[0]} + {a[1]}",
     "sub": lambda a, p: f"{a[0]} - {_p(a[1])}",
     "mul": lambda a, p: f"{_p(a[0])} * {_p(a[1])}",
-    "div": lambda a, p: f"{_p(a[0])} / {_p(a[1])}",
+    # "rn": IEEE-rounded, where a decision reads the quotient (lower._exact_divisions); else the fast `/`
+    "div": lambda a, p: f"tl.math.div_rn({a[0]}, {a[1]})" if p == ("rn",) else f"{_p(a[0])} / {_p(a[1])}",
     "neg": lambda a, p: f"-{_p(a[0])}",
     "abs": lambda a, p: f"tl.abs({a[0]})",
     "exp": lambda a, p: f"tl.exp({a[0]})",
@@ -73,7 +74,7 @@ PW: dict[str, Callable[[Sequence[str], Sequence[object]], str]] = {
     "log2": lambda a, p: f"tl.log2({a[0]})",
     "sqrt": lambda a, p: f"tl.sqrt({a[0]})",
     "rsqrt": lambda a, p: f"tl.rsqrt({a[0]})",
-    "recip": lambda a, p: f"1.0 / {_p(a[0])}",
+    "recip": lambda a, p: f"tl.math.div_rn(1.0, {a[0]})" if p == ("rn",) else f"1.0 / {_p(a[0])}",
     "sin": lambda a, p: f"tl.sin({a[0]})",
     "cos": lambda a, p: f"tl.cos({a[0]})",
     # tanh through the sigmoid: no libdevice (absent from the interpreter), exact in both tails

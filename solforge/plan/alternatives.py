@@ -89,7 +89,7 @@ def _one(m: Match, sc: object, stands: dict[fx.Node, list[fx.Node]], sorder: dic
     gnodes, inputs, outputs, _ = got
     if set(gnodes) != set(m.nodes):
         return "its generated form covers other nodes than the family's region"
-    if G._written_between(graph, inputs, order[gnodes[0]], order[gnodes[-1]], order):
+    if G.stale_reads(graph, gnodes, outputs, order):
         return "an input is written in place inside the region"
     wl = workload_for(low.ir)
     return G.GeneratedMatch(family=GENERATED, op=generated_op, output=outputs[0], args=(inputs, wl.param("key")),

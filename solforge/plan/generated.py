@@ -19,7 +19,8 @@ that reduces (a reduction or a composite, where eager's kernel is not the copy r
 that changes which dim is contiguous (`relayouts`: eager's copy is not the copy roofline either); and at
 least MIN_BYTES read and written. Its outputs must be floating point (the verifier poisons them with
 NaN) and laid out as the graph's values are; its inputs must be computable before its first output
-(the op is called there) and not written in place while it runs.
+(the op is called there), and no value its nodes read may be written in place between
+where a node reads it and that call (`stale_reads`).
 """
 
 from __future__ import annotations
@@ -265,22 +266,35 @@ def worth(fr: RG.Formed, originals: list[fx.Node], composite: bool) -> str | Non
     return None
 
 
-def _written_between(graph: fx.Graph, inputs: list[fx.Node], lo: int, hi: int, order: dict[fx.Node, int]) -> bool:
-    """Is any input (or what it may alias) written in place, or anything of unknown effect called,
-    between graph positions lo and hi (the region's first and last node)?"""
+def stale_reads(graph: fx.Graph, nodes: list[fx.Node], outputs: list[fx.Node], order: dict[fx.Node, int]) -> bool:
+    """Would the region's op, called just before its earliest output (plan.rewrite), read a value
+    other than its nodes read in the graph? So it would if a value a region node reads (an input,
+    or one the region computes) is written in place between that node's position and the call's,
+    on either side; or if anything of unknown effect is called within the region's span. A write
+    that every reader of the value and the call sit after (T5's relative position buckets,
+    `buckets += where(...)` before the embedding lookup that reads them and the attention scores
+    the lookup's bias is added to) changes nothing."""
     from solforge.capture.cse import alias_analysis
 
+    lo, hi = order[nodes[0]], order[nodes[-1]]
     between = [n for n in graph.nodes if lo < order[n] < hi and n.op == "call_function"]
+    if any(not isinstance(n.target, torch._ops.OpOverload) and n.target is not operator.getitem for n in between):
+        return True
     writers = [n for n in between if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable]
     if not writers:
-        return any(not isinstance(n.target, torch._ops.OpOverload) and n.target is not operator.getitem
-                   for n in between)
+        return False
     analysis = alias_analysis(graph)
     if analysis is None:
         return True
     aliases, written = analysis
-    roots = {aliases.find(w) for w in written if any(w in n.all_input_nodes for n in writers)}
-    return any(aliases.find(a) in roots for a in inputs)
+    call = order[min(outputs, key=order.__getitem__)]
+    for w in writers:
+        roots = {aliases.find(a) for a in w.all_input_nodes if a in written}
+        for n in nodes:
+            if min(order[n], call) < order[w] < max(order[n], call) and \
+                    any(aliases.find(a) in roots for a in n.all_input_nodes):
+                return True
+    return False
 
 
 def match(graph: fx.Graph, claimed: Collection[fx.Node] = frozenset()) -> list[Match]:
@@ -301,7 +315,7 @@ def match(graph: fx.Graph, claimed: Collection[fx.Node] = frozenset()) -> list[M
         nodes, inputs, outputs, composite = m
         if worth(fr, [n for n in nodes], composite) is not None:
             continue
-        if _written_between(graph, inputs, order[nodes[0]], order[nodes[-1]], order):
+        if stale_reads(graph, nodes, outputs, order):
             continue
         wl = workload_for(fr.lowered.ir)
         out.append(GeneratedMatch(family="generated", op=generated_op, output=outputs[0],
