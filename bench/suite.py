@@ -668,6 +668,8 @@ def main() -> int:
     meta = {"suite": "meta", "key": f"meta/{time.time():.0f}", **provenance(), "kernelbench": a.kernelbench,
             "budget_s": a.budget, "timeout_s": a.timeout, "tiny": a.tiny, "rows_planned": len(tasks),
             "rows_to_run": len(todo), "skipped": len(skipped)}
+    if a.device != "cuda":  # the rows' device (what --resume matches), not the machine's GPU
+        meta["device"] = "cpu"
     append_row(out, meta)
     for s in skipped:
         if s["key"] not in done:

@@ -69,3 +69,24 @@ def test_only_the_divisions_a_decision_reads_are_rounded() -> None:
     # the softmax's normalization stays the fast division
     assert len(rounded) == 2 and len(divs) == 3, [(n.fn, n.params) for n in divs]
     assert src.count("tl.math.div_rn(") == 2
+
+
+def test_on_a_gpu_the_logarithm_a_decision_reads_is_libdevices() -> None:
+    """The bucket's log, lowered for CUDA, is libdevice's logf (torch's own on CUDA: tl.log is the
+    approximate lg2 x ln 2, an ulp off away from powers of two); the softmax's exp and its
+    normalization keep the fast instructions. (Triton's interpreter has no libdevice: on the CPU
+    the kernels keep tl.log, as the test above runs them.)"""
+    import dataclasses
+
+    from solforge.codegen.lower import prepare
+
+    x = torch.randn(4, 33, 33)
+    table = torch.randn(32, 4)
+    gm = trace(_scores, x, table)
+    regions = RG.form_regions(gm.graph)
+    for fr in regions:
+        assert "libdevice" not in generate(fr.lowered, SC.heuristic(fr.lowered))
+    gpu = [prepare(dataclasses.replace(fr.lowered.ir, device="cuda")) for fr in regions]
+    src = "\n".join(generate(low, SC.heuristic(low)) for low in gpu)
+    assert src.count("libdevice.log(") == 1 and "from triton.language.extra import libdevice" in src
+    assert src.count("tl.math.div_rn(") == 2 and "tl.exp" in src

@@ -269,6 +269,28 @@ def test_pointwise_tiles_of_a_channels_last_input() -> None:
     _sweep(low, ins, "tiles")
 
 
+def test_a_channels_last_pointwise_region_walks_along_its_channels() -> None:
+    """A per-channel scale and shift, a residual add and a ReLU between channels-last tensors (a
+    ResNet block between channels-last convolutions): in and out laid out alike (no transpose), the
+    flat index walks C fastest, so loads and stores are contiguous; odd sizes, the pointwise
+    schedules against the reference. A contiguous region keeps walking its last dim."""
+    from solforge.codegen.triton_gen import generate
+
+    def f(x, w, b, r):  # noqa: ANN001, ANN202
+        return torch.relu(x * w.view(1, -1, 1, 1) + b.view(1, -1, 1, 1) + r)
+
+    cl = torch.channels_last
+    x, r = (_r(3, 37, 5, 7).contiguous(memory_format=cl) for _ in range(2))
+    low, ins = _region(f, x, _r(37), _r(37), r)
+    assert layout.transpose_dims(low) is None and SC.contig_dim(low) == 1
+    h = SC.heuristic(low)
+    assert h.variant == "pointwise" and h.contig == 1, h
+    assert "kk % 37" in generate(low, h)  # C is the flat index's fastest digit
+    _sweep(low, ins, "pointwise")
+    flat = _region(f, x.contiguous(), _r(37), _r(37), r.contiguous())[0]
+    assert SC.contig_dim(flat) == len(flat.space.shape) - 1 and "kk % 7" in generate(flat, SC.heuristic(flat))
+
+
 def test_pointwise_without_a_transpose_has_no_tiles() -> None:
     low = _region(lambda x, y: x * y + 1, _r(5, 37), _r(37))[0]
     assert layout.transpose_dims(low) is None and SC.heuristic(low).variant == "pointwise"

@@ -140,7 +140,10 @@ CASES: dict[str, Callable[[int, nn.Module], dict[str, Any]]] = {
 
 
 def _worker(rank: int, port: int, case: str, out_dir: str) -> None:
-    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    # the ranks run on the CPU (gloo), also on a machine with a GPU: solforge's kernels run in
+    # Triton's interpreter there (set before solforge, and with it its kernels, is imported)
+    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TRITON_INTERPRET": "1",
+                   "CUDA_VISIBLE_DEVICES": ""}
     torch.set_num_threads(1)  # two ranks on a 2-core machine
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120))
     try:

@@ -255,7 +255,12 @@ def _refusals(m: nn.Module, *xs: torch.Tensor) -> tuple[list[plan.Match], list[s
     return plan.find_matches(graph, FAMILIES), why
 
 
-def test_impure_or_written_shared_nodes_are_refused() -> None:
+def test_impure_or_written_shared_nodes_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the writes as the lowering records them: capture/inplace.py would make these two out-of-place
+    # (fresh tensors, no views), and the refusals are for writes it leaves (into inputs, views)
+    from solforge.capture import backend
+
+    monkeypatch.setattr(backend, "functionalize_pointwise", lambda gm: 0)
     x = torch.randn(4, H, device=DEVICE)
     found, why = _refusals(InPlaceEps(), x)
     assert found == [] and len(why) == 1 and "not a pure op" in why[0]

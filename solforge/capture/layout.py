@@ -254,7 +254,9 @@ def _keeps_layout(n: fx.Node) -> bool:
     if n.target is operator.getitem:
         return True
     t = n.target
-    if t is aten.native_batch_norm.default:  # eval only: training updates the running statistics
+    # eval only (training updates the running statistics); on CUDA the lowering records cuDNN's
+    # op, which keeps a channels-last input channels-last as native_batch_norm does
+    if t in (aten.native_batch_norm.default, aten.cudnn_batch_norm.default, aten.miopen_batch_norm.default):
         return len(n.args) > 5 and n.args[5] is False
     return t in _KEEP_LAYOUT or (isinstance(t, torch._ops.OpOverload) and torch.Tag.pointwise in t.tags
                                  and not t._schema.is_mutable)

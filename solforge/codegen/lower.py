@@ -1255,7 +1255,7 @@ def lower(ir: RegionIR) -> KernelGraph:
             if g is not None and b.shape(g) != m.shape:
                 raise LowerError(f"{op.target}: lowered shape {b.shape(g)} != {m.shape}")
         results.append(got)
-    kg = _exact_divisions(KernelGraph(tuple(b.nodes), tuple(val(r).id for r in ir.outputs)))
+    kg = _exact_divisions(KernelGraph(tuple(b.nodes), tuple(val(r).id for r in ir.outputs)), ir.device == "cuda")
     # a view of a scan rewritten as a scan leaves the original behind, whose loop space (a cat's
     # piece is shorter than the cat) or direction (a flip's) is not the region's
     return _prune(kg) if any(n.kind == "scan" for n in kg.nodes) else kg
@@ -1265,14 +1265,17 @@ def lower(ir: RegionIR) -> KernelGraph:
 _DECISIONS = {"to_i", "to_b", "floor", "ceil", "trunc", "sign", "eq", "ne", "lt", "le", "gt", "ge"}
 
 
-def _exact_divisions(kg: KernelGraph) -> KernelGraph:
+def _exact_divisions(kg: KernelGraph, gpu: bool = True) -> KernelGraph:
     """Each division (and reciprocal) whose quotient reaches, through pointwise ops and views, a node
     that decides on it (a cast to an integer or bool, floor/ceil/trunc, a comparison) marked "rn":
     the generator writes it IEEE-rounded (tl.math.div_rn). Triton's fp32 `/` is the GPU's
     approximate division (div.full.f32, within 2 ulp): a quotient that is exactly whole may come out
     just below it and truncate to the integer below, where torch and the fp64 reference do not (T5's
     relative position buckets: log(16 / 8) / log(16) * 8 = 2 exactly; an integer output is verified
-    exactly). The other divisions keep the fast instruction."""
+    exactly). A logarithm there likewise becomes libdevice's logf, torch's own on CUDA (tl.log is
+    the approximate lg2 times ln 2: an ulp off at other than powers of two, which moved T5's buckets
+    at distances up to 130 on an H200; on the GPU only: Triton's interpreter has no libdevice, and
+    its tl.log is numpy's). The others keep the fast instructions."""
     reaches = [False] * len(kg.nodes)
     users: dict[int, list[int]] = {}
     for i, n in enumerate(kg.nodes):
@@ -1281,7 +1284,8 @@ def _exact_divisions(kg: KernelGraph) -> KernelGraph:
     for i in range(len(kg.nodes) - 1, -1, -1):  # nodes come in topological order
         reaches[i] = any(kg.nodes[u].kind == "pw" and kg.nodes[u].fn in _DECISIONS or
                          kg.nodes[u].kind in ("pw", "view") and reaches[u] for u in users.get(i, ()))
-    nodes = tuple(replace(n, params=("rn",)) if n.kind == "pw" and n.fn in ("div", "recip") and
+    exact = ("div", "recip", "log") if gpu else ("div", "recip")
+    nodes = tuple(replace(n, params=("rn",)) if n.kind == "pw" and n.fn in exact and
                   n.ktype == "f" and reaches[i] else n for i, n in enumerate(kg.nodes))
     return KernelGraph(nodes, kg.outputs) if nodes != kg.nodes else kg
 
