@@ -74,6 +74,17 @@ def _cases() -> dict[str, tuple[Callable[..., Any], Callable[[], list[torch.Tens
         # pointwise tiles: a transposing copy, a channels-last input into a contiguous output
         "transpose": (lambda x: (x.t() * 2).contiguous(), lambda: [r(8192, 8192)]),
         "nhwc_to_nchw": (lambda x: F.gelu(x).contiguous(), lambda: [r(32, 56, 56, 256).permute(0, 3, 1, 2)]),
+        # ConvNeXt's residual (timm convnext_tiny, B64: the MLP's token-major output scaled per
+        # channel, permuted back, added to the NCHW shortcut): ATen 149 µs, the tuner's best 489
+        # (H200, 2026-11-27)
+        "convnext_residual": (lambda y, g, x: x + (g * y).view(64, 56, 56, 96).permute(0, 3, 1, 2),
+                              lambda: [r(200704, 96), r(96), r(64, 96, 56, 56)]),
+        # eval BatchNorm + residual add + ReLU between channels-last convolutions (timm ResNet-50,
+        # B64): the flat walk along C (schedule.contig_dim), not along W
+        "bn_relu_nhwc": (lambda x, m, v, w, b, s: torch.relu((x - m.view(1, -1, 1, 1)) * torch.rsqrt(
+            v.view(1, -1, 1, 1) + 1e-5) * w.view(1, -1, 1, 1) + b.view(1, -1, 1, 1) + s),
+            lambda: [r(64, 56, 56, 256).permute(0, 3, 1, 2), r(256), r(256).abs(), r(256), r(256),
+                     r(64, 56, 56, 256).permute(0, 3, 1, 2)]),
     }
 
 
