@@ -454,3 +454,60 @@ def test_an_island_whose_ends_would_not_be_channels_last_stays() -> None:
     got = gm(*xs)
     torch.testing.assert_close(got[0] if isinstance(got, tuple | list) else got, f(*xs), rtol=1e-5, atol=1e-5)
 
+
+
+class _Inception(torch.nn.Module):
+    """An Inception module (KernelBench level 3's sixth problem, small): four branches read one
+    input, two of them through a 1x1 reduction first, and their results are concatenated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.b1 = nn.Conv2d(6, 4, 1)
+        self.b3 = nn.Sequential(nn.Conv2d(6, 3, 1), nn.Conv2d(3, 5, 3, padding=1))
+        self.b5 = nn.Sequential(nn.Conv2d(6, 2, 1), nn.Conv2d(2, 3, 5, padding=2))
+        self.bp = nn.Sequential(nn.MaxPool2d(3, stride=1, padding=1), nn.Conv2d(6, 2, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.b1(x), self.b3(x), self.b5(x), self.bp(x)], 1)
+
+
+def test_an_inception_module_shares_its_input_copy_and_fuses_its_concatenation() -> None:
+    """The three convolutions that read the module's input share one channels-last copy of it (the
+    timing counts it once); each branch's copy back is part of the region that writes the
+    concatenation (with the biases moved there), which reads every branch channels-last; values
+    and strides are eager's."""
+    torch.manual_seed(0)
+    m = _Inception().to(DEVICE).eval()
+    x = _r(2, 6, 9, 7)
+    state = dict(m.state_dict())
+    names = list(state)
+
+    def net(t: torch.Tensor, *ps: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(m, dict(zip(names, ps, strict=True)), (t,))
+
+    args = [x, *(state[k].detach() for k in names)]
+    gm = trace(net, *args)
+    free: list[bool] = []
+    fuses = {c.name: L.copy_back_fuses(c) for c in _convs(gm)}
+    assert sum(fuses.values()) == 4, fuses  # the branches' last convolutions feed the cat
+    assert L.channels_last_convolutions(gm, decide=lambda n: free.append(L.copy_in_free(n)) or True,
+                                        strip=lambda n: True) == 6
+    # in graph order: b1 (pays the input's copy), b3's reduction (shares it), b3's 3x3 (after a
+    # rewritten convolution), b5's two likewise, the pool branch's (its input is the pool's)
+    assert free == [False, True, True, True, True, False], free
+    cl = [n for n in gm.graph.nodes if n.target is aten.clone.default
+          and n.kwargs.get("memory_format") == torch.channels_last and n.args[0].op == "placeholder"
+          and n.args[0].name == gm.graph.find_nodes(op="placeholder")[0].name]
+    assert len(cl) == 1 and len(cl[0].users) == 3  # one copy of the input, three readers
+    env = values(gm, *args)
+    _strides_as_planned(gm, env)
+    got, want = gm(*args), m(x)
+    got = got[0] if isinstance(got, tuple | list) else got
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want, **CONV_TOL)
+    regions = RG.form_regions(gm.graph)
+    (catr,) = [fr for fr in regions if any(n.target is aten.cat.default for n in fr.nodes)]
+    assert sum(n.target is aten.clone.default for n in catr.nodes) == 4  # every branch's copy back
+    for fr in regions:
+        assert check_region(fr, env) >= 1

@@ -56,6 +56,8 @@ aten = torch.ops.aten
 CONV = aten.convolution.default
 # The channels-last way must take at most this fraction of the time of the original way.
 MARGIN = 0.95
+# node meta: the channels-last copy this pass made of a convolution's input (shared by every reader)
+_COPY = "solforge_channels_last_copy"
 
 
 def _format(dim: int) -> torch.memory_format | None:
@@ -89,10 +91,12 @@ def _hashable(a: Any) -> Any:
 def copy_back_fuses(n: fx.Node) -> bool:
     """Whether the copy back to the original layout after convolution `n` would be part of the
     generated region after it: every user of its result is a pointwise ATen op (ATen's tag; what
-    region formation takes first. Not codegen's own test: capture must not import codegen)."""
+    region formation takes first. Not codegen's own test: capture must not import codegen) or a
+    concatenation (an Inception module's branches: one region reads every branch's channels-last
+    result and writes the concatenation once, as Inductor's kernel does)."""
     return bool(n.users) and all(
         u.op == "call_function" and isinstance(u.target, torch._ops.OpOverload)
-        and torch.Tag.pointwise in u.target.tags for u in n.users)
+        and (torch.Tag.pointwise in u.target.tags or u.target is aten.cat.default) for u in n.users)
 
 
 def copy_back_cancels(n: fx.Node, limit: int = 4096) -> bool:
@@ -121,10 +125,14 @@ def copy_back_cancels(n: fx.Node, limit: int = 4096) -> bool:
 
 
 def copy_in_free(n: fx.Node) -> bool:
-    """Whether the copy in before convolution `n` will cancel (`cancel_copies`): its input comes,
-    through ops that keep the memory order and copies back, from a convolution this pass already
-    made channels-last (the pass goes in graph order). Follows each op's first input."""
+    """Whether the copy in before convolution `n` costs nothing more: an earlier convolution this
+    pass rewrote reads the same input, whose channels-last copy it shares (an Inception module's
+    branches read one input), or it will cancel (`cancel_copies`): its input comes, through ops
+    that keep the memory order and copies back, from a convolution this pass already made
+    channels-last (the pass goes in graph order). Follows each op's first input."""
     v = n.args[0]
+    if isinstance(v, fx.Node) and _COPY in v.meta:
+        return True
     for _ in range(256):
         if not isinstance(v, fx.Node) or v.op != "call_function":
             return False
@@ -414,9 +422,15 @@ def channels_last_convolutions(gm: fx.GraphModule, decide: Callable[[fx.Node], b
         outv = _fake(lambda a, b, r=rest: CONV(a, b, *r), xcv, wcv)
         backv = _fake(lambda t: t.clone(memory_format=torch.contiguous_format), outv)
         with graph.inserting_before(n):
-            xc = graph.call_function(aten.clone.default, (x,), {"memory_format": fmt})
+            # one channels-last copy of an input however many convolutions read it
+            xc = x.meta.get(_COPY) if isinstance(x, fx.Node) else None
+            if xc is None:
+                xc = graph.call_function(aten.clone.default, (x,), {"memory_format": fmt})
+                xc.meta["val"] = xcv
+                if isinstance(x, fx.Node):
+                    x.meta[_COPY] = xc
             wc = graph.call_function(aten.clone.default, (w,), {"memory_format": fmt})
-        xc.meta["val"], wc.meta["val"] = xcv, wcv
+        wc.meta["val"] = wcv
         n.args = (xc, wc, *n.args[2:])
         n.meta["val"] = outv
         with graph.inserting_after(n):
@@ -425,6 +439,8 @@ def channels_last_convolutions(gm: fx.GraphModule, decide: Callable[[fx.Node], b
         n.replace_all_uses_with(back, delete_user_cb=lambda u, b=back: u is not b)
         backs.append(back)
         done += 1
+    for node in graph.nodes:  # the shared copies are this pass's bookkeeping only
+        node.meta.pop(_COPY, None)
     if done:
         graph.lint()
         gm.recompile()
