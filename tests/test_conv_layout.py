@@ -314,20 +314,25 @@ def test_copies_between_two_channels_last_convolutions_cancel() -> None:
 
 
 def test_a_value_read_elsewhere_keeps_its_copies() -> None:
-    """A value on the way that the graph returns (or that a training graph saves) keeps the copy
-    back: its layout is what the rest of the program expects."""
+    """A value on the way that a training graph returns (or saves for its backward) keeps the copy
+    back: its layout is what the rest of the program expects. In an inference graph the island
+    holds and the returned value gets a copy out of its own, before the output."""
     def f(x, w1, b1, w2, s):  # noqa: ANN001, ANN202
         r = torch.relu(F.conv2d(x, w1, b1, padding=1))
         return F.conv2d(r * s, w2), r
 
-    gm = trace(f, *CHAIN)
-    assert L.channels_last_convolutions(gm, decide=lambda n: True, strip=lambda n: True) == 2
-    second = _convs(gm)[1]
-    assert second.args[0].target is aten.clone.default
-    got, want = gm(*CHAIN), f(*CHAIN)
-    for g, w in zip(got, want, strict=True):
-        assert g.stride() == w.stride()
-        torch.testing.assert_close(g, w, **CONV_TOL)
+    want = f(*CHAIN)
+    for training in (True, False):
+        gm = trace(f, *CHAIN)
+        gm.meta["grad_enabled"] = training
+        assert L.channels_last_convolutions(gm, decide=lambda n: True, strip=lambda n: True) == 2
+        second = _convs(gm)[1]
+        assert (second.args[0].target is aten.clone.default) is training
+        _strides_as_planned(gm, values(gm, *CHAIN))
+        got = gm(*CHAIN)
+        for g, w in zip(got, want, strict=True):
+            assert g.stride() == w.stride()
+            torch.testing.assert_close(g, w, **CONV_TOL)
 
 
 @pytest.mark.parametrize("mode", ["inference", "train"])
@@ -474,9 +479,9 @@ class _Inception(torch.nn.Module):
 
 def test_an_inception_module_shares_its_input_copy_and_fuses_its_concatenation() -> None:
     """The three convolutions that read the module's input share one channels-last copy of it (the
-    timing counts it once); each branch's copy back is part of the region that writes the
-    concatenation (with the biases moved there), which reads every branch channels-last; values
-    and strides are eager's."""
+    timing counts it once); the branches' copies back fuse into the concatenation's region (the
+    timing leaves them out) and, going together, leave it channels-last with one copy out before
+    the output, in the same region (the biases moved there too); values and strides are eager's."""
     torch.manual_seed(0)
     m = _Inception().to(DEVICE).eval()
     x = _r(2, 6, 9, 7)
@@ -506,8 +511,66 @@ def test_an_inception_module_shares_its_input_copy_and_fuses_its_concatenation()
     got = got[0] if isinstance(got, tuple | list) else got
     assert got.stride() == want.stride()
     torch.testing.assert_close(got, want, **CONV_TOL)
+    # the branches' copies back went together (alone, each would have made the concatenation
+    # contiguous): the cat runs channels-last, and one copy out before the output is in its region
+    backs = [n for n in gm.graph.nodes if n.target is aten.clone.default
+             and n.kwargs.get("memory_format") == torch.contiguous_format]
+    assert len(backs) == 1 and backs[0].args[0].target is aten.cat.default, [n.format_node() for n in backs]
     regions = RG.form_regions(gm.graph)
     (catr,) = [fr for fr in regions if any(n.target is aten.cat.default for n in fr.nodes)]
-    assert sum(n.target is aten.clone.default for n in catr.nodes) == 4  # every branch's copy back
+    assert backs[0] in catr.nodes
     for fr in regions:
         assert check_region(fr, env) >= 1
+
+
+class _Dense(torch.nn.Module):
+    """Two DenseNet layers (BatchNorm, ReLU, convolution, then the features concatenated with the
+    input), a transition's average pool: odd sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.layers = nn.ModuleList(nn.Sequential(nn.BatchNorm2d(4 + 3 * i), nn.ReLU(), nn.Conv2d(4 + 3 * i, 3, 3,
+                                                                                                   padding=1))
+                                    for i in range(2))
+        for mod in self.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.running_mean.normal_()
+                mod.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for layer in self.layers:
+            x = torch.cat([x, layer(x)], 1)
+        return F.avg_pool2d(x, 2)
+
+
+def test_a_dense_block_runs_channels_last_through_its_concatenations() -> None:
+    """The concatenations of channels-last features stay channels-last: after the stem's input
+    copy, no copy until the graph's output (the pool, then the one copy back); values and strides
+    are eager's."""
+    torch.manual_seed(0)
+    m = _Dense().to(DEVICE).eval()
+    x = _r(2, 3, 9, 7)
+    state = dict(m.state_dict())
+    names = list(state)
+
+    def net(t: torch.Tensor, *ps: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(m, dict(zip(names, ps, strict=True)), (t,))
+
+    args = [x, *(state[k].detach() for k in names if state[k].is_floating_point())]
+    names = [k for k in names if state[k].is_floating_point()]
+    gm = trace(net, *args)
+    assert L.channels_last_convolutions(gm, decide=lambda n: True, strip=lambda n: True) == 3
+    copies = [n for n in gm.graph.nodes if n.target is aten.clone.default]
+    backs = [n for n in copies if n.kwargs.get("memory_format") == torch.contiguous_format]
+    assert len(copies) == 1 + 3 + 1 and len(backs) == 1, [n.format_node() for n in copies]
+    env = values(gm, *args)
+    _strides_as_planned(gm, env)
+    cats = [n for n in gm.graph.nodes if n.target is aten.cat.default]
+    assert all(env[c].is_contiguous(memory_format=torch.channels_last) for c in cats)
+    got, want = gm(*args), m(x)
+    got = got[0] if isinstance(got, tuple | list) else got
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want, **CONV_TOL)

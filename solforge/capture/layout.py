@@ -251,9 +251,12 @@ def strip_bias(gm: fx.GraphModule, where: Callable[[fx.Node], bool] = on_cuda) -
 # from an NCHW input (ATen's pointwise ops keep their input's memory order; these pools and eval
 # BatchNorm have channels-last kernels): a copy back to NCHW before them and a copy to
 # channels-last after them, into the next convolution, cancel out.
+# A concatenation keeps the layout its pieces share (a DenseNet block's running concatenation of
+# channels-last features; where a piece is not channels-last, its result is contiguous and the
+# island's fake values say so: `_island_holds` then keeps the copies).
 _KEEP_LAYOUT = {aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default,
-                aten.avg_pool2d.default, aten.avg_pool3d.default,
-                aten._native_batch_norm_legit_no_training.default}
+                aten.avg_pool2d.default, aten.avg_pool3d.default, aten._adaptive_avg_pool2d.default,
+                aten._native_batch_norm_legit_no_training.default, aten.cat.default}
 
 
 def _keeps_layout(n: fx.Node) -> bool:
@@ -275,14 +278,14 @@ def _is_copy_to(n: fx.Node, fmt: torch.memory_format) -> bool:
             and n.kwargs.get("memory_format") == fmt and len(n.args) == 1)
 
 
-def _island_values(graph: fx.Graph, back: fx.Node, conv: fx.Node, way: list[fx.Node]) -> dict[fx.Node, Any] | None:
-    """The fake values the ops on the way would have with the convolution's channels-last result in
-    place of the copy back (None: one of them cannot be computed)."""
+def _island_values(graph: fx.Graph, convs: dict[fx.Node, fx.Node], way: list[fx.Node]) -> dict[fx.Node, Any] | None:
+    """The fake values the ops on the way would have with each convolution's channels-last result in
+    place of its copy back (`convs`: copy back -> convolution; None: one of them cannot be computed)."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     new: dict[fx.Node, Any] = {}
 
     def val(a: Any) -> Any:
-        return _val(conv) if a is back else new[a] if a in new else _val(a)
+        return _val(convs[a]) if a in convs else new[a] if a in new else _val(a)
 
     try:
         for n in sorted(way, key=order.__getitem__):
@@ -294,14 +297,14 @@ def _island_values(graph: fx.Graph, back: fx.Node, conv: fx.Node, way: list[fx.N
     return new
 
 
-def _island_holds(new: dict[fx.Node, Any], back: fx.Node, ends: list[fx.Node],
+def _island_holds(new: dict[fx.Node, Any], backs: dict[fx.Node, fx.Node], ends: list[fx.Node],
                   exits: list[tuple[fx.Node, fx.Node]], rewritten: set[fx.Node], fmt: torch.memory_format) -> bool:
     """Whether the island's layouts are what the rest of the graph was made for: every convolution
     at its end reads a channels-last value (its own value, and the regions after it, are
     channels-last), and every op where it ends read an NCHW-contiguous value before (the copy out
     gives it that again; a region after it was planned for those strides)."""
-    def now(a: fx.Node) -> Any:
-        return new.get(a, _val(a))
+    def now(a: fx.Node) -> Any:  # a copy back that goes reads as its convolution (conv -> conv)
+        return _val(backs[a]) if a in backs else new.get(a, _val(a))
 
     def last(t: Any) -> bool:
         return isinstance(t, torch.Tensor) and t.is_contiguous(memory_format=fmt)
@@ -310,7 +313,7 @@ def _island_holds(new: dict[fx.Node, Any], back: fx.Node, ends: list[fx.Node],
         return False
     if not all(last(now(u.args[0])) for u in rewritten if u.args[0] in new):
         return False
-    return all(v is back or (isinstance(_val(v), torch.Tensor) and _val(v).is_contiguous()) for _, v in exits)
+    return all(v in backs or (isinstance(_val(v), torch.Tensor) and _val(v).is_contiguous()) for _, v in exits)
 
 
 def cancel_copies(gm: fx.GraphModule, backs: list[fx.Node]) -> int:
@@ -319,18 +322,28 @@ def cancel_copies(gm: fx.GraphModule, backs: list[fx.Node]) -> int:
     rewritten convolutions, whose copies in go, and the copy back to NCHW moves to where the island
     ends (an op of unknown layout, a view: one copy before it), as Inductor lays a CNN out. A
     conv -> BatchNorm -> ReLU -> pool -> conv chain, and a ResNet's residual adds, then run
-    channels-last throughout. An island whose values the graph returns (a training graph saves
-    them for its backward) stays as it was, as does one that would need more copies out than it
+    channels-last throughout. In an inference graph an island may end at the graph's output (a
+    copy out before it); in a training graph an island whose values the graph returns (or saves
+    for its backward) stays as it was. So does one that would need more copies out than it
     saves. The values on the way get their channels-last fake values again (their strides are what
     generated regions compile for), and an island stays as it is where they would not be what the
     rest of the graph was made for (`_island_holds`). Returns how many copies back went."""
     graph, gone = gm.graph, 0
+    # the lowering records whether autograd was on (lower.py); a graph traced without it (a test's)
+    # is an inference graph
+    inference = not gm.meta.get("grad_enabled", False)
     rewritten = {b.args[0] for b in backs}
     todo = list(backs)  # the copies back still there
     # until nothing changes: an island may hold only once a neighbour's copy back has gone (a
     # residual add of two islands' values is channels-last only when both are)
     while todo:
-        left = [b for b in todo if not _cancel(graph, b, rewritten)]
+        left = [b for b in todo if not _cancel(graph, [b], rewritten, inference)]
+        if len(left) == len(todo):
+            # islands that meet (a concatenation of two islands' values: alone, each would make it
+            # contiguous) go together or not at all
+            for group in _meeting(left):
+                if len(group) > 1 and _cancel(graph, group, rewritten, inference):
+                    left = [b for b in left if b not in group]
         gone += len(todo) - len(left)
         if len(left) == len(todo):
             break
@@ -341,19 +354,49 @@ def cancel_copies(gm: fx.GraphModule, backs: list[fx.Node]) -> int:
     return gone
 
 
-def _cancel(graph: fx.Graph, back: fx.Node, rewritten: set[fx.Node]) -> bool:
-    """One island of `cancel_copies`: True where its copies went."""
-    if not back.users:
+def _reach(back: fx.Node) -> set[fx.Node]:
+    """The ops that keep the layout reachable from a copy back through such ops (its island's way)."""
+    seen: set[fx.Node] = set()
+    stack = list(back.users)
+    while stack:
+        u = stack.pop()
+        if u not in seen and _keeps_layout(u):
+            seen.add(u)
+            stack.extend(u.users)
+    return seen
+
+
+def _meeting(backs: list[fx.Node]) -> list[list[fx.Node]]:
+    """The copies back grouped by islands that share an op (connected through shared ways)."""
+    ways = {b: _reach(b) for b in backs}
+    groups: list[tuple[list[fx.Node], set[fx.Node]]] = []
+    for b in backs:
+        merged = [g for g in groups if g[1] & ways[b]]
+        members, way = [b], set(ways[b])
+        for g in merged:
+            members += g[0]
+            way |= g[1]
+            groups.remove(g)
+        groups.append((members, way))
+    return [g[0] for g in groups]
+
+
+def _cancel(graph: fx.Graph, backs: list[fx.Node], rewritten: set[fx.Node], inference: bool) -> bool:
+    """One island of `cancel_copies` (from one copy back, or from several whose islands meet): True
+    where its copies went. In an inference graph the graph's output is where an island may end (a
+    copy out before it, as before any other op of unknown layout: a DenseNet's last pool, returned)."""
+    if not all(b.users for b in backs):
         return False
-    conv = back.args[0]
-    fmt = _format(_val(conv).dim()) if isinstance(_val(conv), torch.Tensor) else None
-    if fmt is None:
+    convs = {b: b.args[0] for b in backs}
+    fmts = {_format(_val(c).dim()) if isinstance(_val(c), torch.Tensor) else None for c in convs.values()}
+    if len(fmts) != 1 or None in fmts:
         return False
+    (fmt,) = fmts
     way: list[fx.Node] = []
     ends: list[fx.Node] = []
     exits: list[tuple[fx.Node, fx.Node]] = []  # (the op where the island ends, the value it reads)
     joined = 0
-    stack = [(u, back) for u in back.users]
+    stack = [(u, b) for b in backs for u in b.users]
     seen: set[fx.Node] = set()
     ok = True
     while stack and ok:
@@ -364,30 +407,34 @@ def _cancel(graph: fx.Graph, back: fx.Node, rewritten: set[fx.Node]) -> bool:
             joined += 1  # a convolution already reading the island (its copy in went before)
         elif _is_copy_to(u, torch.contiguous_format):
             joined += 1  # already the way out of an island
-        elif u.op == "output":
-            ok = False  # a value the graph returns (or saves for its backward) keeps its layout
+        elif u.op == "output" and not inference:
+            ok = False  # a value a training graph returns (or saves for its backward) keeps its layout
         elif _keeps_layout(u):
             if u not in seen:
                 seen.add(u)
                 way.append(u)
                 stack.extend((w, u) for w in u.users)
+        elif u in convs.values() or u in backs:
+            continue
         else:
             exits.append((u, v))
     ends = list(dict.fromkeys(ends))
-    if not ok or not (ends or joined) or len(exits) > len(ends) + joined:
+    exits = list(dict.fromkeys(exits))
+    if not ok or not (ends or joined or len(backs) > 1) or len(exits) > len(ends) + joined + len(backs) - 1:
         return False
-    new = _island_values(graph, back, conv, way)
-    if new is None or not _island_holds(new, back, ends, exits, rewritten, fmt):
+    new = _island_values(graph, convs, way)
+    if new is None or not _island_holds(new, convs, ends, exits, rewritten, fmt):
         return False
-    back.replace_all_uses_with(conv)
-    graph.erase_node(back)
+    for b, conv in convs.items():
+        b.replace_all_uses_with(conv)
+        graph.erase_node(b)
     for e in ends:
         e.replace_all_uses_with(e.args[0])
         graph.erase_node(e)
     for n, val in new.items():
         n.meta["val"] = val
     for u, v in exits:
-        v = conv if v is back else v
+        v = convs.get(v, v)
         with graph.inserting_before(u):
             out = graph.call_function(aten.clone.default, (v,), {"memory_format": torch.contiguous_format})
         out.meta["val"] = _fake(lambda t: t.clone(memory_format=torch.contiguous_format), _val(v))
