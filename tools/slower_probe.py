@@ -10,6 +10,13 @@ whose time differs most. A kernel that is slower in the optimized model's graph 
 
     python tools/slower_probe.py --kernelbench PATH --problems level3/8_ResNetBasicBlock,... [--budget 10]
         [--out FILE.json]
+
+Found (2026-11-27, bench/results/2026-11-27-h100-slower-probe-8ef04dc.json and
+...-h200-slower-probe-b59f2dd.json): ResNetBasicBlock's ReLUs and residual add were in-place ops
+that no region took (capture/inplace.py since: 1.36x, the check and do_bench agree); LeNet5 is
+host-bound and its step graph declines to replay (723.6 against 723.9 us), the check reads 0.98x
+and the original comes back. The first run's 0.69x-in-the-check against 1.12x-by-do_bench did not
+come back.
 """
 
 from __future__ import annotations
