@@ -199,3 +199,29 @@ def test_bf16_accumulation_on_gpu() -> None:
         err_eager = (q.grad.float() - e.grad).abs().max().item() / scale
         assert err_ours <= max(2 * err_eager, 1e-2), (k, err_ours, err_eager)
 
+
+
+class Chain(nn.Module):
+    """Two siblings on x, one of which feeds a third linear directly (a LoRA adapter's A -> B): the
+    third's group reads a linear that the siblings' group rewrote."""
+
+    def __init__(self, d: int = 24) -> None:
+        super().__init__()
+        self.q, self.a = nn.Linear(d, d, bias=False), nn.Linear(d, 4, bias=False)
+        self.b = nn.Linear(4, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.q(x) * self.b(self.a(x))
+
+
+def test_a_linear_reading_a_grouped_linear_reads_its_item() -> None:
+    torch.manual_seed(5)
+    ref = Chain()
+    opt_model = copy.deepcopy(ref)
+    optimized, stats = _integrate(opt_model)
+    x = torch.randn(10, 24)  # 2-D: each linear is one aten.linear, b reading a's value itself
+    for _ in range(2):
+        ref(x).square().mean().backward()
+        optimized(x).square().mean().backward()
+        _close(_grads(opt_model), _grads(ref))
+    assert stats.grouped == 3

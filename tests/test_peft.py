@@ -24,7 +24,7 @@ VOCAB = 96
 
 def _lora_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=1,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     base = transformers.LlamaForCausalLM(cfg)
     # init_lora_weights=False: B random too (PEFT's default zero B gives A a zero gradient, which
@@ -38,7 +38,9 @@ def _lora_model() -> torch.nn.Module:
 def test_lora_adapter_gradients_match_eager() -> None:
     model = _lora_model()
     ref = copy.deepcopy(model)
-    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    # one layer and 12 rows: the interpreter's kernels cost by the row tile; at these rows the graph's
+    # LoRA B reads its grouped A's linear itself (integrate/linears.py's chained groups)
+    ids = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     out, report = solforge.optimize(model, (ids,), mode="train", budget=1, max_candidates=1, db=False,
                                     profile="off", keep_slower=True)
     assert out is model and installed(model) is not None and report.e2e is not None and report.e2e.passed
@@ -64,4 +66,4 @@ def test_lora_adapter_gradients_match_eager() -> None:
         adapters += 1
         err = float((p.grad - q.grad).norm() / q.grad.norm())
         assert float(q.grad.norm()) > 0 and err < 1e-4, (name, err)
-    assert adapters == 2 * 4 * 2  # A and B, four targets, two layers
+    assert adapters == 2 * 4  # A and B, four targets (one layer)

@@ -85,7 +85,7 @@ def test_builder_failures_short_circuit_and_real_family_agrees():
     and a candidate that fails to build never reaches the measuring worker."""
     from solforge.kernels import rmsnorm
 
-    w = rmsnorm.workload_for(torch.empty(37, 96, device=DEVICE), torch.empty(96, device=DEVICE), 1e-6)
+    w = rmsnorm.workload_for(torch.empty(13, 96, device=DEVICE), torch.empty(96, device=DEVICE), 1e-6)
     cands = candidates(rmsnorm, w)[:2]
     local = {r.candidate: r for r in LocalRunner(DEVICE).measure(cands)}
     runner = make_runner("process", device=DEVICE, timeout_s=120, build_workers=2)

@@ -170,7 +170,11 @@ def group_linears(gm: fx.GraphModule) -> int:
             continue
         groups.setdefault((x, bias is not None), []).append(n)
     done = 0
+    # a group's x may be a linear an earlier group rewrote (a LoRA adapter's B reads its A): the
+    # getitem that took its place
+    items: dict[fx.Node, fx.Node] = {}
     for (x, has_bias), nodes in groups.items():
+        x = items.get(x, x)
         weights = [n.args[1] for n in nodes]
         biases = [n.args[2] for n in nodes] if has_bias else []
         with graph.inserting_before(nodes[0]):  # x and the weights are defined before the first
@@ -186,6 +190,7 @@ def group_linears(gm: fx.GraphModule) -> int:
                 item = graph.call_function(operator.getitem, (call, i))
             item.meta.update(n.meta)
             n.replace_all_uses_with(item)
+            items[n] = item
             graph.erase_node(n)
         done += len(nodes)
     if done:

@@ -139,3 +139,37 @@ def _meta(seg_rows: int, use_pdl: bool) -> Meta:
     extra = {"launch_pdl": True} if use_pdl else {}
     return Meta(BLOCK_R=block_r, BLOCK_M=max(8, min(64, 4096 // block_r)), PDL=use_pdl, INTERP=_INTERPRETED,
                 num_warps=4, **extra)
+
+
+def _vectorized_sums() -> None:
+    """Under Triton's interpreter, sum2's and sum3's reductions run as the interpreter's own tl.sum of
+    each value (CPU speed only; the GPU compiles the tuple reduction as written).
+
+    Triton 3.6's interpreter reduces with a combine function it does not know (any but its own
+    sum/min/max/argmin/argmax) one element at a time: a Python call of the combine, through the
+    interpreter's op wrappers, per element of the tile. A norm backward's [rows, H] tile took ~1000
+    such calls, and sum2 was the larger part of every CPU training test's time (measured: 23 of 41 s
+    of a LoRA model's optimize by cProfile). _add2 and _add3 add each value of the tuple to its own
+    accumulator and nothing else, so the result is each value's sum: numpy's sum, in its order
+    rather than one after another (fp32 either way, as a GPU's tree order differs too).
+    tests/test_reduce.py runs the kernels both ways against torch's sums."""
+    from triton.runtime import interpreter
+
+    ops = getattr(interpreter, "ReduceOps", None)
+    real = getattr(ops, "generic_reduce", None)
+    if real is None or getattr(real, "solforge_sums", False) or not hasattr(ops, "sum"):
+        return
+    sums = {_add2.fn, _add3.fn}
+
+    def generic_reduce(self, input):  # noqa: ANN001, ANN202  (the interpreter's signature)
+        if getattr(self.combine_fn, "fn", None) in sums:
+            return [self.sum(x) for x in input]
+        return real(self, input)
+
+    generic_reduce.solforge_sums = True  # type: ignore[attr-defined]
+    generic_reduce.solforge_real = real  # type: ignore[attr-defined]  (tests run the element-wise path too)
+    ops.generic_reduce = generic_reduce
+
+
+if _INTERPRETED:
+    _vectorized_sums()
