@@ -6,7 +6,7 @@
                             [--device cuda|cpu] [--tiny] [--out FILE.jsonl]
 
 The model is a Qwen3 architecture from its published dimensions (`--model`: qwen3-0.6b,
-qwen3-1.7b, qwen3-4b; the 0.6B one is solforge.zoo.hf.qwen3_0_6b_config) with `--layers` layers
+qwen3-1.7b, qwen3-4b; the 0.6B and 4B ones are solforge.zoo.hf's) with `--layers` layers
 (default: the model's own), seeded random weights in bf16, sdpa attention; nothing is downloaded.
 The data is a deterministic set of random tokens (input_ids, labels = input_ids). Trainer runs with
 its default arguments (AdamW fused, linear schedule, learning rate 5e-5, gradient clipping at 1.0)
@@ -21,7 +21,7 @@ v, o, gate, up and down projections; PEFT's default init and no dropout), the ba
 LoRA rows say so and are skipped when peft is not installed.
 
 Variants, each (mode, variant) in a process of its own (clean memory and compile state; Liger
-patches classes), a crash or a timeout being a row with its error:
+swaps module-level functions too), a crash or a timeout being a row with its error:
 - eager: the model as built;
 - liger: `TrainingArguments(use_liger_kernel=True)`, Trainer's own switch, which applies
   Liger-Kernel's default Qwen3 patch to the instance (rope, RMSNorm, SwiGLU and the fused linear
@@ -53,7 +53,13 @@ variant). `--stop-after S` starts no row after S seconds and gives a running one
 (rows not run say so), so that a run fits a device call of fixed length.
 
 `--tiny --device cpu`: one layer, hidden 64, a 128-token vocabulary, seq 16, 1 + 2 steps, through
-Triton's interpreter: the smoke run tests/test_bench_trainer.py makes. Its timings mean nothing.
+Triton's interpreter: the smoke run tests/test_bench_trainer.py makes (with `--in-process`: every
+row in the parent process, sparing each row's import of Trainer). Its timings mean nothing.
+
+One H100, every variant and both modes of Qwen3-1.7B's dimensions sized for a 10-minute device
+call (8 of its 28 layers: torch.compile's and solforge's compiles grow with the layers):
+
+    python bench/trainer.py --layers 8 --timeout 300 --stop-after 540 --out $OUT/trainer-h100.jsonl
 """
 
 from __future__ import annotations
@@ -234,6 +240,13 @@ def row(mode: str, variant: str, a: argparse.Namespace) -> dict[str, Any]:
         trainer.train()
         out["train_s"] = round(time.perf_counter() - t, 1)
     out["optim"] = str(getattr(args.optim, "value", args.optim))
+    out["trainer_args"] = {k: v if isinstance(v, int | float | bool | None) else str(getattr(v, "value", v))
+                           for k, v in vars(args).items() if k in (
+        "learning_rate", "lr_scheduler_type", "max_grad_norm", "weight_decay", "bf16", "torch_compile",
+        "torch_compile_backend", "torch_compile_mode", "use_liger_kernel", "seed")}
+    # what Trainer ran: the model itself, or what accelerate wrapped it in (torch.compile: OptimizedModule)
+    out["trained"] = type(trainer.model_wrapped).__name__
+    out["dynamo_graphs"] = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])  # compiled in this process
     times = [1e3 * s for s in timer.times]
     timed = times[a.warmup:] or times
     q = statistics.quantiles(timed, n=10, method="inclusive") if len(timed) > 1 else timed * 9
@@ -362,7 +375,8 @@ def main() -> int:
 
     started = time.monotonic()
     meta = {"row": "meta", "what": "Hugging Face Trainer fine-tuning step: eager, Liger, torch.compile, solforge",
-            **provenance(), "args": {k: v for k, v in vars(a).items() if k != "one"}}
+            "model": "qwen3-tiny" if a.tiny else a.model, **provenance(),
+            "args": {k: v for k, v in vars(a).items() if k != "one"}}
     for mod in ("peft", "accelerate"):
         meta["versions"][mod] = _version(mod)
     emit(meta, a.out)

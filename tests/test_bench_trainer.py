@@ -53,6 +53,8 @@ def test_tiny_rows(tmp_path: Path) -> None:
         assert len(r["losses"]) == 2 and all(math.isfinite(x) for x in r["losses"])
         # a fresh causal LM over 128 tokens: its loss starts near ln(128)
         assert abs(r["losses"][0] - math.log(128)) < 0.5, r["losses"]
+        # the model trained is the one built (PEFT's wrapper in LoRA), not wrapped by Trainer
+        assert r["trained"] == ("PeftModelForCausalLM" if r["mode"] == "lora" else "Qwen3ForCausalLM")
         if r["mode"] == "lora":  # adapters only: a small part of the model trains
             assert 0 < r["trainable_M"] < r["params_M"] / 2
         else:
