@@ -187,7 +187,8 @@ def optimize(model: Any, variant: str, a: argparse.Namespace, rows: list[dict[st
     tiny = dict(max_candidates=1, db=a.db or False, profile="off") if a.tiny else {"db": a.db or True}
     t = time.perf_counter()
     out, rep = solforge.optimize(model, example(model, ids), mode="train", budget=a.budget,
-                                 skip_logits=variant == "solforge-skip", name=f"{a.model}-trainer", **tiny)
+                                 skip_logits=variant == "solforge-skip", name=f"{a.model}-trainer",
+                                 families=a.families.split(",") if a.families else None, **tiny)
     e2e = rep.e2e
     families: dict[str, int] = {}
     for r in rep.regions:
@@ -295,7 +296,8 @@ def command(mode: str, variant: str, a: argparse.Namespace) -> list[str]:
     return [sys.executable, __file__, "--one", f"{mode}:{variant}", "--model", a.model, "--batch", str(a.batch),
             "--seq", str(a.seq), "--accum", str(a.accum), "--steps", str(a.steps), "--warmup", str(a.warmup),
             "--budget", str(a.budget), "--device", a.device, *(["--layers", str(a.layers)] if a.layers else []),
-            *(["--db", a.db] if a.db else []), *(["--tiny"] if a.tiny else [])]
+            *(["--db", a.db] if a.db else []), *(["--families", a.families] if a.families else []),
+            *(["--tiny"] if a.tiny else [])]
 
 
 def compare(r: dict[str, Any], eager: dict[str, Any] | None) -> None:
@@ -329,6 +331,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="timed optimizer steps (default 12; --tiny 2)")
     p.add_argument("--warmup", type=int, default=None, help="optimizer steps before the timing (default 4; --tiny 1)")
     p.add_argument("--budget", type=float, default=60.0, help="solforge's tuning budget (s)")
+    p.add_argument("--families", default=None, help="solforge's kernel families, comma-separated (default: all)")
     p.add_argument("--db", default=None, help="solforge's kernel database (default: its own, "
                    "~/.cache/solforge/kernels.db or $SOLFORGE_DB; --tiny: none)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))

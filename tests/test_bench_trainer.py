@@ -61,7 +61,7 @@ def test_tiny_rows(tmp_path: Path) -> None:
             assert r["trainable_M"] == r["params_M"]
         if r["variant"] == "solforge":
             assert r["returned"] == "optimized" and r["e2e"]["passed"], (r["returned"], r["why"])
-            assert r["kernels"] > 0 and {"rmsnorm", "swiglu"} <= set(r["families"]), r["families"]
+            assert r["kernels"] > 0 and {"rmsnorm", "swiglu", "swiglu_bwd"} <= set(r["families"]), r["families"]
             assert r["optimize_s"] > 0
             # the same data, init and order as eager: the losses differ by bf16 rounding alone
             eager = next(e for e in rows if e["mode"] == r["mode"] and e["variant"] == "eager")
@@ -91,7 +91,8 @@ def test_row_command_round_trips() -> None:
     """A row's process gets the run's settings: its command line parses back to them."""
     trainer = _bench()
     a = trainer.parse(["--model", "qwen3-4b", "--layers", "6", "--batch", "3", "--seq", "100", "--accum", "4",
-                       "--steps", "5", "--warmup", "2", "--budget", "7", "--device", "cpu", "--db", "/x/k.db"])
+                       "--steps", "5", "--warmup", "2", "--budget", "7", "--device", "cpu", "--db", "/x/k.db",
+                       "--families", "rmsnorm,swiglu"])
     cmd = trainer.command("lora", "compile", a)
     assert cmd[:2] == [sys.executable, trainer.__file__]
     b = trainer.parse(cmd[2:])
@@ -113,3 +114,15 @@ def test_configs_are_the_published_ones() -> None:
         diff = {k for k in set(got) | set(want) if got.get(k) != want.get(k)}
         assert diff == {"num_hidden_layers", "max_window_layers", "layer_types"}, diff
         assert got["num_hidden_layers"] == got["max_window_layers"] == len(got["layer_types"]) == 3
+
+
+def test_stop_after_skips_rows(tmp_path: Path) -> None:
+    """Past --stop-after no row starts: each says so in the file, after the meta row; Liger off the GPU too."""
+    out = tmp_path / "rows.jsonl"
+    proc = _run("--tiny", "--device", "cpu", "--modes", "full", "--variants", "liger,eager", "--stop-after", "0",
+                "--out", str(out), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows[0]["row"] == "meta" and rows[0]["model"] == "qwen3-tiny"
+    assert rows[1:] == [{"mode": "full", "variant": "eager", "skipped": "not started: --stop-after 0 s reached"},
+                        {"mode": "full", "variant": "liger", "skipped": "Liger-Kernel runs on CUDA only"}]
