@@ -170,7 +170,10 @@ def group_linears(gm: fx.GraphModule) -> int:
             continue
         groups.setdefault((x, bias is not None), []).append(n)
     done = 0
-    for (x, has_bias), nodes in groups.items():
+    for (_, has_bias), nodes in groups.items():
+        # x as the group's first linear reads it now, not the key: an x made by a linear rewritten
+        # above (LoRA's lora_B reads lora_A's output) is that rewrite's getitem, the key erased
+        x = nodes[0].args[0]
         weights = [n.args[1] for n in nodes]
         biases = [n.args[2] for n in nodes] if has_bias else []
         with graph.inserting_before(nodes[0]):  # x and the weights are defined before the first
