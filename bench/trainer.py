@@ -2,8 +2,8 @@
 
     python bench/trainer.py [--model qwen3-1.7b] [--layers N] [--modes full,lora]
                             [--variants eager,liger,compile,solforge] [--batch 2] [--seq 2048] [--accum 2]
-                            [--steps 12] [--warmup 4] [--budget 60] [--timeout 900] [--stop-after S]
-                            [--device cuda|cpu] [--tiny] [--out FILE.jsonl]
+                            [--steps 12] [--warmup 4] [--budget 60] [--families F,..] [--db FILE]
+                            [--timeout 900] [--stop-after S] [--device cuda|cpu] [--tiny] [--out FILE.jsonl]
 
 The model is a Qwen3 architecture from its published dimensions (`--model`: qwen3-0.6b,
 qwen3-1.7b, qwen3-4b; the 0.6B and 4B ones are solforge.zoo.hf's) with `--layers` layers
