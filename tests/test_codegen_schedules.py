@@ -291,6 +291,31 @@ def test_a_channels_last_pointwise_region_walks_along_its_channels() -> None:
     assert SC.contig_dim(flat) == len(flat.space.shape) - 1 and "kk % 7" in generate(flat, SC.heuristic(flat))
 
 
+def test_a_view_keeps_the_index_of_a_dim_it_passes_through() -> None:
+    """ConvNeXt's permuted residual, small and odd: a token-major (B*H*W, C) tensor scaled per
+    channel, viewed as (B, H, W, C), permuted to NCHW and added to an NCHW one. The view reads C
+    as the loop's own C index (no division of a linear index by C, which hid the contiguity from
+    Triton), every schedule against the reference; `_groups` cuts the two shapes by equal
+    products."""
+    from solforge.codegen.triton_gen import _groups, generate
+
+    assert _groups((2, 5, 7, 37), (70, 37)) == [([0, 1, 2], [0]), ([3], [1])]
+    assert _groups((6, 4), (4, 6)) == [([0, 1], [0, 1])]
+    assert _groups((2, 1, 3), (2, 3, 1)) == [([0], [0]), ([1, 2], [1]), ([], [2])]
+
+    def f(y, g, x):  # noqa: ANN001, ANN202
+        return x + (g * y).view(2, 5, 7, 37).permute(0, 3, 1, 2)
+
+    low, ins = _region(f, _r(70, 37), _r(37), _r(2, 37, 5, 7))
+    for c in [SC.heuristic(low), *(c for c in SC.space(low) if c.variant == "pointwise")][:3]:
+        src = generate(low, c)
+        # y's load (in1, the token-major input) indexes C with the loop's own C variable
+        y = [ln for ln in src.splitlines() if "tl.load(in1 +" in ln]
+        assert y and not any("//" in ln or "%" in ln for ln in y), src
+        assert not any("// 37" in ln or "% 37" in ln for ln in src.splitlines() if ln.strip().startswith("ir")), src
+    _sweep(low, ins, "tiles")
+
+
 def test_pointwise_without_a_transpose_has_no_tiles() -> None:
     low = _region(lambda x, y: x * y + 1, _r(5, 37), _r(37))[0]
     assert layout.transpose_dims(low) is None and SC.heuristic(low).variant == "pointwise"

@@ -215,12 +215,28 @@ class _Gen:
         return " + ".join(terms) if terms else "0"
 
     def reshape_idx(self, idx: Sequence[str], frm: Sequence[int], to: Sequence[int]) -> tuple[str, ...]:
-        """The index in `to` of the element at `idx` in `frm` (same numel, same linear order)."""
+        """The index in `to` of the element at `idx` in `frm` (same numel, same linear order). Group by
+        group (`_groups`: runs of dims whose sizes multiply to the same number on both sides), so
+        a dim that passes through keeps its own index: viewing (B, H, W, C) as (B*H*W, C) reads C
+        as the loop's C, not as the remainder of a linear index, which Triton's axis analysis
+        could not see as contiguous (ConvNeXt's permuted residual read strided)."""
         a = [(i, n) for i, n in zip(idx, frm, strict=True) if n != 1]
         if [n for _, n in a] == [n for n in to if n != 1]:  # only size-1 dims differ
             it = iter(i for i, _ in a)
             return tuple("0" if n == 1 else next(it) for n in to)
-        return self.delin(self.ivar(self.lin(idx, frm)), to)
+        groups = _groups(frm, to)
+        if groups is None:
+            return self.delin(self.ivar(self.lin(idx, frm)), to)
+        out = ["0"] * len(to)
+        for fd, td in groups:
+            sub = [idx[d] for d in fd]
+            if not td:
+                continue
+            lin = self.lin(sub, [frm[d] for d in fd])
+            parts = (lin,) if len(td) == 1 else self.delin(self.ivar(lin) if lin != "0" else "0", [to[d] for d in td])
+            for d, e in zip(td, parts, strict=True):
+                out[d] = e
+        return tuple(out)
 
     # --- values
 
@@ -422,6 +438,42 @@ class _Gen:
                                                   else None)
         m = f", mask={mask}" if mask else ""
         self.line(f"tl.store(out{k} + {off}, {_p(v)}.to(out{k}.dtype.element_ty){m})")
+
+
+def _groups(frm: Sequence[int], to: Sequence[int]) -> list[tuple[list[int], list[int]]] | None:
+    """Two shapes of one numel cut into runs of dims with equal products, in order ((B, H, W, C) and
+    (B*H*W, C): ([0, 1, 2], [0]), ([3], [1])); None where a size is 0 or the runs do not meet."""
+    if 0 in frm or 0 in to:
+        return None
+    out: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(frm) or j < len(to):
+        fd: list[int] = []
+        td: list[int] = []
+        pf = pt = 1
+        if i < len(frm):
+            fd.append(i)
+            pf *= frm[i]
+            i += 1
+        if j < len(to):
+            td.append(j)
+            pt *= to[j]
+            j += 1
+        while pf != pt:
+            if pf < pt:
+                if i >= len(frm):
+                    return None
+                fd.append(i)
+                pf *= frm[i]
+                i += 1
+            else:
+                if j >= len(to):
+                    return None
+                td.append(j)
+                pt *= to[j]
+                j += 1
+        out.append((fd, td))
+    return out
 
 
 def _arg_names(region: Lowered, sched: Schedule | None = None) -> list[str]:
