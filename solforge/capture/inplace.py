@@ -95,13 +95,18 @@ def _run_fake(op: Any, args: Any, kwargs: Any) -> Any:
         return op(*args, **kwargs)
 
 
+def _eq(x: Any, y: Any) -> bool:
+    """Sizes equal, symbolic ones by their expressions (no guard is added on any size)."""
+    return x == y if type(x) is int and type(y) is int else str(x) == str(y)
+
+
 def _same_layout(a: Any, b: Any) -> bool:
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         return False
-    if a.shape != b.shape or a.dtype != b.dtype:
+    if a.dtype != b.dtype or a.dim() != b.dim() or not all(map(_eq, a.shape, b.shape)):
         return False
-    dims = [d for d in range(a.dim()) if a.shape[d] != 1]
-    return [a.stride(d) for d in dims] == [b.stride(d) for d in dims]
+    dims = [d for d in range(a.dim()) if not _eq(a.shape[d], 1)]
+    return all(_eq(a.stride(d), b.stride(d)) for d in dims)
 
 
 def functionalize_pointwise(gm: fx.GraphModule) -> int:
