@@ -380,6 +380,8 @@ def main() -> int:
     meta = {"row": "meta", "what": "Hugging Face Trainer fine-tuning step: eager, Liger, torch.compile, solforge",
             "model": "qwen3-tiny" if a.tiny else a.model, **provenance(),
             "args": {k: v for k, v in vars(a).items() if k != "one"}}
+    if a.device == "cpu":  # provenance names the host's GPU, which a --device cpu run does not use
+        meta["device"] = "cpu"
     for mod in ("peft", "accelerate"):
         meta["versions"][mod] = _version(mod)
     emit(meta, a.out)

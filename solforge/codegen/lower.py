@@ -133,7 +133,8 @@ class V:
 
 
 class _Builder:
-    def __init__(self) -> None:
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device  # where the kernel runs: a few lowerings follow what torch does there
         self.nodes: list[KNode] = []
         self.seen: dict[KNode, int] = {}  # identical nodes are one (var_mean next to mean: one sum)
         self.current = ""  # the ATen op being lowered (entries shared by several ops branch on it)
@@ -360,6 +361,12 @@ def _rsub(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ..
 
 @_reg("aten.div.Tensor", "aten.div.Scalar")
 def _div(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
+    if b.device == "cuda" and isinstance(a[1], (int, float)) and not isinstance(a[1], bool) and a[1] != 0 \
+            and torch.float64 not in b.arg_dtypes:
+        # torch on CUDA divides by a number as a product with its reciprocal, rounded to fp32
+        # (ATen's div_true_kernel_cuda: opmath 1 / b): the same in the kernel, so a quotient that a
+        # decision reads (T5's bucket, log(d / 8) / log(16) * 8 cast to int64) rounds as torch's does
+        return b.pw("mul", a[0], float(torch.tensor(1.0) / torch.tensor(float(a[1]))), ktype="f")
     return b.pw("div", a[0], a[1], ktype="f")
 
 
@@ -1208,7 +1215,7 @@ def _vector_norm(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[
 
 def lower(ir: RegionIR) -> KernelGraph:
     """The kernel graph of a region (raises LowerError for an op or argument it cannot write)."""
-    b = _Builder()
+    b = _Builder(ir.device)
     loads: dict[int, V] = {}
     results: list[tuple[V | None, ...]] = []
 
