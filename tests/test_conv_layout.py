@@ -51,6 +51,10 @@ def _strides_as_planned(gm: Any, env: dict[Any, Any]) -> None:
                 assert [got.stride(d) for d in dims] == [want.stride(d) for d in dims], n.format_node()
 
 
+# times under which every island goes channels-last (the GPU measures them)
+WINS = L.ConvTimes(plain=100.0, last=10.0, copy_in=1.0, copy_back=1.0)
+
+
 def _convs(gm: Any) -> list[Any]:
     return [n for n in gm.graph.nodes if n.target is aten.convolution.default]
 
@@ -118,27 +122,30 @@ def test_nothing_changes_without_a_decision_or_with_the_switch_off() -> None:
         assert L.channels_last_convolutions(gm) == 0
 
 
-def test_the_timing_counts_the_copy_back_only_where_no_region_takes_it(monkeypatch) -> None:
+def test_the_timing_counts_the_copy_back_only_where_no_region_takes_it() -> None:
     """A convolution followed by pointwise ops: its copy back is the next region's read, so the
-    timing leaves it out; one whose result is the graph's output (or feeds another convolution)
-    pays for the copy and the timing counts it."""
-    keys: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(L, "_measured", lambda key: keys.append(key) or False)
+    decision leaves it out; one whose result is the graph's output pays for the copy and the
+    decision counts it. Two convolutions in a row are one island: the first's copy back cancels
+    the second's copy in, so neither is counted, and the pair goes channels-last where neither
+    alone would."""
+    times = L.ConvTimes(plain=100.0, last=70.0, copy_in=10.0, copy_back=20.0)
     for case, fuses in (("conv2d_relu_bias", True), ("conv_transpose2d", False)):
         f, xs = CASES[case]
         gm = trace(f, *xs)
         (conv,) = _convs(gm)
         assert L.copy_back_fuses(conv) is fuses
-        if DEVICE == "cuda":
-            assert L.measured(conv) is False
-            assert keys[-1][-2] is (not fuses)  # the key's item: the copy back is a pass of its own
+        # 70 + 10 (+ 20 where the copy back stays) against 0.95 x 100
+        assert L.islands(gm, lambda n: times) == ({conv} if fuses else set())
     two = trace(lambda x, w1, w2: F.conv2d(F.conv2d(x, w1), w2), _r(2, 5, 9, 11), _r(6, 5, 3, 3, seed=1),
                 _r(4, 6, 3, 3, seed=2))
-    first = _convs(two)[0]
+    first, second = _convs(two)
     assert not L.copy_back_fuses(first)  # a convolution reads it: no region between them
     assert L.copy_back_cancels(first)  # ...and its copy in cancels the copy back: not a pass either
-    if DEVICE == "cuda":
-        assert L.measured(first) is False and keys[-1][-2] is False
+    assert L._groups(two.graph) == ([[first, second]], {second})
+    # 2 x 70 + 10 (the first's copy in) + 20 (the second's copy back) = 170 <= 0.95 x 200; one of
+    # them alone, both copies counted: 100 > 95
+    assert L.islands(two, lambda n: times) == {first, second}
+    assert L.islands(two, lambda n: times if n is first else None) == set()  # a failed timing: as written
 
 
 def test_a_copy_back_that_reaches_only_convolutions_cancels() -> None:
@@ -189,7 +196,7 @@ def test_optimize_integrates_a_channels_last_convolution_where_no_region_matched
 
     from solforge import optimize
 
-    monkeypatch.setattr(L, "measured", lambda n: True)
+    monkeypatch.setattr(L, "node_times", lambda n: WINS)
     model = nn.Conv2d(3, 5, 3, padding=1).to(DEVICE)
     x = _r(2, 3, 7, 9)
     opt, report = optimize(model, (x,), budget=1, max_candidates=1, db=False, profile="off", keep_slower=True,
@@ -248,7 +255,7 @@ def test_optimize_with_the_bias_moved_and_channels_last(monkeypatch: pytest.Monk
 
     from solforge import optimize
 
-    monkeypatch.setattr(L, "measured", lambda n: True)
+    monkeypatch.setattr(L, "node_times", lambda n: WINS)
     monkeypatch.setattr(L, "on_cuda", lambda n: True)
 
     class Net(nn.Module):
@@ -290,10 +297,9 @@ def test_copies_between_two_channels_last_convolutions_cancel() -> None:
     say so), only the graph's first input and its output are copied, and the values are eager's."""
     gm = trace(_chain, *CHAIN)
     want = _chain(*CHAIN)
-    free: list[bool] = []  # at each decision: will its copy in cancel? (then the timing leaves it out)
-    assert L.channels_last_convolutions(gm, decide=lambda n: free.append(L.copy_in_free(n)) or True,
-                                        strip=lambda n: True) == 2
-    assert free == [False, True]
+    first, second = _convs(gm)
+    assert L._groups(gm.graph) == ([[first, second]], {second})  # one island: the second's copy in cancels
+    assert L.channels_last_convolutions(gm, decide=lambda n: True, strip=lambda n: True) == 2
     first, second = _convs(gm)
     assert second.args[0].target is not aten.clone.default  # the copy in is gone
     copies = [n for n in gm.graph.nodes if n.target is aten.clone.default]
@@ -341,7 +347,7 @@ def test_optimize_a_channels_last_chain(monkeypatch: pytest.MonkeyPatch, mode: s
 
     from solforge import optimize
 
-    monkeypatch.setattr(L, "measured", lambda n: True)
+    monkeypatch.setattr(L, "node_times", lambda n: WINS)
     monkeypatch.setattr(L, "on_cuda", lambda n: True)
 
     class Net(nn.Module):
@@ -404,8 +410,15 @@ def test_a_resnet_runs_channels_last_between_its_input_and_its_pool(monkeypatch:
     copies, and nothing else; optimize's end-to-end check passes and the outputs are eager's."""
     from solforge import capture, optimize
 
-    free: list[bool] = []  # per decision: the copy in will cancel (only the stem's input is copied)
-    monkeypatch.setattr(L, "measured", lambda n: free.append(L.copy_in_free(n)) or True)
+    # the stem alone is no faster channels-last (its input's copy counted); the blocks' convolutions
+    # are: the island goes channels-last as a whole (5 x 100 against 100 + 10 + 4 x 60)
+    seen: list[Any] = []
+
+    def times(n: Any) -> L.ConvTimes:
+        seen.append(n)
+        return L.ConvTimes(plain=100.0, last=100.0 if len(seen) == 1 else 60.0, copy_in=10.0, copy_back=10.0)
+
+    monkeypatch.setattr(L, "node_times", times)
     monkeypatch.setattr(L, "on_cuda", lambda n: True)
     torch.manual_seed(0)
     model = _ResNet().to(DEVICE).eval()
@@ -413,7 +426,7 @@ def test_a_resnet_runs_channels_last_between_its_input_and_its_pool(monkeypatch:
     with torch.no_grad():
         b = capture.capture(model, (x,))
     (g,) = b.graphs
-    assert g.conv_layouts == 5 and free == [False, True, True, True, True]
+    assert g.conv_layouts == 5 and len(seen) == 5
     copies = [n for n in g.aten.graph.nodes if n.target is aten.clone.default]
     outs = [n for n in copies if n.kwargs.get("memory_format") == torch.contiguous_format]
     assert len(copies) == 1 + 5 + 1 and len(outs) == 1, [n.format_node() for n in copies]
@@ -493,14 +506,13 @@ def test_an_inception_module_shares_its_input_copy_and_fuses_its_concatenation()
 
     args = [x, *(state[k].detach() for k in names)]
     gm = trace(net, *args)
-    free: list[bool] = []
     fuses = {c.name: L.copy_back_fuses(c) for c in _convs(gm)}
     assert sum(fuses.values()) == 4, fuses  # the branches' last convolutions feed the cat
-    assert L.channels_last_convolutions(gm, decide=lambda n: free.append(L.copy_in_free(n)) or True,
-                                        strip=lambda n: True) == 6
-    # in graph order: b1 (pays the input's copy), b3's reduction (shares it), b3's 3x3 (after a
-    # rewritten convolution), b5's two likewise, the pool branch's (its input is the pool's)
-    assert free == [False, True, True, True, True, False], free
+    # in graph order: b1 and b3's and b5's reductions read the input (one copy in for the three),
+    # b3's 3x3 and b5's 5x5 are fed by them; the pool branch's reads the pool's result
+    b1, b3r, b3, b5r, b5, bp = _convs(gm)
+    assert L._groups(gm.graph) == ([[b1, b3r, b3, b5r, b5], [bp]], {b3, b5})
+    assert L.channels_last_convolutions(gm, decide=lambda n: True, strip=lambda n: True) == 6
     cl = [n for n in gm.graph.nodes if n.target is aten.clone.default
           and n.kwargs.get("memory_format") == torch.channels_last and n.args[0].op == "placeholder"
           and n.args[0].name == gm.graph.find_nodes(op="placeholder")[0].name]

@@ -17,18 +17,19 @@ outputs are unchanged); the clones are copies, and the copy back is a pointwise 
 formation fuses with the ops after the convolution (a ReLU and a bias add then read the
 channels-last output once and write the contiguous result once: no extra pass over memory).
 
-Whether to rewrite is measured, not guessed: `decide(node)` times the convolution both ways on the
-GPU at the node's shapes, dtypes and parameters (random inputs), the channels-last way with the
-weight's copy counted and the input's unless it comes channels-last from an earlier rewritten
-convolution through ops that keep the layout (`copy_in_free`: that copy cancels), and rewrites
-only where that is at least MARGIN faster. The output copy is
-counted too unless every op reading the convolution's result can be in a generated region (then
-the copy back is that region's strided read, no pass of its own: `copy_back_fuses`), or unless it
-reaches only convolutions this pass may rewrite, where it cancels (`copy_back_cancels`). With it
-always counted, no convolution of KernelBench level 2's rows run (H100/H200, 2026-11-27) was
-rewritten; a copy of the large output, about what channels-last saves, is the likely reason.
-Off the GPU nothing is rewritten (no timing means anything there); tests pass their own `decide`.
-Decisions are kept per shape and parameters for the process. SOLFORGE_CONV_LAYOUT=0 turns the pass
+Whether to rewrite is measured, not guessed, island by island (`islands`): the convolutions whose
+results reach one another through ops that keep the memory order form a group, and each
+convolution is timed on the GPU at its shapes, dtypes and parameters (random inputs) as the graph
+runs it, channels-last (its input already so, the weight's copy counted), and the copies of its
+input and output. The group goes channels-last where its channels-last times, plus a copy in where
+the group starts and each copy back that stays, take at most MARGIN of its times as written. A copy
+back does not stay where every op reading the convolution's result can be in a generated region
+(the copy is that region's strided read: `copy_back_fuses`) or where it reaches only convolutions
+of the group (it cancels: `copy_back_cancels`). Decided one convolution at a time with every copy
+counted, no convolution of KernelBench level 2's rows (H100/H200, 2026-11-27) was rewritten, and
+a ResNet's stem then left every convolution after it NCHW (`islands` says more). Off the GPU
+nothing is rewritten (no timing means anything there); tests pass their own `decide` or timings.
+Timings are kept per shape and parameters for the process. SOLFORGE_CONV_LAYOUT=0 turns the pass
 off.
 
 Between rewritten convolutions, the copies cancel (`cancel_copies`: channels-last islands): the
@@ -47,6 +48,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -124,46 +126,34 @@ def copy_back_cancels(n: fx.Node, limit: int = 4096) -> bool:
     return convs > 0
 
 
-def copy_in_free(n: fx.Node) -> bool:
-    """Whether the copy in before convolution `n` costs nothing more: an earlier convolution this
-    pass rewrote reads the same input, whose channels-last copy it shares (an Inception module's
-    branches read one input), or it will cancel (`cancel_copies`): its input comes, through ops
-    that keep the memory order and copies back, from a convolution this pass already made
-    channels-last (the pass goes in graph order). Follows each op's first input."""
-    v = n.args[0]
-    if isinstance(v, fx.Node) and _COPY in v.meta:
-        return True
-    for _ in range(256):
-        if not isinstance(v, fx.Node) or v.op != "call_function":
-            return False
-        if v.target is CONV:
-            out = _val(v)
-            fmt = _format(out.dim()) if isinstance(out, torch.Tensor) else None
-            return fmt is not None and out.is_contiguous(memory_format=fmt) and not out.is_contiguous()
-        if not (_is_copy_to(v, torch.contiguous_format) or _keeps_layout(v)):
-            return False
-        v = next((a for a in v.args if isinstance(a, fx.Node)), None)
-    return False
-
-
 def _key(n: fx.Node) -> tuple[Any, ...]:
-    """What the timing depends on: shapes, strides, dtypes, device, whether there is a bias, the
-    convolution's parameters (stride, padding, dilation, transposed, output padding, groups),
-    whether the copy back is a pass of its own and whether the copy in is."""
+    """What a convolution's timings depend on: shapes, strides, dtypes, device, whether there is a
+    bias, the convolution's parameters (stride, padding, dilation, transposed, output padding, groups)."""
     x, w = _val(n.args[0]), _val(n.args[1])
     return (tuple(x.shape), tuple(x.stride()), x.dtype, tuple(w.shape), w.dtype, str(x.device),
-            n.args[2] is not None, _hashable(tuple(n.args[3:])), not (copy_back_fuses(n) or copy_back_cancels(n)),
-            not copy_in_free(n))
+            n.args[2] is not None, _hashable(tuple(n.args[3:])))
+
+
+@dataclass(frozen=True)
+class ConvTimes:
+    """One convolution's device times (µs, p50): as the graph runs it (`plain`); channels-last with
+    its input already channels-last and the weight's copy counted (`last`: inside an island); the
+    copy of its input to channels-last (`copy_in`: where an island starts) and of its output back
+    (`copy_back`: where one ends)."""
+
+    plain: float
+    last: float
+    copy_in: float
+    copy_back: float
 
 
 @functools.cache
-def _measured(key: tuple[Any, ...]) -> bool:
-    """Time the convolution of `key` as the graph runs it and the channels-last way (the weight's
-    copy counted, the input's and the output's where each is a pass of its own) on the GPU; True
-    where the latter is at most MARGIN of the former."""
+def _times(key: tuple[Any, ...]) -> ConvTimes | None:
+    """The timings of `key`'s convolution on the GPU at random inputs; None where one fails (out of
+    memory, an unsupported convolution: it stays as written)."""
     from solforge.tune.timing import time_kernel
 
-    xshape, xstride, dtype, wshape, wdtype, device, has_bias, rest, copy_back, copy_in = key
+    xshape, xstride, dtype, wshape, wdtype, device, has_bias, rest = key
     fmt = _format(len(xshape))
     transposed, groups = rest[3], rest[5]
     try:
@@ -172,30 +162,104 @@ def _measured(key: tuple[Any, ...]) -> bool:
         w = torch.randn(wshape, dtype=wdtype, device=device, generator=g)
         channels = wshape[1] * groups if transposed else wshape[0]
         b = torch.randn(channels, dtype=wdtype, device=device, generator=g) if has_bias else None
-
-        def plain() -> Any:
-            return CONV(x, w, b, *rest)
-
-        x_last = x.contiguous(memory_format=fmt)  # the island's input, already channels-last
-
-        def last() -> Any:
-            out = CONV(x.clone(memory_format=fmt) if copy_in else x_last, w.clone(memory_format=fmt), b, *rest)
-            return out.clone(memory_format=torch.contiguous_format) if copy_back else out
-
-        t0, t1 = time_kernel(plain, "cuda"), time_kernel(last, "cuda")
+        x_last = x.contiguous(memory_format=fmt)
+        out = CONV(x_last, w.contiguous(memory_format=fmt), b, *rest)
+        runs = [time_kernel(lambda: CONV(x, w, b, *rest), "cuda"),
+                time_kernel(lambda: CONV(x_last, w.clone(memory_format=fmt), b, *rest), "cuda"),
+                time_kernel(lambda: x.clone(memory_format=fmt), "cuda"),
+                time_kernel(lambda: out.clone(memory_format=torch.contiguous_format), "cuda")]
     except Exception:  # noqa: BLE001 - out of memory or an unsupported convolution: leave it as written
-        return False
-    return t0.ok and t1.ok and t1.p50_us <= MARGIN * t0.p50_us
+        return None
+    if not all(r.ok for r in runs):
+        return None
+    return ConvTimes(*(r.p50_us for r in runs))
 
 
-def measured(n: fx.Node) -> bool:
-    """The pass's default `decide`: on a CUDA graph, the timing above; elsewhere False."""
+def node_times(n: fx.Node) -> ConvTimes | None:
+    """`islands`' default timing: on a CUDA graph, the measurement above; elsewhere None (nothing is
+    rewritten off the GPU: no timing means anything there)."""
     x = _val(n.args[0])
     if not (isinstance(x, torch.Tensor) and x.device.type == "cuda" and torch.cuda.is_available()):
-        return False
+        return None
     if torch.cuda.is_current_stream_capturing():  # a model compiled inside the user's CUDA graph capture
-        return False  # timing there would break the capture: left as written
-    return _measured(_key(n))
+        return None  # timing there would break the capture: left as written
+    return _times(_key(n))
+
+
+def _groups(graph: fx.Graph, limit: int = 4096) -> tuple[list[list[fx.Node]], set[fx.Node]]:
+    """The candidate convolutions grouped into would-be islands: one convolution's result reaching
+    another's input through ops that keep the memory order (a CNN's conv -> BatchNorm -> ReLU ->
+    pool -> conv, a ResNet's residual add), or two reading one input (an Inception module's
+    branches, one copy in), puts them in one group. Also returns the convolutions fed from their
+    group (no copy in of their own once it is channels-last)."""
+    convs = [n for n in graph.nodes if candidate(n)]
+    parent = {c: c for c in convs}
+
+    def root(c: fx.Node) -> fx.Node:
+        while parent[c] is not c:
+            parent[c] = parent[parent[c]]
+            c = parent[c]
+        return c
+
+    def join(a: fx.Node, b: fx.Node) -> None:
+        ra, rb = root(a), root(b)
+        if ra is not rb:
+            parent[ra] = rb
+
+    fed: set[fx.Node] = set()
+    by_input: dict[Any, fx.Node] = {}
+    for c in convs:
+        join(c, by_input.setdefault(c.args[0], c))
+        stack, seen = list(c.users), {c}
+        while stack and len(seen) < limit:
+            u = stack.pop()
+            if u in seen:
+                continue
+            seen.add(u)
+            if u in parent and u.args[0] in seen:
+                fed.add(u)
+                join(u, c)
+            elif _keeps_layout(u):
+                stack.extend(u.users)
+    out: dict[fx.Node, list[fx.Node]] = {}
+    for c in convs:
+        out.setdefault(root(c), []).append(c)
+    return list(out.values()), fed
+
+
+def islands(gm: fx.GraphModule, times: Callable[[fx.Node], ConvTimes | None] | None = None) -> set[fx.Node]:
+    """The convolutions to rewrite, decided island by island: a group of convolutions (`_groups`)
+    goes channels-last together where its convolutions' channels-last times, plus the copies in
+    where it starts and the copies back that stay (neither fused into the region after them nor
+    cancelled: `copy_back_fuses`, `copy_back_cancels`), take at most MARGIN of their times as the
+    graph runs them. Decided one at a time, a ResNet's stem (its copy in counted, no faster
+    channels-last) stayed NCHW, and then so did every convolution after it, its copy in counted
+    too (timm's ResNet-50, bf16, H100, 2026-11-27: 22 of 53 rewritten, cuDNN converting the others'
+    inputs and outputs in passes of its own, 0.64 ms of solforge's 4.80). In a training graph the
+    island's values are saved for the backward, so its copies do not cancel: there each
+    convolution counts its own."""
+    times = times or node_times  # looked up at the call (tests give their own)
+    training = bool(gm.meta.get("grad_enabled", False))
+    groups, fed = _groups(gm.graph)
+    chosen: set[fx.Node] = set()
+    for group in groups:
+        ts = [times(c) for c in group]
+        if any(t is None for t in ts):
+            continue
+        plain = cost = 0.0
+        copied: set[Any] = set()
+        for c, t in zip(group, ts, strict=True):
+            assert t is not None
+            plain += t.plain
+            cost += t.last
+            if (training or c not in fed) and c.args[0] not in copied:
+                copied.add(c.args[0])
+                cost += t.copy_in
+            if not (copy_back_fuses(c) or (not training and copy_back_cancels(c))):
+                cost += t.copy_back
+        if cost <= MARGIN * plain:
+            chosen.update(group)
+    return chosen
 
 
 def _fake(fn: Callable[..., Any], *vals: Any) -> Any:
@@ -444,16 +508,17 @@ def _cancel(graph: fx.Graph, backs: list[fx.Node], rewritten: set[fx.Node], infe
 
 def channels_last_convolutions(gm: fx.GraphModule, decide: Callable[[fx.Node], bool] | None = None,
                                strip: Callable[[fx.Node], bool] | None = None) -> int:
-    """Rewrite the convolutions `decide` picks (default: `measured`, looked up at the call); returns
-    how many. First the bias of each convolution `strip` admits (default: `on_cuda`, looked up at the
-    call) goes to the region after it (`strip_bias`), so the timing compares the convolutions as
-    they will run."""
+    """Rewrite the convolutions `decide` picks (default: `islands`' timing); returns how many.
+    First the bias of each convolution `strip` admits (default: `on_cuda`, looked up at the call)
+    goes to the region after it (`strip_bias`), so the timing compares the convolutions as they
+    will run."""
     from solforge import settings
 
     if not settings.current().conv_layout:
         return 0
     strip_bias(gm, strip or on_cuda)
-    decide = decide or measured
+    if decide is None:
+        decide = islands(gm).__contains__
     graph, done = gm.graph, 0
     backs: list[fx.Node] = []
     for n in list(graph.nodes):
