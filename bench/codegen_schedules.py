@@ -85,6 +85,11 @@ def _cases() -> dict[str, tuple[Callable[..., Any], Callable[[], list[torch.Tens
             v.view(1, -1, 1, 1) + 1e-5) * w.view(1, -1, 1, 1) + b.view(1, -1, 1, 1) + s),
             lambda: [r(64, 56, 56, 256).permute(0, 3, 1, 2), r(256), r(256).abs(), r(256), r(256),
                      r(64, 56, 56, 256).permute(0, 3, 1, 2)]),
+        # T5's attention softmax (t5-base encoder, B8, seq 512): fp32 scores plus the bf16 position
+        # bias, a softmax over 512 keys, bf16 out: solforge 192 µs a layer against compile's 105
+        # (which recomputes the bias in the kernel; H100, 2026-11-27)
+        "t5_softmax": (lambda s, p: torch.softmax(s.view(8, 12, 512, 512) + p, -1).to(bf),
+                       lambda: [torch.randn(96, 512, 512, device=DEVICE), r(8, 12, 512, 512)]),
     }
 
 
