@@ -22,6 +22,7 @@ from solforge.capture.cache import LoweringCache
 from solforge.capture.canonical import constant_value, mask_inputs, restore_causal_attention
 from solforge.capture.canonical_torch import restore_attention
 from solforge.capture.cse import eliminate_common_subexpressions
+from solforge.capture.dense import contiguous_for_readers
 from solforge.capture.inplace import functionalize_pointwise
 from solforge.capture.layout import channels_last_convolutions
 from solforge.capture.lower import CapturedGraph, lower_to_aten
@@ -177,6 +178,12 @@ class SolforgeBackend:
         except Exception as e:  # each convolution's new values are made before its graph changes
             self.errors.append(f"graph {index}: convolution layout pass failed: {type(e).__name__}: {e}")
             layouts = 0
+        try:
+            # after the layouts (a channels-last island's values keep theirs: their readers are not
+            # contiguous), before matching: the copy fuses into the region that computes the value
+            contiguous_for_readers(aten)
+        except Exception as e:  # the copy's value is made before the graph changes
+            self.errors.append(f"graph {index}: contiguous-readers pass failed: {type(e).__name__}: {e}")
         return restored, removed, concats, layouts, functional
 
     def _causal_bodies(self, aten: fx.GraphModule, index: int) -> int:
