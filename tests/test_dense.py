@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 import torch
 from codegen_helpers import check_region, trace, values
+from conftest import DEVICE
 
 from solforge.capture import dense as D
 from solforge.codegen import regions as RG
 
 aten = torch.ops.aten
+pytestmark = pytest.mark.usefixtures("on_device")  # the traced aranges on the inputs' device
 
 
 def _bias(table: torch.Tensor, q: int, k: int) -> torch.Tensor:
@@ -37,7 +39,9 @@ def _small_floor(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _args(h: int = 3, q: int = 13, k: int = 21) -> list[torch.Tensor]:  # 3 x 13 x 21 fp32: 3276 bytes
     g = torch.Generator().manual_seed(0)
-    return [torch.randn(32, h, generator=g), torch.randn(h, q, k, generator=g), torch.randn(h, k, k, generator=g) / 8]
+    xs = [torch.randn(32, h, generator=g, device="cpu"), torch.randn(h, q, k, generator=g, device="cpu"),
+          torch.randn(h, k, k, generator=g, device="cpu") / 8]
+    return [x.to(DEVICE) for x in xs]
 
 
 def _clones(gm: Any) -> list[Any]:
