@@ -20,7 +20,7 @@ import torch.fx as fx
 from solforge.capture import checkpoint as _checkpoint
 from solforge.capture.cache import LoweringCache
 from solforge.capture.canonical import constant_value, mask_inputs, restore_causal_attention
-from solforge.capture.canonical_torch import restore_attention
+from solforge.capture.canonical_torch import contiguous_masks, restore_attention
 from solforge.capture.cse import eliminate_common_subexpressions
 from solforge.capture.dense import contiguous_for_readers
 from solforge.capture.inplace import functionalize_pointwise
@@ -133,16 +133,23 @@ class SolforgeBackend:
         return step
 
     def _torch_passes(self, gm: fx.GraphModule, index: int) -> int:
-        """The attention pass on the graph dynamo gives, before the lowering picks SDPA's backend
+        """The attention passes on the graph dynamo gives, before the lowering picks SDPA's backend
         (canonical_torch.py: on a GPU, a traced all-allowed mask lowered to the math path, leaving
-        no SDPA op for the ATen pass). Returns how many calls it rewrote; a pass that fails does
+        no SDPA op for the ATen pass; a mask strided along the keys did too, and is made
+        contiguous). Returns how many calls the first rewrote; a pass that fails does
         so before it changes a call, almost always (all are decided first), and the graph as
         traced is correct anyway."""
         try:
-            return restore_attention(gm)
+            restored = restore_attention(gm)
         except Exception as e:  # the graph as traced is still correct, only slower
             self.errors.append(f"graph {index}: torch-level attention pass failed: {type(e).__name__}: {e}")
-            return 0
+            restored = 0
+        try:
+            # after it (a mask it drops needs no copy), before the lowering picks SDPA's backend
+            contiguous_masks(gm)
+        except Exception as e:  # the copy's value is made before the call changes
+            self.errors.append(f"graph {index}: attention-mask layout pass failed: {type(e).__name__}: {e}")
+        return restored
 
     def _passes(self, aten: fx.GraphModule, index: int) -> tuple[int, int, int, int, int]:
         """The passes every lowered graph gets before matching: (SDPA calls given back is_causal,

@@ -168,3 +168,50 @@ def restore_attention(gm: fx.GraphModule, *, causal: bool = False) -> int:
     graph.lint()
     gm.recompile()
     return len(changes)
+
+
+def contiguous_masks(gm: fx.GraphModule) -> int:
+    """SDPA calls whose mask is strided along the keys (T5's position bias, an embedding of (query,
+    key, head) permuted to (head, query, key): the heads innermost) get the mask made contiguous
+    first, one copy per mask however many calls read it. The lowering picks SDPA's backend for the
+    traced arguments: with such a mask, the math path (fp32 bmm, softmax; on an H100, bf16, B8, 12
+    heads, 512 tokens: 0.696 ms a call), with a contiguous one cuDNN's fused attention (0.058 ms,
+    the same error against fp32: 0.0041 against 0.0039). Eager calls it with the mask as it is, so
+    eager and torch.compile run the math path. Returns how many calls now read a copy."""
+    graph = gm.graph
+    copies: dict[fx.Node, fx.Node] = {}
+    done = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _TARGETS:
+            continue
+        kw = _sdpa_kwargs(node)
+        mask = kw["attn_mask"] if kw is not None else None
+        val = _val(mask)
+        if not isinstance(mask, fx.Node) or not isinstance(val, torch.Tensor) or val.dim() < 2:
+            continue
+        stride = val.stride(-1)
+        if not isinstance(stride, int) or stride <= 1 or val.shape[-1] == 1:
+            continue
+        if mask not in copies:
+            with graph.inserting_after(mask):
+                c = graph.call_method("contiguous", (mask,))
+            c.meta.update({k: v for k, v in mask.meta.items() if k not in ("example_value", "val")})
+            with _fake_mode_of(val):
+                c.meta["example_value"] = val.contiguous()
+            copies[mask] = c
+        node.replace_input_with(mask, copies[mask])
+        done += 1
+    if done:
+        graph.lint()
+        gm.recompile()
+    return done
+
+
+def _fake_mode_of(t: torch.Tensor) -> Any:
+    """The fake mode `t` belongs to (a null context for a real tensor)."""
+    import contextlib
+
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode([t])
+    return mode if mode is not None else contextlib.nullcontext()
