@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from codegen_helpers import check_region, trace, values
+from codegen_helpers import check_region, schedules, trace, values
 
 from solforge.codegen import regions as RG
 from solforge.codegen import runtime as RT
@@ -49,7 +49,16 @@ def test_relative_position_buckets_match_torch_exactly(q: int, k: int) -> None:
     env = values(gm)
     (r,) = RG.form_regions(gm.graph)
     assert r.inputs == [] and r.outputs[0].meta["val"].dtype == torch.int64
-    assert check_region(r, env) >= 1  # every sampled schedule equal to the reference and the graph
+    want = env[r.outputs[0]]
+    if want.is_cuda:
+        # torch on CUDA rounds its fp32 steps its own way (a division by a number is a product with
+        # the fp32 reciprocal): at 1 x 131 one bucket differs from the fp64 reference's (H100,
+        # 2026-11-27), so the kernels are held to the graph's values, element for element
+        for sched in schedules(r.lowered):
+            (got,) = RT.run(r.lowered, sched, [])
+            assert torch.equal(got, want), sched.encode()
+    else:
+        assert check_region(r, env) >= 1  # every sampled schedule equal to the reference and the graph
     (got,) = RT.run(r.lowered, None, [])
     assert torch.equal(got, _buckets(q, k))  # distances 16, 32 (and 64, 128): whole quotients
 
