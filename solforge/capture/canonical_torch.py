@@ -193,11 +193,13 @@ def contiguous_masks(gm: fx.GraphModule) -> int:
         if not isinstance(stride, int) or stride <= 1 or val.shape[-1] == 1:
             continue
         if mask not in copies:
+            # the copy's value first (a fake tensor computes under its own mode; the tracing
+            # context's may be another): a failure leaves the graph as it was
+            value = val.contiguous()
             with graph.inserting_after(mask):
                 c = graph.call_method("contiguous", (mask,))
             c.meta.update({k: v for k, v in mask.meta.items() if k not in ("example_value", "val")})
-            with _fake_mode_of(val):
-                c.meta["example_value"] = val.contiguous()
+            c.meta["example_value"] = value
             copies[mask] = c
         node.replace_input_with(mask, copies[mask])
         done += 1
@@ -206,12 +208,3 @@ def contiguous_masks(gm: fx.GraphModule) -> int:
         gm.recompile()
     return done
 
-
-def _fake_mode_of(t: torch.Tensor) -> Any:
-    """The fake mode `t` belongs to (a null context for a real tensor)."""
-    import contextlib
-
-    from torch._guards import detect_fake_mode
-
-    mode = detect_fake_mode([t])
-    return mode if mode is not None else contextlib.nullcontext()

@@ -71,9 +71,10 @@ def contiguous_for_readers(gm: fx.GraphModule) -> int:
     """Put a contiguous copy between each candidate value and its readers; returns how many."""
     graph, done = gm.graph, 0
     for v in [n for n in graph.nodes if candidate(n)]:
+        value = _contiguous_like(_val(v))  # first: a failure leaves the graph as it was
         with graph.inserting_after(v):
             c = graph.call_function(aten.clone.default, (v,), {"memory_format": torch.contiguous_format})
-        c.meta["val"] = _contiguous_like(_val(v))
+        c.meta["val"] = value
         v.replace_all_uses_with(c, delete_user_cb=lambda u, c=c: u is not c)
         done += 1
     if done:
