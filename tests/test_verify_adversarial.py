@@ -180,3 +180,19 @@ def test_a_reference_out_of_device_memory_runs_on_the_host() -> None:
     got = _reference(ref, (x,), {"scale": 2.0})
     assert seen == [x.device.type, "cpu"]
     assert got.device == x.device and torch.equal(got, x * 2)
+
+
+def test_a_large_workloads_model_path_runs_before_the_calls_that_reuse_its_inputs() -> None:
+    """Large workloads: the model's path (no out=) at the workload shape is the first trial, so no
+    earlier call has left the right answer for its inputs in freed memory (a launcher that skips a
+    row there found it: the softmax adversary passed about one CPU run in three when it ran after
+    the out= trials), and the workload-shape out= trials after it reuse its inputs."""
+    V = importlib.import_module("solforge.tune.verify")
+    wl = WORKLOADS["softmax"]
+    fam = family_module(wl.family)
+    small, large = V._plan(fam, wl, 3, 1234, DEVICE), V._plan(fam, wl, 3, 1234, DEVICE, large=True)
+    assert large[0].model and large[0].rows is None and not large[0].reuse
+    shaped = [t for t in large[1:] if t.rows is None and t.edge is None and not t.model]
+    assert shaped and all(t.reuse for t in shaped)
+    assert sorted(t.label for t in small) == sorted(t.label for t in large)  # the same trials, reordered
+    assert not any(t.reuse for t in small) and small[0].label == "trial 1"

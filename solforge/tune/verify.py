@@ -25,10 +25,10 @@ tolerance in eager too, and a kernel is held to the model's accuracy, not to a s
 A family whose reference returns a tuple gets a tuple of outputs, each checked.
 
 Large workloads (inputs and outputs above LARGE_BYTES; KernelBench's level 1 has 6-14 GB tensors)
-are verified with the same trials in less memory: the later workload-shape trials and the model's
-path at the workload shape call the candidate again on trial 1's inputs (still a seeded random
-count of calls, each checked against the reference, each with a fresh poisoned output), so the
-reference runs at that shape once; snapshots of large inputs are kept on the host; comparisons
+are verified with the same trials in less memory: the model's path at the workload shape comes
+first, and the workload-shape trials after it call the candidate again on its inputs (still a
+seeded random count of calls, each checked against the reference, each with a fresh poisoned
+output), so the reference runs at that shape once; snapshots of large inputs are kept on the host; comparisons
 work in chunks; a reference that does not fit on the device runs on the host (same function,
 slower) and its outputs come back to the device.
 
@@ -68,6 +68,9 @@ EAGER_FACTOR = 4.0
 # Above this many bytes of a workload's inputs and outputs, trials at the workload shape share one
 # set of inputs and one reference, and input snapshots are kept on the host (see the docstring).
 LARGE_BYTES = 1 << 30
+# the model path's poisoned blocks per output (`_prepoison`), and the size above which it is one
+POISON_BLOCKS = 4
+POISON_BYTES = 256 << 20
 
 
 def odd_rows(rows: int) -> int:
@@ -88,7 +91,7 @@ class _Trial:
     model: bool = False  # the model's path: no out=, the launcher's result is checked
     strided: bool = False
     edge: tuple[tuple[Any, ...], dict[str, Any]] | None = field(default=None, compare=False)
-    reuse: bool = False  # a large workload: the inputs (and reference) of trial 1, called again
+    reuse: bool = False  # a large workload: the inputs (and reference) of the first trial, called again
 
 
 def _items(x: Outputs) -> tuple[torch.Tensor, ...]:
@@ -172,10 +175,14 @@ def _plan(family: ModuleType, workload: Workload, trials: int, seed: int, device
     odd = odd_rows(rows)
     # seeded per workload too, so two workloads verified with the same seed differ in their count
     k = random.Random(f"{seed}:{workload.key}").randint(max(3, trials), max(3, trials) + EXTRA_CALLS)
-    plan = [_Trial(f"trial {i + 1}", seed + 7919 * i, reuse=large and i > 0) for i in range(k)]
-    model = _Trial("model path (no out=, workload shape)", seed + 7919 * (k + 2), model=True, reuse=large)
-    if large:  # next to the trials whose inputs it reuses
-        plan.append(model)
+    plan = [_Trial(f"trial {i + 1}", seed + 7919 * i, reuse=large) for i in range(k)]
+    model = _Trial("model path (no out=, workload shape)", seed + 7919 * (k + 2), model=True)
+    if large:
+        # first, its inputs the ones the workload-shape trials reuse: no earlier call has left the
+        # right answer for them in freed memory, where a launcher's unwritten element would find it
+        # (a softmax skipping its last row on the model's path passed about one CPU run in three
+        # when it came after them)
+        plan.insert(0, model)
     strided = registry.verify_strided(family)
     plan.append(_Trial(f"odd shape ({odd} rows{', strided inputs' if strided else ''})", seed + 7919 * k, odd,
                        strided=strided))
@@ -233,11 +240,19 @@ def _norm_err(o: torch.Tensor, r: torch.Tensor) -> float:
 
 
 def _prepoison(refs: tuple[torch.Tensor, ...]) -> None:
-    """Fill and free blocks of the outputs' sizes, so an allocation the launcher then makes likely
-    reuses NaN (best effort: an element it leaves unwritten then fails rather than holding whatever
-    the allocator had, which could be an earlier call's right answer)."""
+    """Fill and free blocks of the outputs' sizes, so the allocations the launcher then makes likely
+    reuse NaN (best effort: an element it leaves unwritten then fails rather than holding whatever
+    the allocator had, which could be an earlier call's right answer). POISON_BLOCKS of each (one
+    above POISON_BYTES): a launcher that allocates its result, then a second tensor of that size to
+    return, got the poisoned block for the first and, for the second, an older one: with a large
+    workload's reused inputs, an earlier trial's right output (a softmax skipping its last row
+    passed about one CPU run in three)."""
+    blocks = []
     for r in refs:
-        torch.empty_like(r).fill_(float("nan") if r.dtype.is_floating_point else -1)
+        fill = float("nan") if r.dtype.is_floating_point else -1
+        n = POISON_BLOCKS if r.numel() * r.element_size() <= POISON_BYTES else 1
+        blocks += [torch.empty_like(r).fill_(fill) for _ in range(n)]
+    del blocks  # freed together: each allocation of the outputs' size then finds a poisoned one
 
 
 @dataclass
