@@ -154,10 +154,11 @@ def _memo_block_shapes() -> None:
     if getattr(real_tensor, "solforge_memo", False):
         return
     blocks: dict[tuple[int, ...], tuple[object, int, str]] = {}
+    listed = (list, tuple, core.tuple)  # a block type's own shape (a tl.tuple) comes back in with_element_ty
     tensors: dict[tuple[int, ...], tuple[object, object]] = {}
 
     def block_init(self, element_ty, shape) -> None:
-        key = tuple(shape) if type(shape) in (list, tuple) else None
+        key = tuple(shape) if type(shape) in listed else None
         got = blocks.get(key) if key is not None else None
         if got is None:
             real_block(self, element_ty, shape)
