@@ -84,6 +84,7 @@ def _share_patches() -> None:
     The same builder and the same wrappers either way, so the kernels compute the same values.
     """
     import inspect
+    import weakref
 
     from triton.runtime import interpreter
 
@@ -92,9 +93,22 @@ def _share_patches() -> None:
         return
     patched: list[set[int]] = []  # the language modules patched by the launch running now (0 or 1 entry)
 
+    seen: weakref.WeakKeyDictionary[object, tuple[int, set[int]]] = weakref.WeakKeyDictionary()
+
     def langs(fn: object) -> set[int]:
         glb = getattr(fn, "__globals__", {})
-        return {id(v) for v in glb.values() if inspect.ismodule(v) and (v is tl or v is tl.core)}
+        try:  # per function, walked again only if its module gained names since
+            n, got = seen[fn]
+            if n == len(glb):
+                return got
+        except (KeyError, TypeError):
+            pass
+        got = {id(v) for v in glb.values() if inspect.ismodule(v) and (v is tl or v is tl.core)}
+        try:
+            seen[fn] = (len(glb), got)
+        except TypeError:  # not weakly referable: walked at every call, as before
+            pass
+        return got
 
     class _Launch:
         def __init__(self, scope: object) -> None:
@@ -116,7 +130,7 @@ def _share_patches() -> None:
         if patched:  # a nested call reaching a module the launch did not patch: kept patched, as before
             patched[0] |= want
             return scope
-        patched.append(want)
+        patched.append(set(want))  # (a copy: the launch's set grows, the memo's must not)
         return _Launch(scope)
 
     patch_lang.solforge_shared = True  # type: ignore[attr-defined]
