@@ -84,6 +84,7 @@ def _share_patches() -> None:
     The same builder and the same wrappers either way, so the kernels compute the same values.
     """
     import inspect
+    import weakref
 
     from triton.runtime import interpreter
 
@@ -92,9 +93,22 @@ def _share_patches() -> None:
         return
     patched: list[set[int]] = []  # the language modules patched by the launch running now (0 or 1 entry)
 
+    seen: weakref.WeakKeyDictionary[object, tuple[int, set[int]]] = weakref.WeakKeyDictionary()
+
     def langs(fn: object) -> set[int]:
         glb = getattr(fn, "__globals__", {})
-        return {id(v) for v in glb.values() if inspect.ismodule(v) and (v is tl or v is tl.core)}
+        try:  # per function, walked again only if its module gained names since
+            n, got = seen[fn]
+            if n == len(glb):
+                return got
+        except (KeyError, TypeError):
+            pass
+        got = {id(v) for v in glb.values() if inspect.ismodule(v) and (v is tl or v is tl.core)}
+        try:
+            seen[fn] = (len(glb), got)
+        except TypeError:  # not weakly referable: walked at every call, as before
+            pass
+        return got
 
     class _Launch:
         def __init__(self, scope: object) -> None:
@@ -116,7 +130,7 @@ def _share_patches() -> None:
         if patched:  # a nested call reaching a module the launch did not patch: kept patched, as before
             patched[0] |= want
             return scope
-        patched.append(want)
+        patched.append(set(want))  # (a copy: the launch's set grows, the memo's must not)
         return _Launch(scope)
 
     patch_lang.solforge_shared = True  # type: ignore[attr-defined]
@@ -140,6 +154,51 @@ def _share_patches() -> None:
     interpreter._get_np_dtype = get_np_dtype
 
 
+def _memo_block_shapes() -> None:
+    """Build a block's shape and a tensor's shape once per shape, not once per op (CPU speed only).
+
+    Under the interpreter every op of every program makes new `tl.block_type`s and `tl.tensor`s, each
+    of which unwrapped, validated and wrapped its shape again (a `tl.tuple`, with a tuple type and its
+    name string). The shapes are plain ints by then: Triton's own shape objects for a shape are made
+    once and shared from then on (nothing in the interpreter mutates them). Any other shape
+    (constexprs, a 0-d or an invalid one) goes to Triton's own code, errors included.
+    """
+    core = tl.core
+    real_block, real_tensor = core.block_type.__init__, core.tensor.__init__
+    if getattr(real_tensor, "solforge_memo", False):
+        return
+    blocks: dict[tuple[int, ...], tuple[object, int, str]] = {}
+    listed = (list, tuple, core.tuple)  # a block type's own shape (a tl.tuple) comes back in with_element_ty
+    tensors: dict[tuple[int, ...], tuple[object, object]] = {}
+
+    def block_init(self, element_ty, shape) -> None:
+        key = tuple(shape) if type(shape) in listed else None
+        got = blocks.get(key) if key is not None else None
+        if got is None:
+            real_block(self, element_ty, shape)
+            if key is not None and all(type(s) is int for s in key):
+                blocks[key] = (self.shape, self.numel, str(self.shape))
+            return
+        self.element_ty, (self.shape, self.numel, text) = element_ty, got
+        self.name = f"<{text}, {element_ty}>"
+
+    def tensor_init(self, handle, ty) -> None:
+        shape = tuple(ty.shape) if ty.is_block() else ()  # plain ints: a tl.tuple's == is a constexpr
+        got = tensors.get(shape)
+        if got is None:
+            real_tensor(self, handle, ty)
+            if all(type(s) is int for s in shape):
+                tensors[shape] = (self.numel, self.shape)
+            return
+        self.handle, self.type, self.dtype = handle, ty, ty.scalar
+        self.numel, self.shape = got
+
+    tensor_init.solforge_memo = True  # type: ignore[attr-defined]
+    core.block_type.__init__ = block_init
+    core.tensor.__init__ = tensor_init
+
+
 if INTERPRETED:
     _fix_scalar_index()
     _share_patches()
+    _memo_block_shapes()
