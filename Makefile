@@ -39,8 +39,11 @@ setup:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	    || echo "could not install chromium: the report.html test will skip"; fi
 
+# PYTHONDONTWRITEBYTECODE (set on some CI images) is cleared for the run: the tests start many Python
+# processes (tuning workers, bench scripts, distributed ranks), which would otherwise each compile
+# solforge's modules (and pytest each worker's rewritten test modules) from source again.
 test:
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 lint:
 	$(BIN)/ruff check solforge tests bench tools
