@@ -10,6 +10,7 @@ import datetime
 import os
 import socket
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -123,14 +124,24 @@ def _shard(model: nn.Module) -> nn.Module:
     return model
 
 
+def _warned_train(model: nn.Module, rank: int) -> dict[str, Any]:
+    """_train, with the warnings solforge's call gave about sharding (runtime/inplace.py)."""
+    from solforge.runtime.inplace import SHARDED_AFTER_WARNING
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = _train(model, rank)
+    return out | {"sharding_warnings": [str(w.message) for w in caught if str(w.message) == SHARDED_AFTER_WARNING]}
+
+
 def _fsdp(rank: int, base: nn.Module) -> dict[str, Any]:
     out: dict[str, Any] = {"eager": _train(_shard(copy.deepcopy(base)), rank)}
     model = _shard(copy.deepcopy(base))  # shard, then optimize
     out["sharded_first"] = _optimize(model, rank)
-    out["sharded_first"] |= _train(model, rank)
+    out["sharded_first"] |= _warned_train(model, rank)
     model = copy.deepcopy(base)  # optimize, then shard
     out["optimized_first"] = _optimize(model, rank)
-    out["optimized_first"] |= _train(_shard(model), rank)
+    out["optimized_first"] |= _warned_train(_shard(model), rank)
     return out
 
 
@@ -218,4 +229,37 @@ def test_fsdp2_optimize_before_or_after_fully_shard(both: list[dict[str, Any]]) 
     for r in ranks:
         for order in ("sharded_first", "optimized_first"):
             _same_training(r[order], r["eager"], r["start"])
+        # optimized unsharded, then sharded: the first call after fully_shard says the check did not
+        # measure the sharded step, once; sharded first, nothing to say
+        assert len(r["optimized_first"]["sharding_warnings"]) == 1 and not r["sharded_first"]["sharding_warnings"]
     assert ranks[0]["eager"]["losses"] != ranks[1]["eager"]["losses"]  # each rank trained on its own data
+
+
+def test_a_class_swap_to_an_fsdp_unit_after_optimize_warns_once() -> None:
+    """What fully_shard does to a module (its class becomes an FSDPModule subclass), seen by the
+    installed call without the processes above: a warning at the first call after the swap, none
+    before or after it, and none for a model that was sharded already when it was optimized."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from solforge.runtime.inplace import SHARDED_AFTER_WARNING, SolforgeCall
+
+    def unit(cls: type) -> type:  # as fully_shard makes it
+        return type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+
+    model = Net()
+    call = SolforgeCall(lambda x: x + 1, model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert call(1) == 2
+    model.__class__ = unit(Net)
+    with pytest.warns(UserWarning) as caught:
+        assert call(2) == 3
+    assert [str(w.message) for w in caught] == [SHARDED_AFTER_WARNING]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert call(3) == 4
+        sharded = Net()
+        sharded.__class__ = unit(Net)
+        again = SolforgeCall(lambda x: x, sharded)
+        sharded.__class__ = unit(Net)  # another class swap of a model sharded when optimized
+        assert again(5) == 5

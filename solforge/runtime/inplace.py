@@ -18,6 +18,13 @@ class, `forward` and its signature, `state_dict()` keys (no `_orig_mod.` prefix)
 `model.compile()` of the user's own). A SolforgeCall that an outer `torch.compile` or
 `torch.export` traces warns once that it traces the original model: dynamo inlines the compiled
 function it wraps, so the rewritten graphs (solforge's ops) are not what the outer trace sees.
+
+A model optimized unsharded and then given to FSDP2's `fully_shard` (which swaps the module's class
+for an FSDP subclass) warns at its first call after the swap: optimize's end-to-end check measured
+the unsharded model, so it cannot vouch for the sharded step (on two H100s that order gave a step
+1.26-1.37x slower than eager FSDP2's, 2026-11-27; sharded first, the check measured the slower step
+and returned the original). The call compares the model's class with the one it had at install:
+one `type()` a call.
 """
 
 from __future__ import annotations
@@ -37,6 +44,18 @@ _MISSING = object()
 TRACED_WARNING = ("solforge: torch.compile/torch.export of a solforge-optimized model traces the original "
                   "model (solforge's kernels are not in its graph); call the model as it is, or use "
                   "torch.compile(model, backend='solforge')")
+SHARDED_AFTER_WARNING = ("solforge: this model was optimized before fully_shard: optimize's end-to-end check "
+                         "measured it unsharded and does not vouch for the sharded step (measured slower than "
+                         "eager FSDP2 on two H100s); call fully_shard first, then solforge.optimize")
+
+
+def _fsdp_units(model: torch.nn.Module) -> bool:
+    """Whether any module of `model` is an FSDP2 unit (`fully_shard` made it one)."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 class SolforgeCall:
@@ -49,12 +68,20 @@ class SolforgeCall:
         self.fn = fn
         self.model = model
         self.solforge_stats = stats
+        # the class the model had when optimized, and whether FSDP2 had sharded it then (module doc)
+        self._cls: type = type(model)
+        self._sharded = _fsdp_units(model)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # dynamo traces through this object when an outer torch.compile/export compiles the model:
         # it inlines `fn`'s original function, so say that solforge's graphs are not in its trace
         if torch.compiler.is_compiling() or torch.compiler.is_exporting():
             warnings.warn(TRACED_WARNING, stacklevel=2)
+        elif type(self.model) is not self._cls:
+            self._cls = type(self.model)
+            if not self._sharded and _fsdp_units(self.model):
+                self._sharded = True
+                warnings.warn(SHARDED_AFTER_WARNING, stacklevel=2)
         return self.fn(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
