@@ -72,8 +72,9 @@ def test_the_family_region_gets_a_generated_alternative_and_both_verify(tuned) -
     alt = next(g for g in groups if g.alternative_of is not None)
     fam = next(g for g in groups if g.workload.family == "rmsnorm")
     assert alt.alternative_of == fam.workload and alt.workload.family == "generated"
-    # the same nodes as the family's region, not a region of their own
-    assert set(alt.regions[0].nodes) == set(fam.regions[0].nodes)
+    # the family region's nodes, not a region of their own, and the x * 2.0 only they read
+    # (one op, no region of its own: plan/alternatives.py's absorbed producers)
+    assert set(alt.regions[0].nodes) == set(fam.regions[0].nodes) | {"mul"} and alt.absorbed == ("mul",)
     by = {g.workload: r for g, r in zip(groups, results, strict=True)}
     assert by[fam.workload].best is not None and by[fam.workload].best.verdict.passed
     assert by[alt.workload].best is not None and by[alt.workload].best.verdict.passed
@@ -219,3 +220,64 @@ def test_every_swappable_family_region_of_a_decoder_runs_as_its_alternative() ->
         got, kept = stats.replaced.get(alt.workload.key, 0), stats.replaced.get(f.key, 0)
         assert got >= 1 and got + kept == counts[f], (f.family, got, kept)
         assert kept == (1 if f.family == "add_rmsnorm" else 0), f.family
+
+
+class MaskedGate(nn.Module):
+    """Mixtral's expert activations (transformers' grouped_mm experts): the projection's rows of
+    tokens routed nowhere masked to 0, split into gate and up halves, silu(gate) * up (the swiglu
+    family's). The masked_fill alone is one op, no region of its own."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        gate, up = x.masked_fill(mask, 0.0).chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+
+
+def _masked_gate_inputs(rows: int = 37, width: int = 48) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(2)
+    # a strided input (every other column of a wider projection) and odd row counts
+    x = torch.randn(rows, 4 * width, device=DEVICE)[:, ::2]
+    return x, torch.rand(rows, 1, device=DEVICE) > 0.6
+
+
+def test_an_alternative_absorbs_the_producers_only_its_region_reads() -> None:
+    m = MaskedGate()
+    x, mask = _masked_gate_inputs()
+    with torch.no_grad():
+        groups = plan.plan(capture.capture(m, (x, mask)).graphs)
+    (fam,) = [g for g in groups if g.workload.family == "swiglu"]
+    assert not [g for g in groups if g.workload.family == "generated"]  # the masked_fill stays eager's
+    (alt,) = alternative_groups(groups)
+    assert alt.alternative_of == fam.workload
+    # the masked_fill and the split whose items only the family's region reads, beside its nodes
+    assert set(alt.regions[0].nodes) - set(fam.regions[0].nodes) == {"masked_fill", "split", "getitem", "getitem_1"}
+    assert {"masked_fill", "split", "getitem", "getitem_1"} <= set(alt.regions[0].nodes)
+    assert alt.absorbed == ("masked_fill",)  # the ops eager launched (the split is views)
+
+    results = [tune(g.workload, region_baseline(g, DEVICE), device=DEVICE, budget_s=0, max_candidates=1)
+               for g in [fam, alt]]
+    assert all(r.best is not None and r.best.verdict.passed for r in results), results
+    # the alternative's baseline is its own region's as eager ran it (the masked_fill included)
+    assert results[1].baseline.ok and results[1].baseline is not results[0].baseline
+
+    def timed(r: TuneResult, us: float, base: float) -> TuneResult:
+        assert r.best is not None
+        return dataclasses.replace(r, best=dataclasses.replace(r.best, run=RunResult(us, us, us, meaningful=True)),
+                                   baseline=RunResult(base, base, base, meaningful=True))
+
+    # the family's kernel is charged the absorbed ops' eager time: 10 + (108 - 100) = 18 µs
+    f = timed(results[0], 10.0, 100.0)
+    for g_us, wins in ((15.0, True), (18.0, False), (19.0, False)):
+        got, why = generated_wins(f, timed(results[1], g_us, 108.0), meaningful=True, absorbed=True)
+        assert got is wins, why
+        assert "18.0 µs" in why and "absorbed" in why
+    # a region's eager time below the family's (noise) charges nothing
+    assert generated_wins(f, timed(results[1], 9.0, 95.0), meaningful=True, absorbed=True)[0]
+    assert not generated_wins(f, timed(results[1], 11.0, 95.0), meaningful=True, absorbed=True)[0]
+
+    # swapped in: one generated op replaces the masked_fill, the split and the family's region
+    with torch.no_grad():
+        opt, stats = integrate(m, {}, swaps={fam.workload: (alt.workload, "")})
+        for rows in (37,):
+            xs, ms = _masked_gate_inputs(rows)
+            torch.testing.assert_close(opt(xs, ms), m(xs, ms), atol=1e-5, rtol=1e-5)
+    assert stats.replaced == {alt.workload.key: 1}

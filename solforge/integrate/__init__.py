@@ -206,8 +206,9 @@ class Integrator:
         from solforge.plan.alternatives import alternatives
 
         todo = [m for m in matches if m.workload in self.swaps and m.workload not in self.keep]
+        claimed = {n for m in matches for n in m.nodes}
         out = {}
-        for m, alt in zip(todo, alternatives(graph, todo), strict=True):
+        for m, alt in zip(todo, alternatives(graph, todo, claimed), strict=True):
             if not isinstance(alt, str) and alt.workload == self.swaps[m.workload][0]:
                 out[id(m)] = alt
         return out

@@ -109,11 +109,14 @@ def _time(r: TuneResult) -> float | None:
     return r.best.time_us if r.best is not None and r.best.ok else None
 
 
-def generated_wins(family: TuneResult, alternative: TuneResult, *, meaningful: bool) -> tuple[bool, str]:
+def generated_wins(family: TuneResult, alternative: TuneResult, *, meaningful: bool,
+                   absorbed: bool = False) -> tuple[bool, str]:
     """The selection rule: the generated kernel wins only when it verified and, where times mean
     something, was measured faster than the family's verified kernel (a tie goes to the family);
     or when the family has no verified kernel at all. Off the GPU the interpreter's times rank
-    nothing: the family keeps its region."""
+    nothing: the family keeps its region. An alternative that `absorbed` producers
+    (plan/alternatives.py) replaces the family's kernel and those ops as eager ran them: the family
+    is charged their time, its alternative's region's eager time less its own (at least 0)."""
     g, f = _time(alternative), _time(family)
     if g is None:
         return False, "the generated alternative has no verified kernel"
@@ -123,9 +126,16 @@ def generated_wins(family: TuneResult, alternative: TuneResult, *, meaningful: b
     timed = all(r.best is not None and r.best.run is not None and r.best.run.meaningful for r in (family, alternative))
     if not (meaningful and timed):
         return False, "both verified; times mean nothing here (interpreter): the family's kernel is kept"
+    name = family.workload.family
+    if absorbed:
+        if not (family.baseline.ok and alternative.baseline.ok):
+            return False, "the absorbed ops' eager time is not known: the family's kernel is kept"
+        extra = max(0.0, alternative.baseline.p50_us - family.baseline.p50_us)
+        name = f"{name} {f:,.1f} µs + the absorbed ops as eager ran them {extra:,.1f} µs ="
+        f += extra
     if g < f:
-        return True, f"generated {g:,.1f} µs < {family.workload.family} {f:,.1f} µs"
-    return False, f"{family.workload.family} {f:,.1f} µs <= generated {g:,.1f} µs"
+        return True, f"generated {g:,.1f} µs < {name} {f:,.1f} µs"
+    return False, f"{name} {f:,.1f} µs <= generated {g:,.1f} µs"
 
 
 def pick_alternatives(groups: Sequence[_plan.WorkloadGroup], results: Sequence[TuneResult], *,
@@ -142,7 +152,7 @@ def pick_alternatives(groups: Sequence[_plan.WorkloadGroup], results: Sequence[T
         if g.alternative_of is None or g.alternative_of not in by_wl:
             continue
         fam = by_wl[g.alternative_of]
-        wins, why = generated_wins(fam, r, meaningful=meaningful)
+        wins, why = generated_wins(fam, r, meaningful=meaningful, absorbed=bool(g.absorbed))
         picks[g.alternative_of] = Pick(g.alternative_of, g.workload, wins, why, _time(fam), _time(r))
         if wins:
             won[g.alternative_of] = dataclasses.replace(r, workload=g.alternative_of)

@@ -62,7 +62,8 @@ def plan(graphs: Sequence[CapturedGraph], families: Sequence[str] | None = None)
     groups: dict[Workload, WorkloadGroup] = {}
     for g in graphs:
         for m in find_matches(g.aten.graph, families):
-            group = groups.setdefault(m.workload, WorkloadGroup(m.workload))
+            group = groups.setdefault(m.workload, WorkloadGroup(
+                m.workload, families=None if families is None else tuple(families)))
             group.regions.append(m.region(g.index))
             if group.example is None:
                 group.example = (g.aten, m)

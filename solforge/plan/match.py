@@ -149,6 +149,12 @@ class WorkloadGroup:
     alternative_of: Workload | None = None
     # a forward family group whose nodes the generator cannot take: why (no alternative group)
     no_alternative: str | None = None
+    # an alternative: the ops it took beyond the family's region that eager launched (producers only
+    # the region reads; views and splits, which move no data, not counted)
+    absorbed: tuple[str, ...] = ()
+    # the families plan() matched with (None: every registered one): the alternatives are formed
+    # beside the same regions
+    families: tuple[str, ...] | None = None
 
     @property
     def count(self) -> int:

@@ -78,7 +78,8 @@ def tune_groups(groups: Sequence[_plan.WorkloadGroup], *, device: str, opts: Opt
                       build_workers=opts.build_workers) if todo else None
     stored_baselines = 0
     # per workload, its result so far: a generated alternative (plan/alternatives.py) takes its
-    # family's baseline (the same nodes as the model ran them) and is timed beside its family's winner
+    # family's baseline (the same nodes as the model ran them; one that absorbed producers is timed
+    # on its own nodes) and is timed beside its family's winner
     done: dict[Any, TuneResult] = {}
     try:
         for group in groups:
@@ -89,7 +90,7 @@ def tune_groups(groups: Sequence[_plan.WorkloadGroup], *, device: str, opts: Opt
             # a known kernel's region was timed by an earlier run on this device and software: a
             # warm run reuses that time rather than timing every region again
             baseline = kdb.baseline(group.workload, sig) if kdb is not None and group.workload in cached else None
-            if baseline is None and rival is not None and not untimed(rival.baseline):
+            if baseline is None and rival is not None and not group.absorbed and not untimed(rival.baseline):
                 baseline = rival.baseline
             elif baseline is not None:
                 stored_baselines += 1
