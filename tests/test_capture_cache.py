@@ -102,49 +102,82 @@ def first_entry(tiny, tmp_path_factory):
     return first.graphs[0].aten.code, entry.name, entry.read_bytes()
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "other key", "bad op", "bad dtype", "bad node ref",
-                                    "edited eps", "one byte"])
+def _damaged(raw: bytes, damage: str, eps: float) -> tuple[bytes, str]:
+    """The entry's bytes with one kind of damage, and the key it is looked up by."""
+    key = json.loads(raw.partition(b"\n")[0])["key"]
+    data = lc.unpack(raw, key)
+    head, _, payload = raw.partition(b"\n")
+    if damage == "garbage":
+        return b"\x00\xffnot json", key
+    if damage == "truncated":
+        return raw[: len(raw) // 2], key
+    if damage == "edited eps":
+        # the RMSNorms' eps, changed in the JSON and the checksum left as written: it decodes
+        # to a valid graph that computes something else, so only the checksum can catch it
+        found = [(n, i, a) for n, i, a in _float_args(data) if a == eps]
+        assert found
+        for n, i, _ in found:
+            n["args"]["tuple"][i] = 1e-2
+        return head + b"\n" + json.dumps(data, separators=(",", ":")).encode(), key
+    if damage == "one byte":
+        at = payload.index(b'"name":"') + len(b'"name":"')  # a node's name, one letter changed
+        return head + b"\n" + payload[:at] + bytes([payload[at] ^ 1]) + payload[at + 1:], key
+    # well-formed entries (checksums right) whose contents are wrong
+    if damage == "other key":
+        return lc.pack("0" * 64, data), key
+    if damage == "bad op":
+        node = next(n for n in data["nodes"] if n["op"] == "call_function")
+        node["target"] = "aten::no_such_op.default"
+    elif damage == "bad dtype":
+        node = next(n for n in data["nodes"] if isinstance(n["val"], dict) and "tensor" in n["val"])
+        node["val"]["tensor"][3] = "no_such_dtype"
+    else:
+        node = next(n for n in data["nodes"] if n["op"] == "call_function")
+        node["args"] = {"tuple": [{"node": "nowhere"}]}
+    return lc.pack(key, data), key
+
+
+DAMAGES = ["garbage", "truncated", "other key", "bad op", "bad dtype", "bad node ref", "edited eps", "one byte"]
+
+
+def test_every_broken_entry_is_ignored_and_said(tiny, first_entry, tmp_path, capsys):
+    """Each damage, looked up as a capture looks it up: a miss (never a graph), a problem said; an
+    entry whose checksum does not match is also warned about at once, in one line."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _, name, raw = first_entry
+    for damage in DAMAGES:
+        bad, key = _damaged(raw, damage, tiny.model.config.rms_norm_eps)
+        (tmp_path / name).write_bytes(bad)
+        cache = lc.LoweringCache(tmp_path)
+        capsys.readouterr()
+        assert cache.load(key, FakeTensorMode()) is None, damage
+        assert (cache.hits, cache.misses) == (0, 1) and len(cache.problems) == 1, (damage, cache.problems)
+        assert "broken entry" in cache.problems[0], damage
+        warned = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("solforge: warning:")]
+        # an entry that decodes (edited in place) is caught by its checksum alone, and warned about
+        checksum = "checksum" in cache.problems[0]
+        assert checksum or damage not in ("edited eps", "one byte"), (damage, cache.problems)
+        assert len(warned) == int(checksum) and all("checksum" in w for w in warned), (damage, warned)
+    # the good entry reads back
+    (tmp_path / name).write_bytes(raw)
+    cache = lc.LoweringCache(tmp_path)
+    assert cache.load(json.loads(raw.partition(b"\n")[0])["key"], FakeTensorMode()) is not None and cache.hits == 1
+
+
+# the whole capture's fallback for one damage of each kind (a checksum that does not match; a
+# well-formed entry whose contents are wrong): the others are the same path after the lookup above
+@pytest.mark.parametrize("damage", ["edited eps", "bad op"])
 def test_broken_entry_falls_back_to_tracing(tiny, first_entry, tmp_path, damage, capsys):
     first_code, name, raw = first_entry
-    entry = tmp_path / name
-    entry.write_bytes(raw)
+    bad, _ = _damaged(raw, damage, tiny.model.config.rms_norm_eps)
+    (tmp_path / name).write_bytes(bad)
     with torch.no_grad():
-        key = json.loads(raw.partition(b"\n")[0])["key"]
-        data = lc.unpack(raw, key)
-        head, _, payload = raw.partition(b"\n")
-        if damage == "garbage":
-            entry.write_bytes(b"\x00\xffnot json")
-        elif damage == "truncated":
-            entry.write_bytes(raw[: len(raw) // 2])
-        elif damage == "edited eps":
-            # the RMSNorms' eps, changed in the JSON and the checksum left as written: it decodes
-            # to a valid graph that computes something else, so only the checksum can catch it
-            eps = [(n, i, a) for n, i, a in _float_args(data) if a == tiny.model.config.rms_norm_eps]
-            assert eps
-            for n, i, _ in eps:
-                n["args"]["tuple"][i] = 1e-2
-            entry.write_bytes(head + b"\n" + json.dumps(data, separators=(",", ":")).encode())
-        elif damage == "one byte":
-            at = payload.index(b'"name":"') + len(b'"name":"')  # a node's name, one letter changed
-            entry.write_bytes(head + b"\n" + payload[:at] + bytes([payload[at] ^ 1]) + payload[at + 1:])
-        else:  # well-formed entries (checksums right) whose contents are wrong
-            if damage == "other key":
-                key = "0" * 64
-            elif damage == "bad op":
-                node = next(n for n in data["nodes"] if n["op"] == "call_function")
-                node["target"] = "aten::no_such_op.default"
-            elif damage == "bad dtype":
-                node = next(n for n in data["nodes"] if isinstance(n["val"], dict) and "tensor" in n["val"])
-                node["val"]["tensor"][3] = "no_such_dtype"
-            else:
-                node = next(n for n in data["nodes"] if n["op"] == "call_function")
-                node["args"] = {"tuple": [{"node": "nowhere"}]}
-            entry.write_bytes(lc.pack(key, data))
         capsys.readouterr()
         again = _capture(tiny.model, tiny.example_inputs, tmp_path)
     assert again.cache.hits == 0 and again.cache.stored == 1
     assert any("broken entry" in p for p in again.cache.problems)
-    if damage in ("edited eps", "one byte"):  # said at once, in one line
+    if damage == "edited eps":  # said at once, in one line
         assert any("checksum" in p for p in again.cache.problems)
         warned = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("solforge: warning:")]
         assert len(warned) == 1 and "checksum" in warned[0]
