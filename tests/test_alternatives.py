@@ -281,3 +281,40 @@ def test_an_alternative_absorbs_the_producers_only_its_region_reads() -> None:
             xs, ms = _masked_gate_inputs(rows)
             torch.testing.assert_close(opt(xs, ms), m(xs, ms), atol=1e-5, rtol=1e-5)
     assert stats.replaced == {alt.workload.key: 1}
+
+
+class ConvNeXtBlockHead(nn.Module):
+    """ConvNeXt's block up to its MLP: a depthwise convolution with a bias, permuted to
+    channels-last, a LayerNorm (the layernorm family's)."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.dw(x).permute(0, 2, 3, 1))
+
+
+def test_a_convolutions_bias_joins_the_norms_alternative(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA (forced here) the depthwise convolution's bias, read through a permute by the
+    LayerNorm, becomes an add (capture/layout.py's strip_bias): no region alone, it joins the
+    layernorm family's generated alternative, which computes what the block computes."""
+    from solforge.capture import layout as L
+
+    monkeypatch.setattr(L, "on_cuda", lambda n: True)
+    torch.manual_seed(3)
+    m = ConvNeXtBlockHead(24).to(DEVICE)
+    x = torch.randn(2, 24, 5, 7, device=DEVICE)  # odd spatial sizes
+    with torch.no_grad():
+        groups = plan.plan(capture.capture(m, (x,)).graphs)
+    (fam,) = [g for g in groups if g.workload.family == "layernorm"]
+    (alt,) = alternative_groups(groups)
+    assert alt.alternative_of == fam.workload and len(alt.absorbed) == 1, alt.absorbed
+    assert alt.absorbed[0].startswith("add"), alt.absorbed
+    res = tune(alt.workload, region_baseline(alt, DEVICE), device=DEVICE, budget_s=0, max_candidates=1)
+    assert res.best is not None and res.best.verdict.passed
+    with torch.no_grad():
+        opt, stats = integrate(m, {}, swaps={fam.workload: (alt.workload, "")})
+        torch.testing.assert_close(opt(x), m(x), atol=1e-5, rtol=1e-5)
+    assert stats.replaced == {alt.workload.key: 1}

@@ -280,19 +280,51 @@ def on_cuda(n: fx.Node) -> bool:
     return isinstance(x, torch.Tensor) and x.device.type == "cuda"
 
 
+# Norms a kernel family matches whose generated alternative takes the producers only it reads
+# (plan/alternatives.py): a bias add before one, through views, joins that alternative
+_NORMS = (aten.native_layer_norm.default, aten.native_group_norm.default)
+
+
+def _into_a_norm(n: fx.Node) -> bool:
+    """Every reader of `n`'s result is a norm that normalizes it (its first argument), directly (a
+    GroupNorm: a generated region, which takes the add as any producer) or through views alone
+    (ConvNeXt's permute to channels-last before the LayerNorm family's region, whose generated
+    alternative takes the add)."""
+    stack = [(u, n) for u in n.users]
+    seen = 0
+    while stack:
+        u, src = stack.pop()
+        seen += 1
+        if seen > 64 or u.op != "call_function":
+            return False
+        if u.target in _NORMS and u.args[0] is src:
+            continue
+        if u.target in (aten.permute.default, aten.view.default, aten.reshape.default, aten.transpose.int) \
+                and u.args[0] is src and u.users:
+            stack.extend((w, u) for w in u.users)
+            continue
+        return False
+    return bool(n.users)
+
+
 def strip_bias(gm: fx.GraphModule, where: Callable[[fx.Node], bool] = on_cuda) -> int:
-    """Convolutions with a bias whose every user is pointwise: `conv(x, w, b)` becomes
-    `conv(x, w, None) + b.view(1, C, 1, ...)`, so the bias add joins the region after the
-    convolution. On CUDA ATen runs cuDNN's convolution and then adds the bias in a pass of its own
-    over the whole output (on an H100 about 0.6 ms of KernelBench level 2's 2.7 ms first
-    convolution, 2026-11-27), which the region after it then reads again. Returns how many."""
+    """Convolutions with a bias whose every user is pointwise, or a view into a norm
+    (`_into_a_norm`): `conv(x, w, b)` becomes `conv(x, w, None) + b.view(1, C, 1, ...)`, so the bias
+    add joins the region after the convolution (before a norm family's region, that region's
+    generated alternative; where the family's kernel wins, ATen's add runs as cuDNN's own pass
+    did, and the selection charged the family its time). On CUDA ATen runs cuDNN's
+    convolution and then adds the bias in a pass of its own over the whole output (on an H100
+    about 0.6 ms of KernelBench level 2's 2.7 ms first convolution, 2026-11-27; ConvNeXt's
+    depthwise convolutions, 480 µs in 22 launches), which the region after it then reads again.
+    Returns how many."""
     graph, done = gm.graph, 0
     for n in list(graph.nodes):
         if n.op != "call_function" or n.target is not CONV or not isinstance(n.args[2], fx.Node):
             continue
         out, b = _val(n), _val(n.args[2])
         if not (isinstance(out, torch.Tensor) and isinstance(b, torch.Tensor) and b.dim() == 1
-                and out.dim() >= 3 and b.shape[0] == out.shape[1] and copy_back_fuses(n) and where(n)):
+                and out.dim() >= 3 and b.shape[0] == out.shape[1] and (copy_back_fuses(n) or _into_a_norm(n))
+                and where(n)):
             continue
         bias = n.args[2]
         shape = [1, b.shape[0]] + [1] * (out.dim() - 2)
