@@ -53,10 +53,16 @@ def _fresh_dynamo():
 
 @pytest.fixture(scope="session")
 def _shared_lowerings(tmp_path_factory: pytest.TempPathFactory):
-    """One lowering cache for the whole run (each worker's own under pytest-xdist): the tiny models
-    many tests optimize are traced to ATen once, not once per test (entries are keyed by the graph,
-    inputs, versions and solforge's source, and checksummed; test_capture_cache tests the cache
-    itself in directories of its own)."""
+    """One lowering cache for the whole run, shared by pytest-xdist's workers: the tiny models many
+    tests optimize are traced to ATen once, not once per test or per worker (entries are keyed by
+    the graph, inputs, versions and solforge's source, checksummed, and written by a rename, so
+    concurrent writers are safe; test_capture_cache tests the cache itself in directories of its
+    own). Which test traces a graph first already depends on the workers' scheduling."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = base.parent / "lowered"  # the run's directory, above each worker's own
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("lowered")
 
 

@@ -123,7 +123,12 @@ def test_optimize_end_to_end(arch: str) -> None:
     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", list(EXPECTED))
+# Off the GPU (a training trace and a baseline per backward region: seconds) Phi-3 (the case the test
+# was written for), Qwen3 (rope with q/k norms) and GPT-2 (LayerNorm); the GPU run takes every one.
+BACKWARD_BASELINES = list(EXPECTED) if FULL_SWEEPS else ["phi3", "qwen3", "gpt2"]
+
+
+@pytest.mark.parametrize("arch", BACKWARD_BASELINES)
 def test_every_backward_region_has_an_eager_baseline(arch: str) -> None:
     """In training, each region's backward is timed as eager autograd runs it (tune/baseline.py).
     Phi-3's q and k reach its rope region only through a slice of the fused projection and a
@@ -141,12 +146,13 @@ def test_every_backward_region_has_an_eager_baseline(arch: str) -> None:
         assert base.ok, (g.workload.key, base.error)
 
 
-# Off the GPU (two dynamo traces an architecture, seconds each) three architectures of different
-# kinds run: Qwen3 (rope with q/k norms), GPT-2 (LayerNorm, learned positions, fused qkv as Conv1D),
-# Gemma (GELU, scaled embeddings); the GPU run (and SOLFORGE_FULL_SWEEPS=1) takes every one. Llama's
-# graph is Mistral's without the sliding window; Phi-3's fused qkv and Mistral's window are matched at
-# fixed lengths in test_region_counts.
-DYNAMIC = sorted(EXPECTED) if FULL_SWEEPS else ["gemma", "gpt2", "qwen3"]
+# Off the GPU (two dynamo traces an architecture, seconds each) two architectures of different
+# kinds run: Qwen3 (rope with q/k norms, RMSNorm), GPT-2 (LayerNorm, learned positions, fused qkv as
+# Conv1D); the GPU run (and SOLFORGE_FULL_SWEEPS=1) takes every one. Gemma's GELU and scaled
+# embeddings run end to end at a fixed length (test_optimize_end_to_end); Llama's graph is Mistral's
+# without the sliding window; Phi-3's fused qkv and Mistral's window are matched at fixed lengths in
+# test_region_counts.
+DYNAMIC = sorted(EXPECTED) if FULL_SWEEPS else ["gpt2", "qwen3"]
 
 
 @pytest.mark.parametrize("arch", DYNAMIC)

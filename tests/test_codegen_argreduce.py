@@ -17,7 +17,7 @@ import pytest
 import torch
 import triton
 from codegen_helpers import check_region, form_and_check, ops, trace, values
-from conftest import DEVICE
+from conftest import DEVICE, alternating
 
 from solforge.capture import op_name
 from solforge.codegen import backward as BW
@@ -113,9 +113,14 @@ def test_kernelbench_arg_problems_are_one_kernel(name: str, shape: tuple[int, in
     assert SC.heuristic(r.lowered).variant == "tiles"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("dim", [0, 1, 2])
-@pytest.mark.parametrize("op", ["argmax", "argmin", "max", "min"])
+# every op at every dim; off the GPU each case in one dtype, the two alternating (FULL_SWEEPS: both)
+_ARG_CASES = [(op, dim, dt) for i, (op, dim) in enumerate((o, d) for o in ("argmax", "argmin", "max", "min")
+                                                          for d in (0, 1, 2))
+              for dt in alternating([torch.float32, torch.bfloat16], i, keep=0)]
+
+
+@pytest.mark.parametrize("op,dim,dtype", _ARG_CASES,
+                         ids=[f"{o}-{d}-{'fp32' if t == torch.float32 else 'bf16'}" for o, d, t in _ARG_CASES])
 def test_each_dim_of_a_3d_tensor(op: str, dim: int, dtype: torch.dtype) -> None:
     """Values and indices (max.dim: both outputs, keepdim), ties and NaN/inf rows, each dim."""
     def f(x: torch.Tensor) -> Any:
