@@ -246,40 +246,6 @@ def test_the_bias_moves_into_the_region_after_the_convolution(case: str) -> None
     torch.testing.assert_close(got[0] if isinstance(got, tuple | list) else got, want, rtol=1e-5, atol=1e-5)
 
 
-def _conv_groupnorm_residual(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, gw: torch.Tensor,
-                             gb: torch.Tensor) -> torch.Tensor:
-    """KernelBench level 2's 92 (small): conv -> GroupNorm -> tanh -> + conv -> logsumexp over channels."""
-    y = F.conv2d(x, w, b)
-    return torch.logsumexp(torch.tanh(F.group_norm(y, 3, gw, gb, 1e-5)) + y, dim=1, keepdim=True)
-
-
-def test_a_bias_read_by_a_norm_and_a_pointwise_op_moves_too() -> None:
-    """The convolution's result is read by a GroupNorm and by a residual add: its bias becomes an
-    add that the GroupNorm's generated region takes (ATen's bias pass goes), values as eager's. A
-    convolution whose result is also read otherwise (here: returned) keeps its bias."""
-    xs = [_r(2, 4, 9, 11), _r(6, 4, 3, 3, seed=1), _r(6, seed=2), _r(6, seed=3), _r(6, seed=4)]
-    want = _conv_groupnorm_residual(*xs)
-    gm = trace(_conv_groupnorm_residual, *xs)
-    assert L.strip_bias(gm, where=lambda n: True) == 1
-    (conv,) = _convs(gm)
-    (add,) = conv.users
-    assert conv.args[2] is None and add.target is aten.add.Tensor
-    from solforge.plan import generated as G
-
-    regions = G.match(gm.graph)
-    assert any(add in r.nodes for r in regions), [r.nodes for r in regions]
-    got = gm(*xs)
-    torch.testing.assert_close(got[0] if isinstance(got, tuple | list) else got, want, rtol=1e-5, atol=1e-5)
-
-    def returned_too(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, gw: torch.Tensor,
-                     gb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y = F.conv2d(x, w, b)
-        return F.group_norm(y, 3, gw, gb, 1e-5), y
-
-    gm = trace(returned_too, *xs)
-    assert L.strip_bias(gm, where=lambda n: True) == 0
-
-
 @pytest.mark.parametrize("mode", ["inference", "train"])
 def test_optimize_with_the_bias_moved_and_channels_last(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     """Conv2d with a bias, then ReLU and a scale: with the bias moved and the layout forced (the GPU

@@ -90,18 +90,15 @@ def _hashable(a: Any) -> Any:
     return tuple(_hashable(v) for v in a) if isinstance(a, list | tuple) else a
 
 
-def _pointwise(u: fx.Node) -> bool:
-    return u.op == "call_function" and isinstance(u.target, torch._ops.OpOverload) \
-        and (torch.Tag.pointwise in u.target.tags or u.target is aten.cat.default)
-
-
 def copy_back_fuses(n: fx.Node) -> bool:
     """Whether the copy back to the original layout after convolution `n` would be part of the
     generated region after it: every user of its result is a pointwise ATen op (ATen's tag; what
     region formation takes first. Not codegen's own test: capture must not import codegen) or a
     concatenation (an Inception module's branches: one region reads every branch's channels-last
     result and writes the concatenation once, as Inductor's kernel does)."""
-    return bool(n.users) and all(_pointwise(u) for u in n.users)
+    return bool(n.users) and all(
+        u.op == "call_function" and isinstance(u.target, torch._ops.OpOverload)
+        and (torch.Tag.pointwise in u.target.tags or u.target is aten.cat.default) for u in n.users)
 
 
 def copy_back_cancels(n: fx.Node, limit: int = 4096) -> bool:
@@ -289,34 +286,30 @@ _NORMS = (aten.native_layer_norm.default, aten.native_group_norm.default)
 
 
 def _into_a_norm(n: fx.Node) -> bool:
-    """Every reader of `n`'s result is a pointwise op or a norm that normalizes it (its first
-    argument), directly (a GroupNorm: a generated region, which takes the add as any producer; a
-    residual add beside it: KernelBench level 2's conv -> GroupNorm -> ... -> + conv) or through
-    views alone (ConvNeXt's permute to channels-last before the LayerNorm family's region, whose
-    generated alternative takes the add); at least one is a norm (all pointwise: copy_back_fuses)."""
+    """Every reader of `n`'s result is a norm that normalizes it (its first argument), directly (a
+    GroupNorm: a generated region, which takes the add as any producer) or through views alone
+    (ConvNeXt's permute to channels-last before the LayerNorm family's region, whose generated
+    alternative takes the add)."""
     stack = [(u, n) for u in n.users]
-    seen, norms = 0, 0
+    seen = 0
     while stack:
         u, src = stack.pop()
         seen += 1
         if seen > 64 or u.op != "call_function":
             return False
         if u.target in _NORMS and u.args[0] is src:
-            norms += 1
-            continue
-        if src is n and _pointwise(u):
             continue
         if u.target in (aten.permute.default, aten.view.default, aten.reshape.default, aten.transpose.int) \
                 and u.args[0] is src and u.users:
             stack.extend((w, u) for w in u.users)
             continue
         return False
-    return norms > 0
+    return bool(n.users)
 
 
 def strip_bias(gm: fx.GraphModule, where: Callable[[fx.Node], bool] = on_cuda) -> int:
-    """Convolutions with a bias whose every user is pointwise, or a norm (through views; pointwise
-    users beside it: `_into_a_norm`): `conv(x, w, b)` becomes `conv(x, w, None) + b.view(1, C, 1, ...)`, so the bias
+    """Convolutions with a bias whose every user is pointwise, or a view into a norm
+    (`_into_a_norm`): `conv(x, w, b)` becomes `conv(x, w, None) + b.view(1, C, 1, ...)`, so the bias
     add joins the region after the convolution (before a norm family's region, that region's
     generated alternative; where the family's kernel wins, ATen's add runs as cuDNN's own pass
     did, and the selection charged the family its time). On CUDA ATen runs cuDNN's
