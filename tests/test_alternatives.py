@@ -322,3 +322,46 @@ def test_a_convolutions_bias_joins_the_norms_alternative(monkeypatch: pytest.Mon
         opt, stats = integrate(m, {}, swaps={fam.workload: (alt.workload, "")})
         torch.testing.assert_close(opt(x), m(x), atol=1e-5, rtol=1e-5)
     assert stats.replaced == {alt.workload.key: 1}
+
+
+class SplitThreeWays(nn.Module):
+    """The gate and up halves as two of three pieces of a split_with_sizes (the third unused)."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        gate, up, _ = x.masked_fill(mask, 0.0).split([48, 48, 7], dim=-1)
+        return torch.nn.functional.silu(gate) * up
+
+
+class Unbound(nn.Module):
+    """The gate and up halves as the items of an unbind of a scaled input."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = (x * 2.0).unbind(0)
+        return torch.nn.functional.silu(gate) * up
+
+
+@pytest.mark.parametrize("case", ["split_with_sizes", "unbind"])
+def test_other_splits_join_the_alternative_whole(case: str) -> None:
+    """A split_with_sizes (a piece nothing reads) and an unbind: their items are slices (selects)
+    of the producer the alternative absorbs; swapped in, the masked_fill or the scale, the split and
+    the family's region are one generated op, with the model's values."""
+    torch.manual_seed(5)
+    if case == "unbind":
+        m: nn.Module = Unbound()
+        args: tuple[torch.Tensor, ...] = (torch.randn(2, 37, 48, device=DEVICE),)
+        absorbed, split = ("mul",), "unbind"
+    else:
+        m = SplitThreeWays()
+        args = (torch.randn(37, 103, device=DEVICE), torch.rand(37, 1, device=DEVICE) > 0.6)
+        absorbed, split = ("masked_fill",), "split_with_sizes"
+    with torch.no_grad():
+        groups = plan.plan(capture.capture(m, args).graphs)
+    (fam,) = [g for g in groups if g.workload.family == "swiglu"]
+    (alt,) = alternative_groups(groups)
+    assert alt.absorbed == absorbed and split in alt.regions[0].nodes, (alt.absorbed, alt.regions[0].nodes)
+    res = tune(alt.workload, region_baseline(alt, DEVICE), device=DEVICE, budget_s=0, max_candidates=1)
+    assert res.best is not None and res.best.verdict.passed
+    with torch.no_grad():
+        opt, stats = integrate(m, {}, swaps={fam.workload: (alt.workload, "")})
+        torch.testing.assert_close(opt(*args), m(*args), atol=1e-5, rtol=1e-5)
+    assert stats.replaced == {alt.workload.key: 1}

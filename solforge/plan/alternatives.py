@@ -109,6 +109,10 @@ def _split_items_as_slices(sc: Any, taken: set[fx.Node]) -> None:
             o = sc.origin.get(item)
             if o is None or o in taken:
                 continue
+            if not item.users:  # an item nothing reads (the third piece of a split, unused) goes
+                g.erase_node(item)
+                del sc.origin[item]
+                continue
             i = item.args[1]
             with g.inserting_before(item):
                 if unbind:
@@ -179,10 +183,13 @@ def _formed(m: Match, nodes: list[fx.Node], sc: Any, graph: fx.Graph, order: dic
     gnodes, inputs, outputs, _ = got
     if not set(m.nodes) <= set(gnodes):
         return "its generated form covers other nodes than the family's region"
-    # a split whose every item the region takes goes with them (nothing else reads its input then)
+    # a split whose every item the region takes goes with them, and its items nothing reads (nothing
+    # else reads its input then)
     items = set(gnodes)
-    gnodes += [n for n in {i.args[0] for i in gnodes if i.target is operator.getitem}
-               if isinstance(n, fx.Node) and n not in items and n.users and set(n.users) <= items]
+    for n in {i.args[0] for i in gnodes if i.target is operator.getitem}:
+        if isinstance(n, fx.Node) and n not in items and op_name(n.target) in _SPLITS \
+                and all(u in items or not u.users for u in n.users):
+            gnodes += [n, *(u for u in n.users if u not in items)]
     gnodes.sort(key=order.__getitem__)
     if G.stale_reads(graph, gnodes, outputs, order):
         return "an input is written in place inside the region"
