@@ -12,6 +12,8 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,11 +54,12 @@ def versions(device: str) -> dict[str, str]:
 
     v = {"solforge": _version(), "python": platform.python_version(), "torch": torch.__version__,
          "triton": triton.__version__}
+    # from the package's metadata: importing transformers only to read its version costs seconds
+    # (each tuning or bench process that never uses it)
+    tf = sys.modules.get("transformers")
     try:
-        import transformers
-
-        v["transformers"] = transformers.__version__
-    except ImportError:
+        v["transformers"] = tf.__version__ if tf is not None else _dist_version("transformers")
+    except PackageNotFoundError:
         pass
     if device == "cuda" and torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
@@ -65,10 +68,8 @@ def versions(device: str) -> dict[str, str]:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
-        return version("solforge")
+        return _dist_version("solforge")
     except PackageNotFoundError:
         return "unknown"
 
