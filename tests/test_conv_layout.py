@@ -69,6 +69,12 @@ CASES: dict[str, tuple[Any, list[torch.Tensor]]] = {
     # a transposed convolution with groups and a bias, its output returned as the graph's output
     "conv_transpose2d": (lambda x, w, b: F.conv_transpose2d(x, w, b, 2, 1, 1, 2),
                          [_r(2, 4, 7, 5), _r(4, 3, 3, 3, seed=1), _r(6, seed=2)]),
+    # a reduction over the channels reads the result (KernelBench level 2's Conv2d_Min_Tanh_Tanh)
+    "conv2d_min_tanh": (lambda x, w, b: torch.tanh(torch.tanh(torch.min(F.conv2d(x, w, b), dim=1, keepdim=True)[0])),
+                        [_r(2, 3, 9, 7), _r(5, 3, 3, 3, seed=1), _r(5, seed=2)]),
+    # a softmax over the channels of a 3-D convolution, then a scale (Conv3d_Softmax_...)
+    "conv3d_softmax": (lambda x, w, b: torch.softmax(F.conv3d(x, w, b), dim=1) * 2.0,
+                       [_r(2, 3, 5, 6, 7), _r(5, 3, 3, 3, 3, seed=1), _r(5, seed=2)]),
 }
 
 
@@ -211,11 +217,12 @@ def test_optimize_integrates_a_channels_last_convolution_where_no_region_matched
     assert got.is_contiguous()
 
 
-@pytest.mark.parametrize("case", ["conv2d_relu_bias", "conv_transpose2d"])
+@pytest.mark.parametrize("case", ["conv2d_relu_bias", "conv_transpose2d", "conv2d_min_tanh", "conv3d_softmax"])
 def test_the_bias_moves_into_the_region_after_the_convolution(case: str) -> None:
-    """A bias whose convolution's users are all pointwise becomes an add that region formation
-    takes with them (one pass over the output instead of ATen's separate bias add); where the
-    convolution's result is the graph's output the bias stays. Values as eager's."""
+    """A bias whose convolution's users are all pointwise, or reductions of it (a min or a softmax
+    over the channels), becomes an add that region formation takes with them (one pass over the
+    output instead of ATen's separate bias add); where the convolution's result is the graph's
+    output the bias stays. Values as eager's."""
     f, xs = CASES[case]
     gm = trace(f, *xs)
     want = f(*xs)

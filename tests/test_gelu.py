@@ -597,3 +597,43 @@ def test_bias_add_rounds_where_the_model_does(approximate: str) -> None:
     differ_once = (once != eager).float().mean().item()
     assert differ_once > 0.05, differ_once
     assert differ * 3 < differ_once, (differ, differ_once)
+
+
+class ChainWithGelu(nn.Module):
+    """KernelBench level 2's Conv3d_ReLU_LeakyReLU_GELU_Sigmoid_BiasAdd without the convolution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = nn.Parameter(torch.randn(5, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.gelu(F.leaky_relu(torch.relu(x), 0.01))
+        return torch.sigmoid(y) + self.b
+
+
+def test_a_gelu_inside_a_pointwise_chain_joins_the_generated_region() -> None:
+    """A GELU whose input a generated region computes and whose result one reads is not a gelu
+    region (registry `joins`): the chain is one generated region holding the GELU (one kernel, not
+    three); a GELU alone between two matmuls stays the gelu family's. Values as eager's."""
+    from solforge import optimize
+
+    torch.manual_seed(0)
+    m = ChainWithGelu().to(DEVICE)
+    make = lambda s: ((2 * torch.randn(3, 5, 67, generator=torch.Generator().manual_seed(s))).to(DEVICE),)  # noqa: E731
+    (x,) = make(0)  # odd sizes; the (5, 1) bias broadcast over them
+    groups = _groups(m, x)
+    assert [g.workload.family for g in groups] == ["generated"], [g.workload for g in groups]
+    (g,) = groups
+    _, match = g.example
+    aten = torch.ops.aten
+    assert aten.gelu.default in {n.target for n in match.nodes}
+    assert {aten.relu.default, aten.sigmoid.default} <= {n.target for n in match.nodes}
+    opt, report = optimize(m, (x,), budget=1, max_candidates=1, db=False, profile="off", keep_slower=True,
+                           make_inputs=make)
+    assert report.e2e is not None and report.e2e.passed, report.notes
+    assert [r.family for r in report.regions] == ["generated"] and report.regions[0].verified
+    (x2,) = make(9)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x2), m(x2), rtol=1e-5, atol=1e-5)
+    alone = MLP(nn.GELU(), "none").to(DEVICE).eval()
+    assert [g.workload.family for g in _groups(alone, _inputs(0))] == ["gelu"]

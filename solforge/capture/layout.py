@@ -307,9 +307,31 @@ def _into_a_norm(n: fx.Node) -> bool:
     return bool(n.users)
 
 
+# Reductions region formation takes whole (codegen/regions.py; capture does not import codegen):
+# a convolution read by them alone (KernelBench level 2's Conv2d -> min over channels -> tanh,
+# Conv3d -> softmax over channels) gets its bias added where the reduction reads its input
+_REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default, aten.amax.default,
+               aten.amin.default, aten.max.dim, aten.min.dim, aten.max.default, aten.min.default,
+               aten._softmax.default, aten._log_softmax.default, aten.logsumexp.default,
+               aten.var.correction, aten.std.correction, aten.var_mean.correction,
+               aten.linalg_vector_norm.default, aten.argmax.default, aten.argmin.default,
+               aten._native_batch_norm_legit_no_training.default}
+
+
+def _into_reductions(n: fx.Node) -> bool:
+    """Every reader of `n`'s result is a pointwise op or one of `_REDUCTIONS` reading it as its
+    input (first argument), and at least one is a reduction."""
+    users = [u for u in n.users if u.op == "call_function"]
+    if not users or len(users) != len(n.users) or not any(u.target in _REDUCTIONS for u in users):
+        return False
+    return all((u.target in _REDUCTIONS and u.args[0] is n and n not in u.args[1:])
+               or (isinstance(u.target, torch._ops.OpOverload) and torch.Tag.pointwise in u.target.tags)
+               for u in users)
+
+
 def strip_bias(gm: fx.GraphModule, where: Callable[[fx.Node], bool] = on_cuda) -> int:
-    """Convolutions with a bias whose every user is pointwise, or a view into a norm
-    (`_into_a_norm`): `conv(x, w, b)` becomes `conv(x, w, None) + b.view(1, C, 1, ...)`, so the bias
+    """Convolutions with a bias whose every user is pointwise, or a reduction (`_into_reductions`),
+    or a view into a norm (`_into_a_norm`): `conv(x, w, b)` becomes `conv(x, w, None) + b.view(1, C, 1, ...)`, so the bias
     add joins the region after the convolution (before a norm family's region, that region's
     generated alternative; where the family's kernel wins, ATen's add runs as cuDNN's own pass
     did, and the selection charged the family its time). On CUDA ATen runs cuDNN's
@@ -323,7 +345,8 @@ def strip_bias(gm: fx.GraphModule, where: Callable[[fx.Node], bool] = on_cuda) -
             continue
         out, b = _val(n), _val(n.args[2])
         if not (isinstance(out, torch.Tensor) and isinstance(b, torch.Tensor) and b.dim() == 1
-                and out.dim() >= 3 and b.shape[0] == out.shape[1] and (copy_back_fuses(n) or _into_a_norm(n))
+                and out.dim() >= 3 and b.shape[0] == out.shape[1]
+                and (copy_back_fuses(n) or _into_reductions(n) or _into_a_norm(n))
                 and where(n)):
             continue
         bias = n.args[2]

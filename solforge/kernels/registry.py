@@ -24,6 +24,10 @@ backward   the backward family that tunes the kernel the forward op's autograd b
            (None: none is tuned; the forward may still have a backward, e.g. linear_cross_entropy
            computes its gradients in the forward)
 is_backward  a backward family (its workloads come from a forward's `backward_workload`)
+joins      a one-op pointwise family whose region, where a generated region reads its result or
+           computes its input, is dropped so that the generated regions form through it (one kernel
+           for the chain: KernelBench level 2's ReLU -> LeakyReLU -> GELU -> Sigmoid -> bias add
+           ran as three kernels and ATen's GELU; plan.find_matches)
 
 The table's order of forward families is the planner's first-claim-wins order (see `FAMILIES`).
 A dotted name that is not in the table (tests' fake families: "fakes.broken") is a module path: `get`
@@ -106,6 +110,7 @@ class Family:
     matcher: str | None = None
     backward: str | None = None
     is_backward: bool = False
+    joins: bool = False
 
     @property
     def is_forward(self) -> bool:
@@ -118,8 +123,8 @@ class Family:
         return self.name.rpartition(".")[2]
 
 
-def _fwd(name: str, kind: str, backward: str | None) -> Family:
-    return Family(name, f"solforge.kernels.{name}", kind, f"solforge.plan.{name}:match", backward)
+def _fwd(name: str, kind: str, backward: str | None, joins: bool = False) -> Family:
+    return Family(name, f"solforge.kernels.{name}", kind, f"solforge.plan.{name}:match", backward, joins=joins)
 
 
 def _bwd(name: str, kind: str) -> Family:
@@ -144,7 +149,7 @@ FAMILIES: tuple[Family, ...] = (
     _fwd("add_layernorm", "normalization", "layernorm_bwd"),
     _fwd("layernorm", "normalization", "layernorm_bwd"),
     _fwd("swiglu", "pointwise", "swiglu_bwd"),
-    _fwd("gelu", "pointwise", "gelu_bwd"),
+    _fwd("gelu", "pointwise", "gelu_bwd", joins=True),
     # the LM head's projection (and its gradients' GEMMs) dominate; gradients come from its forward
     _fwd("linear_cross_entropy", "gemm", None),
     _fwd("cross_entropy", "reduction", "cross_entropy_bwd"),
@@ -199,6 +204,12 @@ def get(name: str) -> Family:
     if "." in name:
         return Family(name, name, "other")
     raise LookupError(f"unknown kernel family {name!r}: choose from {', '.join(names())}")
+
+
+def joins_generated(name: str) -> bool:
+    """Whether the family's regions give way to generated regions next to them (field `joins`)."""
+    fam = _BY_NAME.get(name)
+    return fam is not None and fam.joins
 
 
 def kind(name: str) -> str | None:

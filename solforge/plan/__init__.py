@@ -40,6 +40,16 @@ def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
 
 
 def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:
+    matches = _claim(graph, families, frozenset())
+    # a region of a family that joins generated regions (registry `joins`: a lone GELU) next to a
+    # generated region gives way: the generated regions form again through its nodes
+    joined = frozenset(m.output for m in matches if _joins(m, matches))
+    return _claim(graph, families, joined) if joined else matches
+
+
+def _claim(graph: fx.Graph, families: Sequence[str] | None, skip: frozenset[fx.Node]) -> list[Match]:
+    """Every family's matches in the registry's order, first claim wins; family matches whose
+    output is in `skip` are left to the generated regions."""
     matches: list[Match] = []
     claimed: set[fx.Node] = set()
     sharing = Sharing(graph)
@@ -49,12 +59,25 @@ def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list
         # the generated matcher forms its regions over the nodes the families left (plan/generated.py)
         found = matcher(graph, frozenset(claimed)) if family == "generated" else matcher(graph)
         for m in found:
+            if family != "generated" and m.output in skip:
+                continue
             # a node belongs to one region at most (kept ones too: one region stands for its time);
             # inner nodes read outside the region must be ones it may keep (plan/sharing.py)
             if claimed.isdisjoint(m.nodes) and sharing.allows(m.nodes, m.outputs, m.inputs):
                 claimed.update(m.nodes)
                 matches.append(m)
     return matches
+
+
+def _joins(m: Match, matches: Sequence[Match]) -> bool:
+    """`m`'s family joins generated regions and one of them computes an input of `m` or reads one
+    of its outputs."""
+    from solforge.kernels import registry
+
+    if not registry.joins_generated(m.family):
+        return False
+    near = {*m.inputs, *(u for o in m.outputs for u in o.users)}
+    return any(g.family == "generated" and not near.isdisjoint(g.nodes) for g in matches)
 
 
 def plan(graphs: Sequence[CapturedGraph], families: Sequence[str] | None = None) -> list[WorkloadGroup]:
