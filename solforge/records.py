@@ -208,8 +208,9 @@ class E2EReport:
     grad_max_rel_err: float | None = None  # worst ‖g - g_ref‖ / ‖g_ref‖ over the parameters
     baseline_peak_gb: float | None = None
     optimized_peak_gb: float | None = None
-    # where the errors above miss their bar in bf16/fp16: both models' largest norm-relative error
-    # against the original computed in fp32 (validate.WIDE_SLACK says how that is judged)
+    # where the errors above miss their bar: both models' largest norm-relative error against the
+    # original computed wider (fp32 for bf16/fp16, fp64 for fp32: validate.wide_dtype; the fields
+    # keep their names) (validate.WIDE_SLACK says how that is judged)
     fp32_err_original: float | None = None
     fp32_err_optimized: float | None = None
     fp32_grad_err_original: float | None = None

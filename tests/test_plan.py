@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import DEVICE, FULL_SWEEPS
+from conftest import DEVICE, FULL_SWEEPS, requires_gpu
 
 from solforge import capture, plan
 from solforge.integrate import integrate
@@ -299,3 +300,48 @@ def test_region_signature_names_the_computation_not_the_nodes() -> None:
     assert plan.region_signature(mul[0]) == plan.region_signature(mul[1])
     assert plan.region_signature(pow_[0]) == plan.region_signature(pow_[1])
     assert plan.region_signature(mul[0]) != plan.region_signature(pow_[0])
+
+
+def test_a_cpu_scalar_constant_is_read_from_the_kernels_device() -> None:
+    """A 0-dim CPU constant in the graph (dynamo lifts `torch.tensor(0.5)` written in forward) that
+    a kernel on another device reads is handed to it as a copy there, made once; the graph's other
+    readers and other inputs keep theirs ("meta" stands in for CUDA here)."""
+    root = torch.nn.Module()
+    root.c = torch.tensor(0.5)
+    root.v = torch.ones(3)
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    c, v = graph.get_attr("c"), graph.get_attr("v")
+    out = graph.call_function(torch.ops.aten.add.Tensor, (graph.call_function(torch.ops.aten.minimum.default,
+                                                                               (x, c)), v))
+    graph.output(out)
+    gm = fx.GraphModule(root, graph)
+    c.meta["val"] = root.c
+    moved: dict[fx.Node, fx.Node] = {}
+    new = plan.on_device(gm, c, "meta", moved)
+    assert new is not c and new.op == "get_attr" and getattr(gm, new.target).device.type == "meta"
+    assert getattr(gm, new.target).shape == () and new.meta["val"].device.type == "meta"
+    assert plan.on_device(gm, c, "meta", moved) is new and plan.on_device(gm, new, "meta", moved) is new
+    assert plan.on_device(gm, v, "meta", moved) is v and plan.on_device(gm, x, "meta", moved) is x
+    assert root.c.device.type == "cpu" and c.users  # the original constant and its reader stay
+    gm.graph.lint()
+
+
+@requires_gpu
+def test_a_region_reading_a_cpu_scalar_constant_runs_on_the_gpu() -> None:
+    """KernelBench level 2's Conv2d_Min_Add_Multiply takes the min with `torch.tensor(c)`: the
+    generated region's kernel reads it from the GPU, and the model computes eager's values."""
+    from solforge import optimize
+
+    class MinConst(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (torch.min(x, torch.tensor(0.25)) + 1.5) * 2.0
+
+    make = lambda s: (torch.randn(33, 257, generator=torch.Generator().manual_seed(s)).cuda(),)  # noqa: E731
+    m = MinConst()
+    opt, report = optimize(m, make(0), budget=1, max_candidates=1, db=False, profile="off", keep_slower=True,
+                           make_inputs=make)
+    assert report.e2e is not None and report.e2e.passed, report.notes
+    assert any(r.family == "generated" and r.integrated for r in report.regions), report.regions
+    (x,) = make(5)
+    torch.testing.assert_close(opt(x), m(x))

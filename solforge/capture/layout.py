@@ -331,13 +331,14 @@ def _into_reductions(n: fx.Node) -> bool:
 
 def strip_bias(gm: fx.GraphModule, where: Callable[[fx.Node], bool] = on_cuda) -> int:
     """Convolutions with a bias whose every user is pointwise, or a reduction (`_into_reductions`),
-    or a view into a norm (`_into_a_norm`): `conv(x, w, b)` becomes `conv(x, w, None) + b.view(1, C, 1, ...)`, so the bias
-    add joins the region after the convolution (before a norm family's region, that region's
-    generated alternative; where the family's kernel wins, ATen's add runs as cuDNN's own pass
-    did, and the selection charged the family its time). On CUDA ATen runs cuDNN's
-    convolution and then adds the bias in a pass of its own over the whole output (on an H100
-    about 0.6 ms of KernelBench level 2's 2.7 ms first convolution, 2026-11-27; ConvNeXt's
-    depthwise convolutions, 480 µs in 22 launches), which the region after it then reads again.
+    or a view into a norm (`_into_a_norm`): `conv(x, w, b)` becomes
+    `conv(x, w, None) + b.view(1, C, 1, ...)`, so the bias add joins the region after the
+    convolution (before a norm family's region, that region's generated alternative; where the
+    family's kernel wins, ATen's add runs as cuDNN's own pass did, and the selection charged the
+    family its time). On CUDA ATen runs cuDNN's convolution and then adds the bias in a pass of
+    its own over the whole output (on an H100 about 0.6 ms of KernelBench level 2's 2.7 ms first
+    convolution, 2026-11-27; ConvNeXt's depthwise convolutions, 480 µs in 22 launches), which the
+    region after it then reads again.
     Returns how many."""
     graph, done = gm.graph, 0
     for n in list(graph.nodes):

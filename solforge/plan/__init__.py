@@ -207,6 +207,31 @@ def _view_node(graph: fx.Graph, a: Any, view: View) -> fx.Node:
     return node
 
 
+def on_device(gm: fx.GraphModule, a: fx.Node, device: str, moved: dict[fx.Node, fx.Node]) -> fx.Node:
+    """`a` as a kernel on `device` reads it: a 0-dim CPU constant of the graph (`torch.tensor(0.5)`
+    written in forward, which dynamo lifts into a get_attr; ATen's CUDA ops take it as a scalar, a
+    Triton kernel cannot read host memory: KernelBench level 2's Conv2d_Min_Add_Multiply) becomes a
+    get_attr of a copy of it on `device`, made once (`moved`); the original's other readers keep it."""
+    if a.op != "get_attr" or a in moved.values():
+        return a
+    if a in moved:
+        return moved[a]
+    t = gm
+    for part in str(a.target).split("."):
+        t = getattr(t, part, None)
+    if not (isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() == 0):
+        return a
+    name = f"{str(a.target).replace('.', '_')}_{torch.device(device).type}"
+    setattr(gm, name, t.detach().to(device))
+    with gm.graph.inserting_after(a):
+        node = gm.graph.get_attr(name)
+    val = a.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        node.meta["val"] = val.to(device)
+    moved[a] = node
+    return node
+
+
 def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]) -> int:
     """Replace each match by one call of its custom op; returns how many were replaced.
 
@@ -217,10 +242,13 @@ def rewrite(gm: fx.GraphModule, matches: Sequence[Match], configs: Sequence[str]
     # an earlier region's output may be this one's input (a residual stream through add_rmsnorm
     # after add_rmsnorm): the Match still names the node it replaced
     replaced: dict[fx.Node, fx.Node] = {}
+    moved: dict[fx.Node, fx.Node] = {}
     n = 0
     for m, config in zip(matches, configs, strict=True):
         first = min(m.outputs, key=order.__getitem__)
         args = tuple(fx.node.map_arg(tuple(m.args), lambda a: replaced.get(a, a)))
+        if m.workload.device != "cpu":
+            args = tuple(fx.node.map_arg(args, lambda a, d=m.workload.device: on_device(gm, a, d, moved)))
         order = _hoist(graph, args, first, order)
         with graph.inserting_before(first):
             if m.views:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from solforge.numerics import dtype_name
 from solforge.records import E2EReport, RunResult
 from solforge.runtime import distributed
 from solforge.tune.timing import time_model
@@ -37,7 +38,10 @@ DECISIVE_MARGIN = 0.02
 # above, both models are therefore compared with the original computed in fp32 (its parameters
 # and floating inputs upcast): the optimized model passes when it is no further from that than
 # the original is, within WIDE_SLACK (the two round at different places, so their distances
-# differ by chance, by 3-6% in those runs).
+# differ by chance, by 3-6% in those runs). An fp32 model is compared with the original computed
+# in fp64 the same way: its bar (1e-4) is finer than a TF32 convolution's own rounding, and a
+# reduction in another order than eager's (KernelBench level 2's Conv3d_Min_Softmax: 1.03e-4 from
+# eager, H100, 2026-11-28) missed it.
 WIDE_SLACK = 1.1
 # E2EReport.status
 PASSED, FAILED, NOTHING = "passed", "failed", "nothing to validate"
@@ -193,9 +197,9 @@ def _step(fn: Callable[..., Any], inputs: Sequence[Any], params: Params) -> tupl
 
 @dataclass(frozen=True)
 class WideCheck:
-    """Both models against the original computed in fp32 (`_wide`): each output's norm-relative
-    error (name, original's, optimized's), and the largest over the parameter gradients (train
-    mode; the bar above is on the worst parameter too)."""
+    """Both models against the original computed wider (`_wide`: fp32, fp64 for an fp32 model):
+    each output's norm-relative error (name, original's, optimized's), and the largest over the
+    parameter gradients (train mode; the bar above is on the worst parameter too)."""
 
     outputs: tuple[tuple[str, float, float], ...]
     grad_original: float | None = None
@@ -218,20 +222,25 @@ class WideCheck:
         return self.grad_optimized is None or self.grad_optimized <= WIDE_SLACK * (self.grad_original or 0.0)
 
 
-def _upcast(x: Any) -> Any:
+def _upcast(x: Any, wide: torch.dtype = torch.float32) -> Any:
     if isinstance(x, torch.Tensor):
-        return x.float() if x.is_floating_point() else x
+        return x.to(wide) if x.is_floating_point() else x
     if isinstance(x, dict):
-        return {k: _upcast(v) for k, v in x.items()}
+        return {k: _upcast(v, wide) for k, v in x.items()}
     if isinstance(x, list | tuple):
-        return type(x)(_upcast(v) for v in x)
+        return type(x)(_upcast(v, wide) for v in x)
     return x
+
+
+def wide_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype `_wide` computes the original in: fp64 for an fp32 model, fp32 for bf16/fp16."""
+    return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
 
 
 def _wide(original: torch.nn.Module, inputs: Sequence[Any], device: str, params: Params | None,
           ref_out: Sequence[tuple[str, torch.Tensor]], opt_out: Sequence[tuple[str, torch.Tensor]],
           ref_g: dict[str, torch.Tensor] | None, opt_g: dict[str, torch.Tensor] | None,
-          view: View | None = None) -> WideCheck | str:
+          view: View | None = None, wide: torch.dtype = torch.float32) -> WideCheck | str:
     """The original run once more in fp32: a copy whose floating parameters and buffers are fp32
     copies of the original's (made directly, never a second copy in the model's dtype), on the
     inputs upcast likewise, from the same seed. Returns both models' distances from it, or why it
@@ -252,14 +261,14 @@ def _wide(original: torch.nn.Module, inputs: Sequence[Any], device: str, params:
                     grads[n] = grads[n].cpu()
         try:
             return _wide_check(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g, lean=lean,
-                               view=view)
+                               view=view, wide=wide)
         except torch.OutOfMemoryError:
             pass  # tried lean next, once this frame's tensors are gone with the exception
         except (RuntimeError, TypeError, copy.Error) as e:  # a model that cannot be copied or run in fp32
             return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         finally:
             _release(device)
-    return "out of memory for an fp32 copy of the model, even block by block"
+    return f"out of memory for an {dtype_name(wide)} copy of the model, even block by block"
 
 
 def _release(device: str) -> None:
@@ -275,11 +284,11 @@ def _dist(n: str, t: torch.Tensor, w: torch.Tensor) -> float:
 def _wide_check(original: torch.nn.Module, inputs: Sequence[Any], device: str, params: Params | None,
                 ref_out: Sequence[tuple[str, torch.Tensor]], opt_out: Sequence[tuple[str, torch.Tensor]],
                 ref_g: dict[str, torch.Tensor] | None, opt_g: dict[str, torch.Tensor] | None,
-                lean: bool, view: View | None = None) -> WideCheck | str:
-    out, gd = _run_fp32(original, inputs, device, params, ref_g, opt_g, lean, view=view)
+                lean: bool, view: View | None = None, wide: torch.dtype = torch.float32) -> WideCheck | str:
+    out, gd = _run_fp32(original, inputs, device, params, ref_g, opt_g, lean, view=view, wide=wide)
     wide_out = flatten_tensors(out)
     if [n for n, _ in wide_out] != [n for n, _ in ref_out]:
-        return "its fp32 run returned a different output structure"
+        return f"its {dtype_name(wide)} run returned a different output structure"
     triples = zip(wide_out, ref_out, opt_out, strict=True)
     outputs = tuple((n, _dist(n, r, w), _dist(n, o, w)) for (n, w), (_, r), (_, o) in triples if w.is_floating_point())
     return WideCheck(outputs, None if gd is None else max((a for a, _ in gd), default=0.0),
@@ -288,11 +297,12 @@ def _wide_check(original: torch.nn.Module, inputs: Sequence[Any], device: str, p
 
 def _run_fp32(original: torch.nn.Module, inputs: Sequence[Any], device: str, params: Params | None,
               ref_g: dict[str, torch.Tensor] | None, opt_g: dict[str, torch.Tensor] | None,
-              lean: bool, view: View | None = None) -> tuple[Any, list[tuple[float, float]] | None]:
+              lean: bool, view: View | None = None,
+              wide: torch.dtype = torch.float32) -> tuple[Any, list[tuple[float, float]] | None]:
     """_wide's run: the outputs of an fp32 copy of the original (freed on return) and, with
     `params`, each parameter gradient's distances (the original's, the optimized model's) from its."""
-    model32 = _fp32_block_by_block(original) if lean and params is None else _fp32_copy(original, set())
-    inputs32 = _upcast(tuple(inputs))
+    model32 = _fp32_block_by_block(original, wide) if lean and params is None else _fp32_copy(original, set(), wide)
+    inputs32 = _upcast(tuple(inputs), wide)
     run32 = _viewed(model32, view)
     if params is None:
         return _seeded(lambda: run32(*inputs32), device), None
@@ -307,7 +317,7 @@ def _run_fp32(original: torch.nn.Module, inputs: Sequence[Any], device: str, par
         return _seeded(lambda: _lean_grads(run32, inputs32, params32, ref_g, opt_g), device)
 
 
-def _fp32_copy(original: torch.nn.Module, keep: set[int]) -> torch.nn.Module:
+def _fp32_copy(original: torch.nn.Module, keep: set[int], wide: torch.dtype = torch.float32) -> torch.nn.Module:
     """A copy of `original` whose floating parameters and buffers are fp32 copies of its own (made
     directly, never a second copy in the model's dtype), except those in `keep` (ids), shared."""
     memo: dict[int, Any] = {}
@@ -317,7 +327,7 @@ def _fp32_copy(original: torch.nn.Module, keep: set[int]) -> torch.nn.Module:
         if not t.is_floating_point() or id(t) in keep:
             memo[id(t)] = t
             continue
-        w = t.detach().float()
+        w = t.detach().to(wide)
         memo[id(t)] = torch.nn.Parameter(w, t.requires_grad) if isinstance(t, torch.nn.Parameter) else w
     return copy.deepcopy(original, memo)
 
@@ -345,7 +355,7 @@ def checkpoint_blocks(model: torch.nn.Module) -> int:
     return len(blocks)
 
 
-def _fp32_block_by_block(original: torch.nn.Module) -> torch.nn.Module:
+def _fp32_block_by_block(original: torch.nn.Module, wide: torch.dtype = torch.float32) -> torch.nn.Module:
     """For a forward without autograd: a copy of `original` that computes what `_fp32_copy`'s
     does, holding one block's fp32 weights at a time. The blocks' own tensors stay shared with the
     original (no copy) and are swapped for fp32 copies from the block's forward pre-hook to its
@@ -357,7 +367,7 @@ def _fp32_block_by_block(original: torch.nn.Module) -> torch.nn.Module:
     for m in original.modules():
         if id(m) not in in_blocks:
             inside -= {id(t) for t in [*m._parameters.values(), *m._buffers.values()] if t is not None}
-    model = _fp32_copy(original, inside)
+    model = _fp32_copy(original, inside, wide)
     for block in outer_blocks(model):
         held: list[tuple[dict[str, Any], str, torch.Tensor]] = []
 
@@ -365,9 +375,9 @@ def _fp32_block_by_block(original: torch.nn.Module) -> torch.nn.Module:
             for m in block.modules():
                 for slots in (m._parameters, m._buffers):
                     for name, t in slots.items():
-                        if t is not None and t.is_floating_point() and t.dtype != torch.float32:
+                        if t is not None and t.is_floating_point() and t.dtype != wide:
                             held.append((slots, name, t))
-                            slots[name] = t.detach().float()
+                            slots[name] = t.detach().to(wide)
 
         def restore(_m: torch.nn.Module, _args: Any, _out: Any, held: list = held) -> None:
             while held:
@@ -470,12 +480,14 @@ def _validate(original: Callable[..., Any], optimized: Callable[..., Any], input
         grads_ok = grad_err is None or grad_err <= grad_tol
         note = None
         wide: WideCheck | None = None
-        if (bad or not grads_ok) and not any(e.nonfinite for e in bad) and dtype in (torch.bfloat16, torch.float16):
+        wide_t = wide_dtype(dtype)
+        if (bad or not grads_ok) and not any(e.nonfinite for e in bad) and dtype in (torch.bfloat16, torch.float16,
+                                                                                    torch.float32):
             # past the bar: is the original's own rounding the larger part? (WIDE_SLACK) Not under
             # torch.distributed: each rank would decide on its own numbers to run the fp32 copy
             # (a sharded model's calls gather across the ranks)
             checked = ("torch.distributed: not run on one rank's numbers" if distributed.active()
-                       else _wide(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g, view)
+                       else _wide(original, inputs, device, params, ref_out, opt_out, ref_g, opt_g, view, wide_t)
                        if isinstance(original, torch.nn.Module) else "the original is not a module")
             if isinstance(checked, WideCheck):
                 wide = checked
@@ -484,12 +496,13 @@ def _validate(original: Callable[..., Any], optimized: Callable[..., Any], input
                 bad = [e for e in bad if not checked.output_ok(e.name)]  # each output on its own
                 grads_ok = grads_ok or checked.grads_ok()
                 if not bad and grads_ok:
-                    note = (f"{' and '.join(was)}, but no further from the original computed in fp32 than the "
-                            f"original itself: {_wide_text(checked)}")
+                    note = (f"{' and '.join(was)}, but no further from the original computed in "
+                            f"{dtype_name(wide_t)} than the original itself: {_wide_text(checked)}")
                 else:
-                    note = f"further from the original computed in fp32 than the original itself: {_wide_text(checked)}"
+                    note = (f"further from the original computed in {dtype_name(wide_t)} than the original "
+                            f"itself: {_wide_text(checked)}")
             else:
-                note = f"no fp32 comparison ({checked})"
+                note = f"no {dtype_name(wide_t)} comparison ({checked})"
         del ref_out, opt_out, ref_g, opt_g
         passed = not bad and grads_ok and (judged is None or judged >= ARGMAX_MIN_AGREE)
         if passed:
@@ -549,7 +562,7 @@ def _wide_text(w: WideCheck) -> str:
     if w.grad_optimized is not None:
         text += f", gradients {w.grad_optimized:.3g} against {w.grad_original:.3g}"
     text += f" (allowed: {WIDE_SLACK:g}x)"
-    return text + (", its fp32 run block by block (out of memory whole)" if w.lean else "")
+    return text + (", its wide run block by block (out of memory whole)" if w.lean else "")
 
 
 def _join(first: str, then: str | None) -> str:
