@@ -325,6 +325,18 @@ def test_a_cpu_scalar_constant_is_read_from_the_kernels_device() -> None:
     assert plan.on_device(gm, v, "meta", moved) is v and plan.on_device(gm, x, "meta", moved) is x
     assert root.c.device.type == "cpu" and c.users  # the original constant and its reader stay
     gm.graph.lint()
+    # the region's device is the GPU's although its first value is the CPU constant
+    from solforge.codegen import ir
+
+    aten, g = torch.ops.aten, fx.Graph()
+    xs, cs = g.placeholder("x"), g.placeholder("c")
+    lifted = g.call_function(aten.lift_fresh_copy.default, (cs,))
+    low = g.call_function(aten.minimum.default, (xs, lifted))
+    g.output(low)
+    for n, v in ((xs, torch.empty(3, 5, device="meta")), (cs, root.c), (lifted, root.c),
+                 (low, torch.empty(3, 5, device="meta"))):
+        n.meta["val"] = v
+    assert ir.from_nodes([lifted, low], [low]).device == "meta"
 
 
 @requires_gpu

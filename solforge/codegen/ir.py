@@ -177,8 +177,10 @@ def build(nodes: Sequence[fx.Node], outputs: Sequence[fx.Node],
             raise ValueError(f"input {n.name} has no static tensor value")
         in_metas.append(m)
     if device is None:
+        # a region on the GPU may hold a 0-dim CPU constant (`torch.tensor(0.5)` in forward): the
+        # GPU is its device whatever its first value's is
         vals = [n.meta.get("val") for n in nodes if isinstance(n.meta.get("val"), torch.Tensor)]
-        device = vals[0].device.type if vals else "cpu"
+        device = next((v.device.type for v in vals if v.device.type != "cpu"), "cpu")
     return RegionIR(tuple(in_metas), tuple(ops), outs, device), inputs
 
 
