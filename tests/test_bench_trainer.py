@@ -1,9 +1,10 @@
 """bench/trainer.py's smoke run (`--tiny --device cpu`): eager and solforge through Hugging Face's
-Trainer, full fine-tuning and LoRA (when peft is here), each row in a process of its own, the rows'
-fields, finite losses, solforge's losses as eager's step by step, and a clear error for an unknown
-variant. The rows run in the test's process (`--in-process`: each process would import transformers'
-Trainer again, 5-10 s), one step of one micro-batch after one of warm-up (the Triton interpreter's
-share); the processes' command lines are checked apart, by parsing them back."""
+Trainer, full fine-tuning and LoRA (when peft is here, where the whole sweeps run), each row in a
+process of its own, the rows' fields, finite losses, solforge's losses as eager's step by step,
+and a clear error for an unknown variant. The rows run in the test's process (`--in-process`: each
+process would import transformers' Trainer again, 5-10 s), one step of one micro-batch after one
+of warm-up (the Triton interpreter's share); the processes' command lines are checked apart, by
+parsing them back."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import FULL_SWEEPS
 
 pytest.importorskip("accelerate")  # Trainer needs it
 pytest.importorskip("transformers")
@@ -34,7 +36,9 @@ def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
 
 def test_tiny_rows(tmp_path: Path) -> None:
     out = tmp_path / "rows.jsonl"
-    modes = "full,lora" if LORA else "full"
+    # LoRA's two rows where the whole sweeps run (a GPU machine, SOLFORGE_FULL_SWEEPS=1; the rows are
+    # --device cpu there too); CPU CI samples full fine-tuning (tests/test_peft.py trains LoRA there)
+    modes = "full,lora" if LORA and FULL_SWEEPS else "full"
     proc = _run("--tiny", "--device", "cpu", "--modes", modes, "--variants", "solforge,eager", "--batch", "2",
                 "--seq", "8", "--accum", "1", "--steps", "1", "--warmup", "1", "--budget", "1",
                 "--db", str(tmp_path / "kernels.db"), "--out", str(out), "--in-process",

@@ -7,6 +7,7 @@ import json
 import shutil
 import struct
 import subprocess
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -251,6 +252,13 @@ def test_ceilings_are_measured_once_and_cached(ceilings_dir: Path, tmp_path: Pat
 
 
 def _chromium() -> str | None:
+    """A Chromium binary; while make setup's background install runs (its log is there, its exit
+    status not yet), wait for it."""
+    root = Path(__file__).resolve().parents[1]
+    status, log = root / ".chromium-install", root / ".chromium-install.log"
+    deadline = time.monotonic() + 900
+    while log.exists() and not status.exists() and time.monotonic() < deadline:
+        time.sleep(2)
     return next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
 
 

@@ -221,7 +221,11 @@ def on_device(gm: fx.GraphModule, a: fx.Node, device: str, moved: dict[fx.Node, 
         t = getattr(t, part, None)
     if not (isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() == 0):
         return a
-    name = f"{str(a.target).replace('.', '_')}_{torch.device(device).type}"
+    name = base = f"{str(a.target).replace('.', '_')}_{torch.device(device).type}"
+    k = 0
+    while hasattr(gm, name):  # never over an attribute the module has
+        k += 1
+        name = f"{base}_{k}"
     setattr(gm, name, t.detach().to(device))
     with gm.graph.inserting_after(a):
         node = gm.graph.get_attr(name)
