@@ -637,3 +637,19 @@ def test_a_gelu_inside_a_pointwise_chain_joins_the_generated_region() -> None:
         torch.testing.assert_close(opt(x2), m(x2), rtol=1e-5, atol=1e-5)
     alone = MLP(nn.GELU(), "none").to(DEVICE).eval()
     assert [g.workload.family for g in _groups(alone, _inputs(0))] == ["gelu"]
+    # a lone multiply after it (no region alone) and the GELU are one generated region
+    scaled = ScaledGelu().to(DEVICE).eval()
+    (g,) = _groups(scaled, x)
+    assert g.workload.family == "generated"
+    assert {aten.gelu.default, aten.mul.Tensor} <= {n.target for n in g.example[1].nodes}
+
+
+class ScaledGelu(nn.Module):
+    """A matmul, then GELU and a scale (KernelBench level 2's ..._LayerNorm_GELU_Scaling's tail)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(67, 67)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.lin(x)) * 2.0

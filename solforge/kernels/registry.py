@@ -24,10 +24,11 @@ backward   the backward family that tunes the kernel the forward op's autograd b
            (None: none is tuned; the forward may still have a backward, e.g. linear_cross_entropy
            computes its gradients in the forward)
 is_backward  a backward family (its workloads come from a forward's `backward_workload`)
-joins      a one-op pointwise family whose region, where a generated region reads its result or
-           computes its input, is dropped so that the generated regions form through it (one kernel
-           for the chain: KernelBench level 2's ReLU -> LeakyReLU -> GELU -> Sigmoid -> bias add
-           ran as three kernels and ATen's GELU; plan.find_matches)
+joins      a one-op pointwise family whose region, where a generated region (or a pointwise op
+           no region holds) reads its result or computes its input, is dropped so that the
+           generated regions form through it (one kernel for the chain: KernelBench level 2's ReLU
+           -> LeakyReLU -> GELU -> Sigmoid -> bias add ran as three kernels and ATen's GELU); it
+           stays the family's where no generated region takes it then (plan.find_matches)
 
 The table's order of forward families is the planner's first-claim-wins order (see `FAMILIES`).
 A dotted name that is not in the table (tests' fake families: "fakes.broken") is a module path: `get`

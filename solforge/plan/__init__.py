@@ -42,9 +42,18 @@ def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
 def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:
     matches = _claim(graph, families, frozenset())
     # a region of a family that joins generated regions (registry `joins`: a lone GELU) next to a
-    # generated region gives way: the generated regions form again through its nodes
+    # generated region, or to a pointwise op no region holds, gives way: the generated regions form
+    # again through its nodes. It stays its family's where no generated region took it then (a
+    # region too small to be worth a kernel)
     joined = frozenset(m.output for m in matches if _joins(m, matches))
-    return _claim(graph, families, joined) if joined else matches
+    if not joined:
+        return matches
+    again = _claim(graph, families, joined)
+    taken = {n for g in again if g.family == "generated" for n in g.nodes}
+    kept = frozenset(o for o in joined if o in taken)
+    if kept == joined:
+        return again
+    return _claim(graph, families, kept) if kept else matches
 
 
 def _claim(graph: fx.Graph, families: Sequence[str] | None, skip: frozenset[fx.Node]) -> list[Match]:
@@ -70,14 +79,19 @@ def _claim(graph: fx.Graph, families: Sequence[str] | None, skip: frozenset[fx.N
 
 
 def _joins(m: Match, matches: Sequence[Match]) -> bool:
-    """`m`'s family joins generated regions and one of them computes an input of `m` or reads one
-    of its outputs."""
+    """`m`'s family joins generated regions, and a generated region computes an input of `m` or
+    reads one of its outputs, or a pointwise op no region holds does (KernelBench level 2's
+    LayerNorm -> GELU -> `* scale`: the lone multiply, not a region alone, and the GELU form one)."""
     from solforge.kernels import registry
 
     if not registry.joins_generated(m.family):
         return False
     near = {*m.inputs, *(u for o in m.outputs for u in o.users)}
-    return any(g.family == "generated" and not near.isdisjoint(g.nodes) for g in matches)
+    if any(g.family == "generated" and not near.isdisjoint(g.nodes) for g in matches):
+        return True
+    held = {n for g in matches for n in g.nodes}
+    return any(n.op == "call_function" and n not in held and isinstance(n.target, torch._ops.OpOverload)
+               and torch.Tag.pointwise in n.target.tags for n in near)
 
 
 def plan(graphs: Sequence[CapturedGraph], families: Sequence[str] | None = None) -> list[WorkloadGroup]:
