@@ -241,10 +241,10 @@ def _wide(original: torch.nn.Module, inputs: Sequence[Any], device: str, params:
           ref_out: Sequence[tuple[str, torch.Tensor]], opt_out: Sequence[tuple[str, torch.Tensor]],
           ref_g: dict[str, torch.Tensor] | None, opt_g: dict[str, torch.Tensor] | None,
           view: View | None = None, wide: torch.dtype = torch.float32) -> WideCheck | str:
-    """The original run once more in fp32: a copy whose floating parameters and buffers are fp32
-    copies of the original's (made directly, never a second copy in the model's dtype), on the
-    inputs upcast likewise, from the same seed. Returns both models' distances from it, or why it
-    could not run (out of memory, a model that cannot be copied).
+    """The original run once more in fp32 (`wide`: fp64 for an fp32 model): a copy whose floating
+    parameters and buffers are fp32 copies of the original's (made directly, never a second copy
+    in the model's dtype), on the inputs upcast likewise, from the same seed. Returns both models'
+    distances from it, or why it could not run (out of memory, a model that cannot be copied).
 
     A run that does not fit runs again lean, block by block (the blocks of the model's outermost
     nn.ModuleLists: a transformer's layers). Same numbers, less memory:
