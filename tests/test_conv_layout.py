@@ -27,11 +27,10 @@ CONV_TOL: dict[str, float] = {"rtol": 1e-5, "atol": 1e-5} if DEVICE == "cpu" els
 def _no_tf32() -> Any:
     """On a GPU cuDNN's fp32 convolutions may round through TF32, and the channels-last and NCHW
     ways pick different algorithms (differences near 1e-3): these tests check that the layouts
-    compute the same values, so both ways run in full fp32 here."""
-    before = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = before
+    compute the same values, so both ways run in full fp32 here (a rewritten fp32 convolution does
+    anyway: test_a_rewritten_fp32_convolution_computes_in_fp32)."""
+    with L.ieee_fp32():
+        yield
 
 
 def _r(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -56,7 +55,8 @@ WINS = L.ConvTimes(plain=100.0, last=10.0, copy_in=1.0, copy_back=1.0)
 
 
 def _convs(gm: Any) -> list[Any]:
-    return [n for n in gm.graph.nodes if n.target is aten.convolution.default]
+    """The convolutions of `gm`, rewritten ones (L.convolution_fp32) too."""
+    return [n for n in gm.graph.nodes if getattr(n.target, "solforge_op", n.target) is aten.convolution.default]
 
 
 CASES: dict[str, tuple[Any, list[torch.Tensor]]] = {
@@ -98,6 +98,72 @@ def test_rewritten_graph_computes_eager_values_in_eager_layout(case: str) -> Non
     got = got[0] if isinstance(got, tuple | list) else got
     assert got.shape == want.shape and got.stride() == want.stride()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rewritten_fp32_convolution_computes_in_fp32(dtype: torch.dtype) -> None:
+    """cuDNN may run an fp32 convolution on TF32 tensor cores (PyTorch's default allows it), and
+    its channels-last kernels do: a rewritten fp32 convolution calls `convolution_fp32`, which turns
+    TF32 off for the call and puts the setting back; a bf16 one calls the op as written."""
+    f, xs = CASES["conv2d_relu_bias"]
+    xs = [x.to(dtype) for x in xs]
+    gm = trace(f, *xs)
+    L.channels_last_convolutions(gm, decide=lambda n: True)
+    (conv,) = _convs(gm)
+    assert conv.target is (L.convolution_fp32 if dtype == torch.float32 else aten.convolution.default)
+    precision = torch.backends.cudnn.conv.fp32_precision
+    with L.ieee_fp32():
+        assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+    assert torch.backends.cudnn.conv.fp32_precision == precision
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(gm(*xs), f(*xs), **tol)
+
+
+def test_a_convolution_that_rounds_through_tf32_as_written_may_do_so_rewritten(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the timing found that the convolution as written rounds through TF32 (the user's
+    setting, cuDNN's pick), the rewrite calls the op as written: it is no less precise."""
+    f, xs = CASES["conv2d_relu_bias"]
+    gm = trace(f, *xs)
+    monkeypatch.setattr(L, "node_times", lambda n: L.ConvTimes(100.0, 10.0, 1.0, 1.0, tf32=True))
+    L.channels_last_convolutions(gm, decide=lambda n: True)
+    (conv,) = _convs(gm)
+    assert conv.target is aten.convolution.default
+    torch.testing.assert_close(gm(*xs), f(*xs), rtol=1e-5, atol=1e-5)
+
+
+def test_tf32_rounding_is_told_from_fp32_summation_order() -> None:
+    exact = _r(64, 1000).double()
+    fp32 = exact.float().double()  # fp32 rounding: 6e-8 relative
+    tf32 = (exact.float().view(torch.int32) & ~0x1FFF).view(torch.float32).double()  # 10 mantissa bits
+    assert not L._rounds_through_tf32(fp32, exact) and not L._rounds_through_tf32(exact, exact)
+    assert L._rounds_through_tf32(tf32, exact)
+    assert not L._rounds_through_tf32(torch.zeros(3), torch.zeros(3))
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="cuDNN's TF32 kernels need a GPU")
+def test_a_channels_last_fp32_convolution_stays_fp32_under_the_default_tf32_setting() -> None:
+    """At PyTorch's default (cuDNN may use TF32), a channels-last fp32 convolution of KernelBench
+    level 2's 57_Conv2d_ReLU_HardSwish's shape (fewer images) ran TF32 (3e-4 from fp64, H200): the
+    rewritten one is as close to fp64 as fp32 sums are."""
+    x, w, b = _r(16, 8, 128, 128), _r(64, 8, 3, 3, seed=1), _r(64, seed=2)
+    f = lambda x, w, b: torch.relu(F.conv2d(x, w, b))  # noqa: E731
+    want = f(*(t.double() for t in (x, w, b)))
+    gm = trace(f, x, w, b)
+    L.channels_last_convolutions(gm, decide=lambda n: True, strip=lambda n: False)
+    def err(t: torch.Tensor) -> float:
+        return ((t.double() - want).abs().max() / want.abs().max()).item()
+
+    before = torch.backends.cudnn.conv.fp32_precision
+    torch.backends.cudnn.conv.fp32_precision = "tf32"
+    try:
+        got = gm(x, w, b)
+        last = f(x.contiguous(memory_format=torch.channels_last), w.contiguous(memory_format=torch.channels_last), b)
+    finally:
+        torch.backends.cudnn.conv.fp32_precision = before
+    if err(last) < 1e-5:
+        pytest.skip("cuDNN ran this channels-last convolution in fp32 anyway: nothing to tell apart")
+    assert err(got) < 2e-6, (err(got), err(last))
 
 
 def test_the_copy_back_fuses_into_the_region_after_the_convolution() -> None:
@@ -421,9 +487,10 @@ def test_a_resnet_runs_channels_last_between_its_input_and_its_pool(monkeypatch:
     # are: the island goes channels-last as a whole (5 x 100 against 100 + 10 + 4 x 60)
     seen: list[Any] = []
 
-    def times(n: Any) -> L.ConvTimes:
-        seen.append(n)
-        return L.ConvTimes(plain=100.0, last=100.0 if len(seen) == 1 else 60.0, copy_in=10.0, copy_back=10.0)
+    def times(n: Any) -> L.ConvTimes:  # asked again for a node: the same answer (the pass's are cached)
+        if n not in seen:
+            seen.append(n)
+        return L.ConvTimes(plain=100.0, last=100.0 if n is seen[0] else 60.0, copy_in=10.0, copy_back=10.0)
 
     monkeypatch.setattr(L, "node_times", times)
     monkeypatch.setattr(L, "on_cuda", lambda n: True)

@@ -38,6 +38,16 @@ BatchNorm) into the next convolutions, whose copies in go, and the copy back mov
 island ends: a CNN's conv -> ReLU -> pool -> conv chains and a ResNet's residual adds run
 channels-last throughout, with a copy at the graph's input and one where the island ends.
 
+A rewritten fp32 convolution computes as precisely as the one written. cuDNN may run an fp32
+convolution on TF32 tensor cores (PyTorch's default allows it) and its channels-last kernels do: on
+KernelBench level 2's 57_Conv2d_ReLU_HardSwish (H200, 2026-11-28) torch.compile's channels-last
+convolution (cuDNN's TF32 kernel) was 2.1x eager's NCHW one and 3.4e-4 from eager's output, past
+KernelBench's 1e-4; solforge's rewrite was as far, its end-to-end check failed and it returned the
+original model. So the timing also tells whether the convolution as written rounds through TF32
+(its output against the same convolution with TF32 off, `ConvTimes.tf32`); where it does not, the
+rewrite calls `convolution_fp32` (TF32 off for the call, the setting put back after), and is timed
+that way. Off the GPU (no timing) a rewritten fp32 convolution calls `convolution_fp32`.
+
 Before deciding, a CUDA convolution's bias moves to the region after it (`strip_bias`): ATen adds a
 cuDNN convolution's bias in a separate pass over the output, which the region after it can do for
 free while it reads that output (as Inductor does).
@@ -45,6 +55,7 @@ free while it reads that output (as Inductor does).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 from collections.abc import Callable
@@ -126,12 +137,48 @@ def copy_back_cancels(n: fx.Node, limit: int = 4096) -> bool:
     return convs > 0
 
 
+@contextlib.contextmanager
+def ieee_fp32() -> Any:
+    """cuDNN's fp32 convolutions in fp32 (no TF32) inside the block; the setting as it was after."""
+    conv = torch.backends.cudnn.conv
+    was = conv.fp32_precision
+    conv.fp32_precision = "ieee"
+    try:
+        yield
+    finally:
+        conv.fp32_precision = was
+
+
+def convolution_fp32(*args: Any) -> Any:
+    """`aten.convolution` with cuDNN's TF32 off: what a rewritten fp32 convolution calls."""
+    with ieee_fp32():
+        return CONV(*args)
+
+
+convolution_fp32._schema = CONV._schema  # type: ignore[attr-defined]  # alias info (stepgraphs, tidy)
+convolution_fp32.solforge_op = CONV  # type: ignore[attr-defined]  # the op it stands for (profile)
+
+
+def _rewritten_call(x: torch.Tensor, tf32: bool = False) -> Callable[..., Any]:
+    """What a rewritten convolution of input `x` calls: an fp32 one that does not round through
+    TF32 as written (`tf32`) keeps fp32 (the module doc)."""
+    return convolution_fp32 if x.dtype == torch.float32 and not tf32 else CONV
+
+
+def _rounds_through_tf32(out: torch.Tensor, exact: torch.Tensor) -> bool:
+    """Whether fp32 convolution output `out` is further from `exact` (the same convolution with
+    TF32 off) than fp32 sums in another order are: TF32 keeps 10 bits of mantissa (about 1e-3
+    relative a product), fp32 sums differ by a few ulps (about 1e-7)."""
+    scale = exact.abs().max().item()
+    return scale > 0 and (out - exact).abs().max().item() > 1e-5 * scale
+
+
 def _key(n: fx.Node) -> tuple[Any, ...]:
     """What a convolution's timings depend on: shapes, strides, dtypes, device, whether there is a
     bias, the convolution's parameters (stride, padding, dilation, transposed, output padding, groups)."""
     x, w = _val(n.args[0]), _val(n.args[1])
     return (tuple(x.shape), tuple(x.stride()), x.dtype, tuple(w.shape), w.dtype, str(x.device),
-            n.args[2] is not None, _hashable(tuple(n.args[3:])))
+            n.args[2] is not None, _hashable(tuple(n.args[3:])), torch.backends.cudnn.conv.fp32_precision)
 
 
 @dataclass(frozen=True)
@@ -145,6 +192,7 @@ class ConvTimes:
     last: float
     copy_in: float
     copy_back: float
+    tf32: bool = False  # the convolution as written rounds through TF32 (fp32 only): so may the rewrite
 
 
 @functools.cache
@@ -153,7 +201,7 @@ def _times(key: tuple[Any, ...]) -> ConvTimes | None:
     memory, an unsupported convolution: it stays as written)."""
     from solforge.tune.timing import time_kernel
 
-    xshape, xstride, dtype, wshape, wdtype, device, has_bias, rest = key
+    xshape, xstride, dtype, wshape, wdtype, device, has_bias, rest, _precision = key
     fmt = _format(len(xshape))
     transposed, groups = rest[3], rest[5]
     try:
@@ -163,16 +211,18 @@ def _times(key: tuple[Any, ...]) -> ConvTimes | None:
         channels = wshape[1] * groups if transposed else wshape[0]
         b = torch.randn(channels, dtype=wdtype, device=device, generator=g) if has_bias else None
         x_last = x.contiguous(memory_format=fmt)
-        out = CONV(x_last, w.contiguous(memory_format=fmt), b, *rest)
+        tf32 = dtype == torch.float32 and _rounds_through_tf32(CONV(x, w, b, *rest), convolution_fp32(x, w, b, *rest))
+        conv = _rewritten_call(x, tf32)
+        out = conv(x_last, w.contiguous(memory_format=fmt), b, *rest)
         runs = [time_kernel(lambda: CONV(x, w, b, *rest), "cuda"),
-                time_kernel(lambda: CONV(x_last, w.clone(memory_format=fmt), b, *rest), "cuda"),
+                time_kernel(lambda: conv(x_last, w.clone(memory_format=fmt), b, *rest), "cuda"),
                 time_kernel(lambda: x.clone(memory_format=fmt), "cuda"),
                 time_kernel(lambda: out.clone(memory_format=torch.contiguous_format), "cuda")]
     except Exception:  # noqa: BLE001 - out of memory or an unsupported convolution: leave it as written
         return None
     if not all(r.ok for r in runs):
         return None
-    return ConvTimes(*(r.p50_us for r in runs))
+    return ConvTimes(*(r.p50_us for r in runs), tf32=tf32)
 
 
 def node_times(n: fx.Node) -> ConvTimes | None:
@@ -577,12 +627,15 @@ def channels_last_convolutions(gm: fx.GraphModule, decide: Callable[[fx.Node], b
         decide = islands(gm).__contains__
     graph, done = gm.graph, 0
     backs: list[fx.Node] = []
+    calls: list[tuple[fx.Node, Callable[..., Any]]] = []
     for n in list(graph.nodes):
         if not candidate(n) or not decide(n):
             continue
         x, w = n.args[0], n.args[1]
         xv, wv = _val(x), _val(w)
         fmt = _format(xv.dim())
+        times = node_times(n) if xv.dtype == torch.float32 else None  # before the node changes
+        call = _rewritten_call(xv, times is not None and times.tf32)
         # the new nodes' values first: a convolution whose values cannot be made stays untouched
         rest = [_val(v) if isinstance(v, fx.Node) else v for v in n.args[2:]]
         xcv = _fake(lambda t, f=fmt: t.clone(memory_format=f), xv)
@@ -606,6 +659,7 @@ def channels_last_convolutions(gm: fx.GraphModule, decide: Callable[[fx.Node], b
         back.meta["val"] = backv
         n.replace_all_uses_with(back, delete_user_cb=lambda u, b=back: u is not b)
         backs.append(back)
+        calls.append((n, call))
         done += 1
     for node in graph.nodes:  # the shared copies are this pass's bookkeeping only
         node.meta.pop(_COPY, None)
@@ -613,4 +667,7 @@ def channels_last_convolutions(gm: fx.GraphModule, decide: Callable[[fx.Node], b
         graph.lint()
         gm.recompile()
         cancel_copies(gm, backs)
+        for n, call in calls:  # after the islands: they find the rewritten convolutions by their op
+            n.target = call
+        gm.recompile()
     return done
