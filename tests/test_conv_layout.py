@@ -319,6 +319,59 @@ def test_the_bias_moves_into_the_region_after_the_convolution(case: str) -> None
     torch.testing.assert_close(got[0] if isinstance(got, tuple | list) else got, want, rtol=1e-5, atol=1e-5)
 
 
+POOLED: dict[str, tuple[Any, bool]] = {
+    # (the graph after a biased convolution, whether the bias moves past its pool)
+    "max_pool2d": (lambda y: torch.sigmoid(F.max_pool2d(y, 2)), True),
+    "max_pool2d_ceil_strided": (lambda y: F.max_pool2d(y, 3, 2, 1, ceil_mode=True) * 2.0, True),
+    "avg_pool2d_sum": (lambda y: torch.sigmoid(F.avg_pool2d(y, 2)).sum(dim=(1, 2, 3)), True),
+    "avg_pool2d_ceil": (lambda y: F.avg_pool2d(y, 3, 2, ceil_mode=True) - 1.0, True),
+    "avg_pool2d_padding_excluded": (lambda y: F.avg_pool2d(y, 3, 1, 1, count_include_pad=False) * 3.0, True),
+    "adaptive_avg_pool2d": (lambda y: F.adaptive_avg_pool2d(y, (2, 3)).tanh(), True),
+    # padded zeros counted: avg(x + b) is not avg(x) + b at the edges
+    "avg_pool2d_padding_counted": (lambda y: F.avg_pool2d(y, 3, 1, 1) * 3.0, False),
+    "avg_pool2d_divisor": (lambda y: F.avg_pool2d(y, 2, divisor_override=3) * 3.0, False),
+}
+
+
+@pytest.mark.parametrize("case", list(POOLED))
+def test_the_bias_moves_past_a_pool_that_commutes_with_it(case: str) -> None:
+    """A convolution read by a pool alone gets its bias added to the pooled result (k times
+    fewer elements) where the pool commutes with a per-channel add; values as eager's."""
+    after, moves = POOLED[case]
+    x, w, b = _r(2, 3, 11, 9), _r(5, 3, 3, 3, seed=1), _r(5, seed=2)
+
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return after(F.conv2d(x, w, b))
+
+    gm = trace(f, x, w, b)
+    assert L.strip_bias(gm, where=lambda n: True) == int(moves)
+    (conv,) = _convs(gm)
+    assert (conv.args[2] is None) == moves
+    if moves:
+        (add,) = [n for n in gm.graph.nodes if n.target is aten.add.Tensor]
+        pooled = add.args[0]
+        assert pooled is not conv and (pooled.args[0] is conv or pooled.args[0].args[0] is conv)
+    torch.testing.assert_close(gm(x, w, b), f(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_the_bias_moves_into_an_eval_batch_norm() -> None:
+    """nn.BatchNorm2d in eval mode reads the convolution (native_batch_norm, training False): the
+    bias goes to its region; in training (the running statistics written) it stays."""
+    torch.manual_seed(0)
+    conv, bn = torch.nn.Conv2d(3, 6, 3).to(DEVICE), torch.nn.BatchNorm2d(6).to(DEVICE)
+    bn.running_mean.normal_()
+    x = _r(2, 3, 9, 7)
+    for training, moves in ((False, True), (True, False)):
+        args = (x, conv.weight.detach(), conv.bias.detach(), bn.running_mean.clone(), bn.running_var.clone(),
+                bn.weight.detach(), bn.bias.detach())
+        gm = trace(lambda x, w, b, m, v, g, s, t=training: F.batch_norm(F.conv2d(x, w, b), m, v, g, s, t) * 2.0,
+                   *args)
+        want = gm(*args)
+        assert L.strip_bias(gm, where=lambda n: True) == int(moves)
+        if not training:
+            torch.testing.assert_close(gm(*args), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("mode", ["inference", "train"])
 def test_optimize_with_the_bias_moved_and_channels_last(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     """Conv2d with a bias, then ReLU and a scale: with the bias moved and the layout forced (the GPU
