@@ -4,6 +4,7 @@ them. The timing decision is the GPU's (off the GPU nothing is rewritten); here 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -354,6 +355,11 @@ def test_the_bias_moves_past_a_pool_that_commutes_with_it(case: str) -> None:
     torch.testing.assert_close(gm(x, w, b), f(x, w, b), rtol=1e-5, atol=1e-5)
 
 
+def _conv_bn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+             g: torch.Tensor, s: torch.Tensor, training: bool) -> torch.Tensor:
+    return F.batch_norm(F.conv2d(x, w, b), m, v, g, s, training) * 2.0
+
+
 def test_the_bias_moves_into_an_eval_batch_norm() -> None:
     """nn.BatchNorm2d in eval mode reads the convolution (native_batch_norm, training False): the
     bias goes to its region; in training (the running statistics written) it stays."""
@@ -364,8 +370,7 @@ def test_the_bias_moves_into_an_eval_batch_norm() -> None:
     for training, moves in ((False, True), (True, False)):
         args = (x, conv.weight.detach(), conv.bias.detach(), bn.running_mean.clone(), bn.running_var.clone(),
                 bn.weight.detach(), bn.bias.detach())
-        gm = trace(lambda x, w, b, m, v, g, s, t=training: F.batch_norm(F.conv2d(x, w, b), m, v, g, s, t) * 2.0,
-                   *args)
+        gm = trace(functools.partial(_conv_bn, training=training), *args)
         want = gm(*args)
         assert L.strip_bias(gm, where=lambda n: True) == int(moves)
         if not training:
