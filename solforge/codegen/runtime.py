@@ -23,10 +23,20 @@ from solforge import settings
 from solforge.codegen import layout
 from solforge.codegen.lower import Lowered
 from solforge.codegen.schedule import Schedule, heuristic, is_valid, tile_axes
-from solforge.codegen.triton_gen import I32_MAX, KERNEL, generate, needs_index64, passes, reductions
+from solforge.codegen.triton_gen import (
+    I32_MAX,
+    KERNEL,
+    Runs,
+    generate,
+    linear_runs,
+    needs_index64,
+    passes,
+    recorded_runs,
+    reductions,
+)
 from solforge.kernels.launch import launch as _launch
 
-_KERNELS: dict[tuple[str, Schedule], Any] = {}
+_KERNELS: dict[tuple[str, Schedule, Runs], Any] = {}
 
 
 def cache_dir() -> Path:
@@ -47,12 +57,15 @@ def source_file(source: str) -> Path:
     return path
 
 
-def kernel(region: Lowered, sched: Schedule) -> Any:
-    """The @triton.jit kernel of a region under a schedule (generated, written and imported once)."""
-    key = (region.ir.key, sched)
+def kernel(region: Lowered, sched: Schedule, runs: Runs | None = None) -> Any:
+    """The @triton.jit kernel of a region under a schedule for tensors of linear runs `runs`
+    (triton_gen.linear_runs; default: the strides the region recorded), generated, written and
+    imported once."""
+    runs = runs if runs is not None else recorded_runs(region)
+    key = (region.ir.key, sched, runs)
     k = _KERNELS.get(key)
     if k is None:
-        path = source_file(generate(region, sched))
+        path = source_file(generate(region, sched, runs))
         spec = importlib.util.spec_from_file_location(f"solforge_generated_{path.stem}", path)
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
@@ -105,7 +118,7 @@ def run(region: Lowered, schedule: Schedule | None, inputs: Sequence[torch.Tenso
     for t in (*inputs, *outs):
         args += [s for n, s in zip(t.shape, t.stride(), strict=True) if n != 1]
     sp = region.space
-    k = kernel(region, sched)
+    k = kernel(region, sched, tuple(linear_runs(t.shape, t.stride()) for t in (*inputs, *outs)))
     if not region.reduces and sched.variant == "tiles":
         fast, slow = tile_axes(sched, region)
         n = triton.cdiv(sp.shape[fast], sched.block) * triton.cdiv(sp.shape[slow], sched.rblock)

@@ -24,6 +24,14 @@ a constexpr PHASE: one launch per reduction stage, each writing fp32 partials to
 after combining the earlier stages' partials, then one that stores. A transposing pointwise region
 under `tiles` is indexed by two tile axes and the program id (`_pointwise_tiles`). Shapes are literals of the source
 (a generated kernel is for one region, whose key holds its shapes); strides are arguments.
+Where a tensor's memory is one linear range over a run of its dims (`linear_runs`: each dim's
+stride is the next one's times its size; a contiguous (N, C, D, H, W) over C, D, H, W) and the
+index along the run was cut from one linear index (`delin`: a reshape of the loop), the address is
+that linear index times the run's last stride, not the sum of its div/mod digits times theirs:
+Triton then sees the loads along the loop's fastest index as contiguous and vectorizes them (a
+GroupNorm over (16, 128, 34, 34, 34) read its input through four digits per element). The runs
+are part of the kernel (`generate`'s `runs`): the launcher builds one per runs of the tensors it is
+given, so any strides still work.
 Arithmetic is fp32 (loads upcast, stores cast to the output's dtype); explicit casts to bf16/fp16
 round as the graph does. Every tail is masked; masks known to be all-true are left out.
 """
@@ -34,7 +42,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 
-from solforge.codegen import online
+from solforge.codegen import layout, online
 from solforge.codegen.lower import ARG_FNS, KNode, Lowered
 from solforge.codegen.schedule import Schedule, split_chunk, tile_axes
 
@@ -145,9 +153,44 @@ def _cstrides(shape: Sequence[int]) -> list[int]:
     return out[::-1]
 
 
+Runs = tuple[tuple[tuple[int, ...], ...], ...]  # per tensor (inputs, then outputs): its linear runs
+
+
+def linear_runs(shape: Sequence[int], stride: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """The maximal runs of consecutive dims of size > 1 over which a tensor's memory is one linear
+    range (stride[a] == stride[b] * shape[b] for neighbours a < b), each of two dims or more."""
+    dims = [d for d, n in enumerate(shape) if n != 1]
+    out: list[tuple[int, ...]] = []
+    run: list[int] = []
+    for d in dims:
+        if run and stride[run[-1]] == stride[d] * shape[d]:
+            run.append(d)
+            continue
+        if len(run) > 1:
+            out.append(tuple(run))
+        run = [d]
+    if len(run) > 1:
+        out.append(tuple(run))
+    return tuple(out)
+
+
+def recorded_runs(region: Lowered) -> Runs:
+    """The linear runs of the region's inputs and outputs at the strides its IR recorded (outputs:
+    as the launcher allocates them, dense as recorded or contiguous)."""
+    ir = region.ir
+    outs = []
+    for r in ir.outputs:
+        m = ir.out_meta(r)
+        outs.append(linear_runs(m.shape, m.stride if layout.dense(m.shape, m.stride) else _cstrides(m.shape)))
+    return tuple(linear_runs(m.shape, m.stride) for m in ir.inputs) + tuple(outs)
+
+
 class _Gen:
-    def __init__(self, region: Lowered, sched: Schedule, index64: bool) -> None:
+    def __init__(self, region: Lowered, sched: Schedule, index64: bool, runs: Runs | None = None) -> None:
         self.r, self.s, self.g = region, sched, region.graph
+        self.runs = runs if runs is not None else recorded_runs(region)
+        # (index tuple, sizes) of a run of dims that `delin` cut from one linear index -> that index
+        self.linear: dict[tuple[tuple[str, ...], tuple[int, ...]], str] = {}
         self.lines: list[str] = []
         self.depth = 1
         self.scopes: list[dict[tuple[int, tuple[str, ...]], tuple[str, str]]] = [{}]
@@ -206,10 +249,54 @@ class _Gen:
             if d > 0:
                 e = f"{_p(e)} % {n}"
             out.append(self.ivar(e))
+        self._remember_runs(lin, out, shape)
         return tuple(out)
 
-    @staticmethod
-    def lin(idx: Sequence[str], shape: Sequence[int]) -> str:
+    def _remember_runs(self, lin: str, idx: Sequence[str], shape: Sequence[int]) -> None:
+        """Each run of two or more dims of a `delin` (size-1 dims left out) -> its linear index."""
+        dims = [d for d, n in enumerate(shape) if n != 1]
+        for a in range(len(dims)):
+            for b in range(a + 1, len(dims)):
+                run = dims[a:b + 1]
+                inner = math.prod(shape[d] for d in dims[b + 1:])
+                e = lin if inner == 1 else f"{_p(lin)} // {inner}"
+                if a > 0:
+                    e = f"{_p(e)} % {math.prod(shape[d] for d in run)}"
+                self.linear.setdefault((tuple(idx[d] for d in run), tuple(shape[d] for d in run)), e)
+
+    def address(self, idx: Sequence[str], shape: Sequence[int], runs: tuple[tuple[int, ...], ...],
+                stride: Callable[[int], str]) -> list[str]:
+        """The terms of the offset of `idx` in a tensor of `shape` (stride name of dim d: stride(d)):
+        along each of its linear runs, the longest pieces whose index came from one linear index
+        (`delin`) as that index times the piece's last stride, every other dim as index x stride."""
+        in_run = {d: run for run in runs for d in run}
+        terms: list[str] = []
+        d, n = 0, len(shape)
+        while d < n:
+            if shape[d] == 1 or idx[d] == "0":
+                d += 1
+                continue
+            run = in_run.get(d, ())
+            rest = [x for x in run if x >= d]
+            for end in range(len(rest), 1, -1):
+                piece = rest[:end]
+                lin = self.linear.get((tuple(idx[x] for x in piece), tuple(shape[x] for x in piece)))
+                if lin is not None:
+                    terms.append(f"{_p(lin)} * {stride(piece[-1])}")
+                    d = piece[-1] + 1
+                    break
+            else:
+                terms.append(f"{_p(idx[d])} * {stride(d)}")
+                d += 1
+        return terms
+
+    def lin(self, idx: Sequence[str], shape: Sequence[int]) -> str:
+        """The linear index of `idx` in `shape`: the one `delin` cut it from where it did."""
+        live = [d for d, n in enumerate(shape) if n != 1]
+        if len(live) > 1:
+            known = self.linear.get((tuple(idx[d] for d in live), tuple(shape[d] for d in live)))
+            if known is not None:
+                return known
         terms = [i if c == 1 else f"{_p(i)} * {c}" for i, c, n in zip(idx, _cstrides(shape), shape, strict=True)
                  if n != 1 and i != "0"]
         return " + ".join(terms) if terms else "0"
@@ -356,8 +443,7 @@ class _Gen:
 
     def load(self, node: KNode, idx: tuple[str, ...]) -> str:
         i = node.params[0]
-        terms = [f"{_p(x)} * s_in{i}_{d}" for d, (x, n) in enumerate(zip(idx, node.shape, strict=True))
-                 if n != 1 and x != "0"]
+        terms = self.address(idx, node.shape, self.runs[i], lambda d: f"s_in{i}_{d}")
         if not terms:
             e = f"tl.load(in{i})"
         else:
@@ -431,8 +517,7 @@ class _Gen:
     def store(self, k: int, o: int, idx: tuple[str, ...], base: str) -> None:
         node = self.g.nodes[o]
         v, _ = self.value(o, idx)
-        terms = [f"{_p(x)} * s_out{k}_{d}" for d, (x, n) in enumerate(zip(idx, node.shape, strict=True))
-                 if n != 1 and x != "0"]
+        terms = self.address(idx, node.shape, self.runs[len(self.r.ir.inputs) + k], lambda d: f"s_out{k}_{d}")
         off = " + ".join(terms) if terms else f"0 * {_p(base)}"
         mask = self.mask_for(off) if terms else (self.rmask if base == "rr" else "m" if (self.rmask or self.kmask)
                                                   else None)
@@ -509,9 +594,10 @@ def passes(region: Lowered, sched: Schedule) -> list[int]:
     return sorted({stages[i] for i in reductions(region) if i not in fused})
 
 
-def generate(region: Lowered, sched: Schedule) -> str:
-    """The module source: imports, then one kernel `generated_kernel(*_arg_names)`."""
-    g = _Gen(region, sched, needs_index64(region))
+def generate(region: Lowered, sched: Schedule, runs: Runs | None = None) -> str:
+    """The module source: imports, then one kernel `generated_kernel(*_arg_names)`, for tensors of
+    linear runs `runs` (inputs, then outputs; default: `recorded_runs`)."""
+    g = _Gen(region, sched, needs_index64(region), runs)
     sp = region.space
     pid = "tl.program_id(0).to(tl.int64)" if g.index64 else "tl.program_id(0)"
     g.line(f"pid = {pid}")
