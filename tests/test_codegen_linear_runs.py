@@ -12,6 +12,7 @@ import re
 import pytest
 import torch
 from codegen_helpers import trace
+from conftest import DEVICE
 
 from solforge.codegen import reference as REF
 from solforge.codegen import regions as RG
@@ -42,7 +43,7 @@ def _gn(n: int, c: int, hw: tuple[int, ...], groups: int) -> tuple[RG.Formed, li
         return _group_norm(torch.relu(x), w, b, n, c, math.prod(hw), groups, 1e-5)[0]
 
     g = torch.Generator().manual_seed(0)
-    xs = [torch.randn((n, c, *hw), generator=g), torch.randn(c, generator=g), torch.randn(c, generator=g)]
+    xs = [torch.randn(s, generator=g).to(DEVICE) for s in ((n, c, *hw), (c,), (c,))]
     (fr,) = RG.form_regions(trace(f, *xs).graph)
     return fr, xs
 
@@ -77,11 +78,11 @@ def test_other_strides_of_the_same_shapes_get_a_kernel_of_their_own(view: str) -
     fr, xs = _gn(2, 6, (3, 5, 7), 3)
     x = xs[0]
     if view == "sliced":  # a slice along W: D, H, W are no linear range
-        x = torch.randn(2, 6, 3, 5, 9)[..., 1:8]
+        x = torch.randn(2, 6, 3, 5, 9, device=DEVICE)[..., 1:8]
     elif view == "channels_last_3d":
         x = x.contiguous(memory_format=torch.channels_last_3d)
     else:
-        x = torch.randn(2, 6, 3, 5, 14)[..., ::2]
+        x = torch.randn(2, 6, 3, 5, 14, device=DEVICE)[..., ::2]
     same = TG.linear_runs(x.shape, x.stride()) == TG.linear_runs(x.shape, xs[0].stride())
     assert x.shape == xs[0].shape and same == (view == "every_other")
     low = fr.lowered

@@ -209,6 +209,11 @@ def test_the_timing_counts_the_copy_back_only_where_no_region_takes_it() -> None
         assert L.copy_back_fuses(conv) is fuses
         # 70 + 10 (+ 20 where the copy back stays) against 0.95 x 100
         assert L.islands(gm, lambda n: times) == ({conv} if fuses else set())
+        (d,) = gm.meta[L.DECISIONS]  # the decision, for the report's notes
+        assert (d.convolutions, d.written_us, d.channels_last_us, d.rewritten) == (1, 100.0, 80.0 + 20 * (not fuses),
+                                                                                   fuses)
+        assert d.text().startswith("1 convolution(s) channels-last: 100 µs as written, 80 µs" if fuses else
+                                   "1 convolution(s) left as written: 100 µs as written, 100 µs")
     two = trace(lambda x, w1, w2: F.conv2d(F.conv2d(x, w1), w2), _r(2, 5, 9, 11), _r(6, 5, 3, 3, seed=1),
                 _r(4, 6, 3, 3, seed=2))
     first, second = _convs(two)

@@ -292,9 +292,12 @@ def islands(gm: fx.GraphModule, times: Callable[[fx.Node], ConvTimes | None] | N
     training = bool(gm.meta.get("grad_enabled", False))
     groups, fed = _groups(gm.graph)
     chosen: set[fx.Node] = set()
+    decisions: list[Decision] = gm.meta.setdefault(DECISIONS, [])
     for group in groups:
         ts = [times(c) for c in group]
         if any(t is None for t in ts):
+            if torch.cuda.is_available() and all(on_cuda(c) for c in group):  # off the GPU none is timed
+                decisions.append(Decision(len(group), None, None, False))
             continue
         plain = cost = 0.0
         copied: set[Any] = set()
@@ -309,7 +312,33 @@ def islands(gm: fx.GraphModule, times: Callable[[fx.Node], ConvTimes | None] | N
                 cost += t.copy_back
         if cost <= MARGIN * plain:
             chosen.update(group)
+        decisions.append(Decision(len(group), plain, cost, cost <= MARGIN * plain, any(t.tf32 for t in ts)))
     return chosen
+
+
+# gm.meta key: the Decision of each island `islands` weighed (reports show them)
+DECISIONS = "solforge_conv_layout_decisions"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One island's layout decision: its convolutions, their time as written (µs, None: not timed)
+    and channels-last with the copies that stay, whether it was rewritten, whether a convolution
+    of it rounds through TF32 as written."""
+
+    convolutions: int
+    written_us: float | None
+    channels_last_us: float | None
+    rewritten: bool
+    tf32: bool = False
+
+    def text(self) -> str:
+        if self.written_us is None or self.channels_last_us is None:
+            return f"{self.convolutions} convolution(s) left as written: a timing failed"
+        way = "channels-last" if self.rewritten else "left as written"
+        return (f"{self.convolutions} convolution(s) {way}: {self.written_us:.0f} µs as written, "
+                f"{self.channels_last_us:.0f} µs channels-last with its copies (rewritten at <= {MARGIN:.0%})"
+                + ("; TF32 as written" if self.tf32 else ""))
 
 
 def _fake(fn: Callable[..., Any], *vals: Any) -> Any:

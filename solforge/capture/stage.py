@@ -13,6 +13,7 @@ import torch
 from solforge import settings
 from solforge.capture.backend import SolforgeBackend, capture
 from solforge.capture.cache import LoweringCache
+from solforge.capture.layout import DECISIONS
 from solforge.errors import UserError
 
 
@@ -59,4 +60,6 @@ def capture_notes(captured: SolforgeBackend, cache: LoweringCache | None) -> lis
     if layouts:
         notes.append(f"convolutions: {layouts} run channels-last, timed faster that way on this GPU with the copies "
                      "in and out counted (capture/layout.py; SOLFORGE_CONV_LAYOUT=0 turns it off)")
+    decisions = [d for g in captured.graphs if g.aten is not None for d in g.aten.meta.get(DECISIONS, ())]
+    notes += [f"convolution layout: {d.text()}" for d in decisions]
     return notes
