@@ -1,4 +1,6 @@
-"""The online max / sum-of-exp pattern of a kernel graph (softmax, log_softmax, logsumexp, cross-entropy).
+"""The online patterns of a kernel graph: max / sum-of-exp (softmax, log_softmax, logsumexp,
+cross-entropy) and sum / sum of squared deviations (mean and variance: LayerNorm, GroupNorm,
+InstanceNorm, BatchNorm statistics, var, std).
 
 A `max` reduction M over the loop's reduced dims, and a `sum` reduction S one stage later over
 exp(c * (A - B)) (or exp2), where
@@ -23,6 +25,19 @@ import math
 from dataclasses import dataclass
 
 from solforge.codegen.lower import KernelGraph, KNode, Lowered
+
+VAR_DOC = """
+A `sum` reduction S1 of A over the loop's reduced dims, and a `sum` reduction S2 one stage later of
+D * D, where D = A - S1 / K (K the reduced extent: the mean as the lowering writes it, through
+reshapes) and A depends on no reduction of S1's stage or later: S2 is the sum of squared deviations
+from the mean (var = S2 / (K - correction)). A chunked schedule with `online` computes S2 in S1's
+pass (Welford): each lane keeps its count n, running mean m and sum of squared deviations q, a new
+value x adding d = x - m, m += d / n, q += d * (x - m); the lanes are combined with S1 (the plain
+sum, as without the pair) as S2 = sum(q_i + n_i * (m_i - S1 / K)^2) (Chan et al.), so a GroupNorm
+reads its input twice (statistics, then the normalized store), not three times. A split writes each
+program's q (about its own mean) and the next phase combines the programs' (S1, q) the same way,
+each program's count known from its share of the row.
+"""
 
 
 @dataclass(frozen=True)
@@ -126,4 +141,46 @@ def pairs(region: Lowered) -> list[Pair]:
             continue
         used.add(mx)
         out.append(Pair(mx, sm, en.fn, c, (e, *chain), b))
+    return out
+
+
+@dataclass(frozen=True)
+class VarPair:
+    s1: int  # the sum node (the mean's numerator)
+    s2: int  # the sum of squared deviations node
+    a: int  # S1's operand
+
+
+def _is_mean_of(g: KernelGraph, b: int, s1: int, count: int) -> bool:
+    """Whether node b is S1 / count (through reshapes on either side)."""
+    n = g.nodes[_unview(g, b)]
+    return n.kind == "pw" and n.fn == "div" and len(n.inputs) == 2 and _unview(g, n.inputs[0]) == s1 and \
+        _const(g, n.inputs[1]) == float(count)
+
+
+def var_pairs(region: Lowered) -> list[VarPair]:
+    """The region's (sum, sum of squared deviations) pairs (VAR_DOC), at most one per sum."""
+    g, an = region.graph, region.analysis
+    if region.scans:  # as `pairs`
+        return []
+    stages, deps, count = an.stages, _reduce_deps(g), region.space.cols
+    out: list[VarPair] = []
+    used: set[int] = set()
+    for s2, n in enumerate(g.nodes):
+        if n.kind != "reduce" or n.fn != "sum":
+            continue
+        sq = g.nodes[n.inputs[0]]
+        if sq.kind != "pw" or sq.fn != "mul" or len(sq.inputs) != 2 or sq.inputs[0] != sq.inputs[1]:
+            continue
+        d = g.nodes[sq.inputs[0]]
+        if d.kind != "pw" or d.fn != "sub" or len(d.inputs) != 2:
+            continue
+        a, b = d.inputs
+        s1 = next((i for i in deps[b] if g.nodes[i].kind == "reduce" and g.nodes[i].fn == "sum"
+                   and _is_mean_of(g, b, i, count)), None)
+        if s1 is None or s1 in used or g.nodes[s1].inputs[0] != a or g.nodes[s1].params[0] != n.params[0] or \
+                stages[s2] != stages[s1] + 1 or any(stages[r] >= stages[s1] for r in deps[a]):
+            continue
+        used.add(s1)
+        out.append(VarPair(s1, s2, a))
     return out

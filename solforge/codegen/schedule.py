@@ -30,7 +30,8 @@
              result every run). Any number of stages (var's mean then squares, softmax's max then
              sum) splits this way, at one launch per stage.
 `online` (looped, split, and tiles whose `rblock` is narrower than the reduced extent or split):
-each online pair of the region (online.py: a `max` and, one stage later, a `sum` of exp(c * (A -
+each (sum, sum of squared deviations) pair (online.py's VAR_DOC: a mean and a variance, Welford's
+way) in one pass, and each online pair of the region (online.py: a `max` and, one stage later, a `sum` of exp(c * (A -
 max)) over the same dims: softmax, log_softmax, logsumexp, cross-entropy) in one pass, a running
 max and a rescaled sum per lane, so a chunked softmax reads its row twice (max and sum, then the
 store), not three times; a split writes each program's (max, sum) partials and the next phase
@@ -39,7 +40,7 @@ has a pair and the schedule is chunked (not `rows`, which reads once anyway). Th
 every chunked schedule with and without it (the tuner measures both); the heuristic takes it
 where its pick is chunked. `online` = 2 keeps the running max per row instead of per lane: each
 chunk's max is reduced across lanes first (a cross-lane reduction per chunk for one rescaling exp per
-row instead of one per element); in the space for looped and split.
+row instead of one per element; softmax pairs only); in the space for looped and split.
 `contig` is the dim of the loop whose index the tile walks fastest: for `tiles` a kept dim (the
 row index is decomposed with it innermost) or one of a transpose's two dims; for the others the
 last dim of the loop, or of the reduced dims for a reduction (what the flat index walks fastest),
@@ -145,7 +146,8 @@ def online_ok(schedule: Schedule, region: Lowered) -> bool:
     c = schedule
     chunked = c.variant in ("looped", "split") or (c.variant == "tiles" and (
         c.splits > 1 or c.rblock < triton.next_power_of_2(max(region.space.cols, 1))))
-    return c.online in (1, 2) and region.reduces and chunked and bool(online.pairs(region))
+    return c.online in (1, 2) and region.reduces and chunked and bool(online.pairs(region) or (
+        c.online == 1 and online.var_pairs(region)))
 
 
 def is_valid(schedule: Schedule, region: Lowered) -> bool:
@@ -250,7 +252,7 @@ def space(region: Lowered) -> list[Schedule]:
                     out += [Schedule("looped", block, r, w, cd) for w in (1, 2, 4, 8)
                             if 1 <= r * block // (32 * w) <= 32]
         out += _tiles_space(region) + _split_space(region)
-        if online.pairs(region):  # each chunked schedule also with its online pairs in one pass
+        if online.pairs(region) or online.var_pairs(region):  # each chunked schedule also with its pairs in one pass
             out += [dataclasses.replace(c, online=1) for c in out if c.variant in ("looped", "tiles", "split")] + \
                 [dataclasses.replace(c, online=2) for c in out if c.variant in ("looped", "split")]
     seen: set[Schedule] = set()
@@ -342,5 +344,5 @@ def heuristic(region: Lowered) -> Schedule:
     while not is_valid(c, region) and c.num_warps < 32:
         c = dataclasses.replace(c, num_warps=c.num_warps * 2)
     if online_ok(dataclasses.replace(c, online=1), region) and is_valid(dataclasses.replace(c, online=1), region):
-        c = dataclasses.replace(c, online=1)  # a chunked softmax's max and sum of exp in one pass
+        c = dataclasses.replace(c, online=1)  # a chunked softmax's max and sum of exp, a mean and variance: one pass
     return c

@@ -590,7 +590,8 @@ def passes(region: Lowered, sched: Schedule) -> list[int]:
     """The reduction stages a schedule makes a pass for (split: a launch each, then one that
     stores): every stage, less one whose reductions are all online pairs' sums (run in their max's)."""
     stages = region.analysis.stages
-    fused = {p.sm for p in online.pairs(region)} if sched.online else set()
+    fused = {p.sm for p in online.pairs(region)} | {v.s2 for v in online.var_pairs(region)} if sched.online \
+        else set()
     return sorted({stages[i] for i in reductions(region) if i not in fused})
 
 
@@ -688,7 +689,10 @@ class _Reduction:
         self.row_outs = [(k, o) for k, o in outs if (k, o) not in self.loop_outs]
         # online (schedule.online): max node -> its pair; the pair's sum is computed in the max's pass
         self.pairs = {p.mx: p for p in online.pairs(region)} if sched.online and self.looped else {}
-        self.fused = {p.sm: p for p in self.pairs.values()}
+        # online: sum node -> its (sum, sum of squared deviations) pair, the second in the first's pass
+        self.vpairs = {v.s1: v for v in online.var_pairs(region)} if sched.online and self.looped else {}
+        # a pair's second reduction -> its first (in whose pass it is computed)
+        self.fused = {p.sm: p.mx for p in self.pairs.values()} | {v.s2: v.s1 for v in self.vpairs.values()}
 
     def emit(self) -> None:
         g, s = self.g, self.sched
@@ -791,6 +795,10 @@ class _Reduction:
                 for om, os_ in ons.values():
                     g.line(f'{om} = tl.full({mshape}, float("-inf"), tl.float32)')
                     g.line(f"{os_} = tl.full({self.shape}, 0.0, tl.float32)")
+                for state in (wel := {i: tuple(g.fresh(x) for x in ("wn", "wm", "wq")) for i in mine
+                                      if i in self.vpairs}).values():
+                    for x in state:
+                        g.line(f"{x} = tl.full({self.shape}, 0.0, tl.float32)")
                 loop = self.open_loop()
             for i in mine:
                 node = g.g.nodes[i]
@@ -801,6 +809,8 @@ class _Reduction:
                 if self.looped:
                     a = accs[i]
                     g.line(f"{a} = " + _COMBINE[node.fn].format(a=a, v=full))
+                    if i in wel:
+                        self.welford_step(wel[i], v)
                 else:
                     a = g.fresh("c")
                     g.line(f"{a} = {full}")
@@ -820,6 +830,8 @@ class _Reduction:
                 if self.split:
                     m = f", mask={g.rmask}" if g.rmask else ""
                     g.line(f"tl.store(ws + {self._ws(i, 'sp')}, {res}{m})")
+                if self.looped and i in wel:
+                    self.welford_final(self.vpairs[i], wel[i], res)
             for key, acc in paccs.items():
                 val, idx = self.arg_final(key[1], acc)
                 for i in pairs[key]:
@@ -955,6 +967,55 @@ class _Reduction:
             g.line(f'{sm} = tl.where({mx} == float("-inf"), {sm} + 0.0 * {inf_sum}, {sm})')
         g.acc[p.sm] = sm
 
+    def welford_step(self, state: tuple[str, str, str], v: str) -> None:
+        """One chunk of a (sum, sum of squared deviations) pair (online.VAR_DOC): each lane's count
+        `wn`, running mean `wm` and sum of squared deviations `wq` take the chunk's value (masked
+        lanes: unchanged)."""
+        g = self.g
+        wn, wm, wq = state
+        x, dl = g.fresh("wx"), g.fresh("wd")
+        g.line(f"{x} = tl.broadcast_to({v}, {self.shape})")
+        masked = bool(g.rmask or g.kmask)
+        g.line(f"{wn} = {wn} + " + ("tl.where(m, 1.0, 0.0)" if masked else "1.0"))
+        g.line(f"{dl} = {x} - {wm}")
+        if masked:
+            g.line(f"{wm} = {wm} + tl.where(m, {dl} / tl.maximum({wn}, 1.0), 0.0)")
+            g.line(f"{wq} = {wq} + tl.where(m, {dl} * ({x} - {wm}), 0.0)")
+        else:
+            g.line(f"{wm} = {wm} + {dl} / {wn}")
+            g.line(f"{wq} = {wq} + {dl} * ({x} - {wm})")
+
+    def welford_final(self, vp: online.VarPair, state: tuple[str, str, str], total: str) -> None:
+        """The lanes of a pair combined per row with its sum `total` (Chan et al.): S2 = sum(q_i +
+        n_i * (m_i - mean)^2), mean = total / count; a split's program writes its own (about its
+        own mean, its count the lanes' counts) to S2's place in the workspace."""
+        g = self.g
+        wn, wm, wq = state
+        cnt, mean, q = g.fresh("wc"), g.fresh("wmean"), g.fresh("red")
+        if self.split:
+            g.line(f"{cnt} = tl.maximum(tl.sum({wn}, axis={self.kax}){self.rsl}, 1.0)")
+        else:
+            g.line(f"{cnt} = {float(self.K)}")
+        g.line(f"{mean} = {total} / {cnt}")
+        g.line(f"{q} = tl.sum({wq} + {wn} * ({wm} - {mean}) * ({wm} - {mean}), axis={self.kax}){self.rsl}")
+        if self.split:
+            m = f", mask={g.rmask}" if g.rmask else ""
+            g.line(f"tl.store(ws + {self._ws(vp.s2, 'sp')}, {q}{m})")
+        g.acc[vp.s2] = q
+
+    def welford_combine(self, vp: online.VarPair, parts: str, total: str, masks: list[str]) -> None:
+        """A split's programs' (sum, S2) partials of a pair combined per row, in a fixed order: each
+        program's count is its share of the row (clamped: programs past the row's end hold none)."""
+        g = self.g
+        qs, ns, q = g.fresh("part"), g.fresh("wns"), g.fresh("red")
+        m = ", mask=wm, other=0.0" if masks else ""
+        g.line(f"{qs} = tl.load(ws + {self._ws(vp.s2, 'si')}{m})")
+        chunk = split_chunk(self.sched, self.region)
+        g.line(f"{ns} = tl.minimum(tl.maximum({self.K} - si * {chunk}, 0), {chunk}).to(tl.float32)")
+        dev = f"({parts} / tl.maximum({ns}, 1.0) - {total} / {float(self.K)})"
+        g.line(f"{q} = tl.sum({qs} + {ns} * {dev} * {dev}, axis={self.kax}){self.rsl}")
+        g.acc[vp.s2] = q
+
     def arg_final(self, d: str, acc: tuple[str, str]) -> tuple[str, str]:
         """(value, index) of each row from a pair tile: a row holding a NaN gives NaN at its first
         NaN's index, else the max (min) at the smallest index holding it."""
@@ -980,7 +1041,7 @@ class _Reduction:
         stage, combined with it)."""
         g, s = self.g, self.sched
         stages = self.region.analysis.stages
-        earlier = [i for i in self.reduces if stages[self.fused[i].mx if i in self.fused else i] < stage]
+        earlier = [i for i in self.reduces if stages[self.fused.get(i, i)] < stage]
         if not earlier:
             return
         sp2 = _next_pow2(s.splits)
@@ -1004,6 +1065,8 @@ class _Reduction:
             res = g.fresh("red")
             g.line(f"{res} = {_REDUCE[fn]}({p}, axis={self.kax}){self.rsl}")
             g.acc[i] = res
+            if i in self.vpairs:
+                self.welford_combine(self.vpairs[i], p, res, masks)
 
     def row_index(self, o: int) -> tuple[str, ...]:
         """The index in output node o (numel = rows) of this program's rows."""
