@@ -410,6 +410,9 @@ def test_optimize_with_the_bias_moved_and_channels_last(monkeypatch: pytest.Monk
                            keep_slower=True, make_inputs=lambda s: (_r(2, 3, 7, 9, seed=s).requires_grad_(train),))
     assert report.e2e is not None and report.e2e.passed, report.notes
     assert any("run channels-last" in n for n in report.notes), report.notes
+    assert any("1 bias(es) added in the region after the convolution" in n for n in report.notes), report.notes
+    assert any(n.startswith("convolution layout: 1 convolution(s) channels-last: 100 µs as written")
+               for n in report.notes), report.notes  # the decision, with its times
     assert any(r.family == "generated" and r.verified for r in report.regions), report.regions
     if train:
         assert report.e2e.grads_compared == 2, report.e2e  # the weight's and the bias's

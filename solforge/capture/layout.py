@@ -316,8 +316,10 @@ def islands(gm: fx.GraphModule, times: Callable[[fx.Node], ConvTimes | None] | N
     return chosen
 
 
-# gm.meta key: the Decision of each island `islands` weighed (reports show them)
+# gm.meta keys: the Decision of each island `islands` weighed, how many biases `strip_bias` moved
+# (reports show them)
 DECISIONS = "solforge_conv_layout_decisions"
+BIASES_MOVED = "solforge_conv_biases_moved"
 
 
 @dataclass(frozen=True)
@@ -694,7 +696,7 @@ def channels_last_convolutions(gm: fx.GraphModule, decide: Callable[[fx.Node], b
 
     if not settings.current().conv_layout:
         return 0
-    strip_bias(gm, strip or on_cuda)
+    gm.meta[BIASES_MOVED] = strip_bias(gm, strip or on_cuda)
     if decide is None:
         decide = islands(gm).__contains__
     graph, done = gm.graph, 0

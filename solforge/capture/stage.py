@@ -13,7 +13,7 @@ import torch
 from solforge import settings
 from solforge.capture.backend import SolforgeBackend, capture
 from solforge.capture.cache import LoweringCache
-from solforge.capture.layout import DECISIONS
+from solforge.capture.layout import BIASES_MOVED, DECISIONS
 from solforge.errors import UserError
 
 
@@ -62,4 +62,8 @@ def capture_notes(captured: SolforgeBackend, cache: LoweringCache | None) -> lis
                      "in and out counted (capture/layout.py; SOLFORGE_CONV_LAYOUT=0 turns it off)")
     decisions = [d for g in captured.graphs if g.aten is not None for d in g.aten.meta.get(DECISIONS, ())]
     notes += [f"convolution layout: {d.text()}" for d in decisions]
+    moved = sum(g.aten.meta.get(BIASES_MOVED, 0) for g in captured.graphs if g.aten is not None)
+    if moved:
+        notes.append(f"convolutions: {moved} bias(es) added in the region after the convolution, not in a pass "
+                     "of ATen's own (capture/layout.py strip_bias)")
     return notes
