@@ -43,7 +43,7 @@ def _gn(n: int, c: int, hw: tuple[int, ...], groups: int) -> tuple[RG.Formed, li
         return _group_norm(torch.relu(x), w, b, n, c, math.prod(hw), groups, 1e-5)[0]
 
     g = torch.Generator().manual_seed(0)
-    xs = [torch.randn(s, generator=g).to(DEVICE) for s in ((n, c, *hw), (c,), (c,))]
+    xs = [torch.randn(s, generator=g, device="cpu").to(DEVICE) for s in ((n, c, *hw), (c,), (c,))]
     (fr,) = RG.form_regions(trace(f, *xs).graph)
     return fr, xs
 

@@ -70,8 +70,8 @@ def _layer_norm(x: torch.Tensor, w: torch.Tensor | None = None, b: torch.Tensor 
 
 
 def _r(*shape: int, seed: int = 0, offset: float = 0.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=g) * 3.0 + offset).to(dtype).to(DEVICE)
+    g = torch.Generator().manual_seed(seed)  # on the CPU whatever the default device (the fixture's)
+    return (torch.randn(shape, generator=g, device="cpu") * 3.0 + offset).to(dtype).to(DEVICE)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

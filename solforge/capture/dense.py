@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from solforge.capture.pointwise import is_pointwise
+
 aten = torch.ops.aten
 MIN_BYTES = 1 << 20
 
@@ -37,8 +39,8 @@ def _val(n: Any) -> Any:
 
 def _pointwise(n: fx.Node) -> bool:
     t = n.target
-    return (n.op == "call_function" and isinstance(t, torch._ops.OpOverload) and torch.Tag.pointwise in t.tags
-            and not t._schema.is_mutable and t not in (aten.clone.default, aten._to_copy.default))
+    return (n.op == "call_function" and is_pointwise(t) and not t._schema.is_mutable
+            and t not in (aten.clone.default, aten._to_copy.default))
 
 
 def _dense(t: torch.Tensor) -> bool:

@@ -65,10 +65,15 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from solforge.capture.pointwise import is_pointwise
+
 aten = torch.ops.aten
 CONV = aten.convolution.default
 # The channels-last way must take at most this fraction of the time of the original way.
 MARGIN = 0.95
+# A copy from this size on is a generated region (plan/generated.py's RELAYOUT_MIN_BYTES; capture does
+# not import plan): timed as the plain copy of its bytes where that is faster than ATen's
+RELAYOUT_BYTES = 1 << 20
 # node meta: the channels-last copy this pass made of a convolution's input (shared by every reader)
 _COPY = "solforge_channels_last_copy"
 
@@ -108,8 +113,7 @@ def copy_back_fuses(n: fx.Node) -> bool:
     concatenation (an Inception module's branches: one region reads every branch's channels-last
     result and writes the concatenation once, as Inductor's kernel does)."""
     return bool(n.users) and all(
-        u.op == "call_function" and isinstance(u.target, torch._ops.OpOverload)
-        and (torch.Tag.pointwise in u.target.tags or u.target is aten.cat.default) for u in n.users)
+        u.op == "call_function" and (is_pointwise(u.target) or u.target is aten.cat.default) for u in n.users)
 
 
 def copy_back_cancels(n: fx.Node, limit: int = 4096) -> bool:
@@ -186,7 +190,12 @@ class ConvTimes:
     """One convolution's device times (µs, p50): as the graph runs it (`plain`); channels-last with
     its input already channels-last and the weight's copy counted (`last`: inside an island); the
     copy of its input to channels-last (`copy_in`: where an island starts) and of its output back
-    (`copy_back`: where one ends)."""
+    (`copy_back`: where one ends). A copy of a MiB or more is a generated region of its own, a
+    transposing kernel (plan/generated.py's `relayouts`), so a copy counts the faster of ATen's and
+    a plain copy of the same bytes: on KernelBench level 2's 54_Conv2d_Multiply_LeakyReLU_GELU
+    (H200, 2026-11-28) ATen's copy of the 1 GB input to channels-last cost as much as cuDNN's own
+    conversions around its TF32 kernel saved, and the island stayed NCHW, while torch.compile's
+    copy took 514 µs and its channels-last convolution won."""
 
     plain: float
     last: float
@@ -218,11 +227,21 @@ def _times(key: tuple[Any, ...]) -> ConvTimes | None:
                 time_kernel(lambda: conv(x_last, w.clone(memory_format=fmt), b, *rest), "cuda"),
                 time_kernel(lambda: x.clone(memory_format=fmt), "cuda"),
                 time_kernel(lambda: out.clone(memory_format=torch.contiguous_format), "cuda")]
+        plain_copies = [time_kernel(lambda: x_last.clone(memory_format=fmt), "cuda"),
+                        time_kernel(lambda: out.clone(memory_format=fmt), "cuda")]
     except Exception:  # noqa: BLE001 - out of memory or an unsupported convolution: leave it as written
         return None
     if not all(r.ok for r in runs):
         return None
-    return ConvTimes(*(r.p50_us for r in runs), tf32=tf32)
+    plain, last, copy_in, copy_back = (r.p50_us for r in runs)
+    for k, (r, nbytes) in enumerate(zip(plain_copies, (x.numel() * x.element_size(), out.numel() * out.element_size()),
+                                        strict=True)):
+        if r.ok and nbytes >= RELAYOUT_BYTES:
+            if k == 0:
+                copy_in = min(copy_in, r.p50_us)
+            else:
+                copy_back = min(copy_back, r.p50_us)
+    return ConvTimes(plain, last, copy_in, copy_back, tf32=tf32)
 
 
 def node_times(n: fx.Node) -> ConvTimes | None:
@@ -363,7 +382,11 @@ def on_cuda(n: fx.Node) -> bool:
 
 # Norms a kernel family matches whose generated alternative takes the producers only it reads
 # (plan/alternatives.py): a bias add before one, through views, joins that alternative
-_NORMS = (aten.native_layer_norm.default, aten.native_group_norm.default)
+# (and BatchNorm: an InstanceNorm is a batch-statistics BatchNorm of the (1, N*C, ...) view of its
+# input, KernelBench level 2's Conv2d_InstanceNorm_Divide kept ATen's 824 µs bias pass, H200)
+_NORMS = (aten.native_layer_norm.default, aten.native_group_norm.default, aten.native_batch_norm.default,
+          aten._native_batch_norm_legit.default, aten._native_batch_norm_legit_no_training.default,
+          aten.cudnn_batch_norm.default)
 
 
 def _into_a_norm(n: fx.Node) -> bool:
@@ -415,8 +438,7 @@ def _into_reductions(n: fx.Node) -> bool:
     if not users or len(users) != len(n.users) or not any(_reduces(u) for u in users):
         return False
     return all((_reduces(u) and u.args[0] is n and n not in u.args[1:])
-               or (isinstance(u.target, torch._ops.OpOverload) and torch.Tag.pointwise in u.target.tags)
-               for u in users)
+               or is_pointwise(u.target) for u in users)
 
 
 _AVG_POOLS = {aten.avg_pool2d.default, aten.avg_pool3d.default}
@@ -513,8 +535,7 @@ def _keeps_layout(n: fx.Node) -> bool:
     # op, which keeps a channels-last input channels-last as native_batch_norm does
     if t in (aten.native_batch_norm.default, aten.cudnn_batch_norm.default, aten.miopen_batch_norm.default):
         return len(n.args) > 5 and n.args[5] is False
-    return t in _KEEP_LAYOUT or (isinstance(t, torch._ops.OpOverload) and torch.Tag.pointwise in t.tags
-                                 and not t._schema.is_mutable)
+    return t in _KEEP_LAYOUT or (is_pointwise(t) and not t._schema.is_mutable)
 
 
 def _is_copy_to(n: fx.Node, fmt: torch.memory_format) -> bool:

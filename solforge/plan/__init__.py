@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 
 from solforge.capture import CapturedGraph
+from solforge.capture.pointwise import is_pointwise
 from solforge.plan.match import (  # noqa: F401  (re-exported: the planner's records and the matchers' helpers)
     Match,
     Region,
@@ -90,8 +91,7 @@ def _joins(m: Match, matches: Sequence[Match]) -> bool:
     if any(g.family == "generated" and not near.isdisjoint(g.nodes) for g in matches):
         return True
     held = {n for g in matches for n in g.nodes}
-    return any(n.op == "call_function" and n not in held and isinstance(n.target, torch._ops.OpOverload)
-               and torch.Tag.pointwise in n.target.tags for n in near)
+    return any(n.op == "call_function" and n not in held and is_pointwise(n.target) for n in near)
 
 
 def plan(graphs: Sequence[CapturedGraph], families: Sequence[str] | None = None) -> list[WorkloadGroup]:
