@@ -742,3 +742,82 @@ def test_hardswish_is_pointwise_for_the_capture_passes() -> None:
     gm = trace(f, *xs)
     assert L.strip_bias(gm, where=lambda n: True) == 1
     torch.testing.assert_close(gm(*xs), f(*xs), rtol=1e-5, atol=1e-5)
+
+
+CHANNEL_REDUCTIONS: dict[str, tuple[Any, bool]] = {
+    # (what reads the convolution, whether it reduces across the channels)
+    "group_norm": (lambda y: F.group_norm(F.silu(y), 2) * 2.0, True),
+    "layer_norm_chw": (lambda y: F.layer_norm(torch.relu(y), y.shape[1:]), True),
+    "mean_chw": (lambda y: torch.sigmoid(y).mean((1, 2, 3)), True),
+    "instance_like": (lambda y: F.group_norm(torch.relu(y), 6), False),  # one group per channel: H, W only
+    "mean_hw": (lambda y: torch.tanh(y).mean((2, 3)), False),
+    "softmax_c": (lambda y: torch.softmax(torch.relu(y), 1), False),
+}
+
+
+@pytest.mark.parametrize("case", list(CHANNEL_REDUCTIONS))
+def test_a_copy_back_into_a_reduction_across_the_channels_is_materialized(case: str) -> None:
+    """A GroupNorm (or LayerNorm, mean) over C and H, W after a channels-last convolution would read
+    it strided by C: the decision counts the copy back (it does not fuse), and the reduction's
+    input (the pointwise op after the copy back) is marked, so the copy back and that op are one
+    region writing NCHW and the reduction reads it from memory; a reduction over H, W alone (or
+    over C alone) reads a channels-last tensor well and takes the copy in. Values as eager's."""
+    after, across = CHANNEL_REDUCTIONS[case]
+    x, w = _r(2, 3, 9, 7), _r(6, 3, 3, 3, seed=1)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return after(F.conv2d(x, w))
+
+    gm = trace(f, x, w)
+    (conv,) = _convs(gm)
+    assert L.into_a_channel_reduction(conv) is across
+    # channels-last wins by 5 + 1 against 100 when the copy back fuses, loses by 5 + 1 + 95 when not
+    times = L.ConvTimes(plain=100.0, last=5.0, copy_in=1.0, copy_back=95.0)
+    assert L.islands(gm, lambda n: times) == (set() if across else {conv})
+    L.channels_last_convolutions(gm, decide=lambda n: True, strip=lambda n: False)
+    marked = [n for n in gm.graph.nodes if n.meta.get(L.MATERIALIZE)]
+    regions = RG.form_regions(gm.graph)
+    if across:  # the reduction's input: a region's output (the copy back and the pointwise op), read from memory
+        (a,) = marked
+        assert any(a in fr.outputs for fr in regions) and not any(a in fr.nodes and a not in fr.outputs
+                                                                  for fr in regions)
+        assert any(n.target is aten.clone.default for fr in regions if a in fr.nodes for n in fr.nodes)
+    else:
+        assert not marked
+    env = values(gm, x, w)
+    for fr in regions:
+        check_region(fr, env)
+    torch.testing.assert_close(gm(x, w), f(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_optimize_a_channels_last_convolution_into_a_group_norm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Conv2d -> SiLU -> GroupNorm (fewer groups than channels), the layout forced: the GroupNorm's
+    generated region reads the NCHW SiLU output the copy back's region writes (not the
+    channels-last convolution), and optimize's end-to-end check passes with eager's values."""
+    import torch.nn as nn
+
+    from solforge import optimize
+
+    monkeypatch.setattr(L, "node_times", lambda n: WINS)
+    monkeypatch.setattr(L, "on_cuda", lambda n: True)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.norm = nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(F.silu(self.conv(x))) * 2.0
+
+    torch.manual_seed(0)
+    model = Net().to(DEVICE).eval()
+    x = _r(2, 3, 7, 9)
+    opt, report = optimize(model, (x,), budget=1, max_candidates=1, db=False, profile="off", keep_slower=True,
+                           make_inputs=lambda s: (_r(2, 3, 7, 9, seed=s),))
+    assert report.e2e is not None and report.e2e.passed, report.notes
+    assert any("run channels-last" in n for n in report.notes), report.notes
+    generated = [r for r in report.regions if r.family == "generated"]
+    assert len(generated) >= 2 and all(r.verified for r in generated), report.regions
+    with torch.no_grad():
+        fresh = _r(2, 3, 7, 9, seed=11)
+        torch.testing.assert_close(opt(fresh), model(fresh), rtol=1e-5, atol=1e-5)

@@ -48,6 +48,13 @@ original model. So the timing also tells whether the convolution as written roun
 rewrite calls `convolution_fp32` (TF32 off for the call, the setting put back after), and is timed
 that way. Off the GPU (no timing) a rewritten fp32 convolution calls `convolution_fp32`.
 
+A copy back that would fuse into a reduction across the channels (a GroupNorm of fewer groups than
+channels, a LayerNorm over C and more, a mean over C, H, W) is counted as a copy of its own, and
+the reduction's input is materialized (`MATERIALIZE`): a generated region reads its input along the
+reduced index in the dims' logical order, strided by C over a channels-last tensor, so the
+reduction reads an NCHW value instead (the copy and the pointwise ops before the reduction a
+transposing region of their own).
+
 Before deciding, a CUDA convolution's bias moves to the region after it (`strip_bias`): ATen adds a
 cuDNN convolution's bias in a separate pass over the output, which the region after it can do for
 free while it reads that output (as Inductor does).
@@ -104,6 +111,95 @@ def candidate(n: fx.Node) -> bool:
 
 def _hashable(a: Any) -> Any:
     return tuple(_hashable(v) for v in a) if isinstance(a, list | tuple) else a
+
+
+# node meta: a value computed from a copy back to NCHW that a reduction across the channels reads
+# from memory rather than taking in (codegen/regions.py: no consumer joins its region), set by
+# `materialize_before_channel_reductions`
+MATERIALIZE = "solforge_materialize"
+_CHANNEL_REDUCTIONS = {aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default,
+                       aten.var.correction, aten.std.correction, aten.var_mean.correction,
+                       aten.linalg_vector_norm.default}
+
+
+def _reduces_across_channels(u: fx.Node) -> bool:
+    """A norm or reduction over the channels (dim 1) together with other dims: a GroupNorm of
+    fewer groups than channels, a LayerNorm over C and the dims after it, a sum/mean/var/max over
+    dims holding 1 and another. A generated region reads its input along the reduced index in the
+    dims' logical order; over a channels-last tensor that is strided by C (KernelBench level 2's
+    60_ConvTranspose3d_Swish_GroupNorm_HardSwish: its GroupNorm region took 2308 µs reading the
+    channels-last result, torch.compile's two kernels reading NCDHW 1279, H200, 2026-11-28)."""
+    x = _val(u.args[0]) if u.args else None
+    if not isinstance(x, torch.Tensor) or x.dim() < 3:
+        return False
+    if u.target is aten.native_group_norm.default:
+        return len(u.args) > 6 and isinstance(u.args[6], int) and isinstance(u.args[4], int) and u.args[6] < u.args[4]
+    if u.target is aten.native_layer_norm.default:
+        return len(u.args) > 1 and len(u.args[1]) >= x.dim() - 1
+    if u.target in _CHANNEL_REDUCTIONS:
+        dims = u.args[1] if len(u.args) > 1 else u.kwargs.get("dim")
+        if dims is None:
+            return True  # over everything
+        dims = {d % x.dim() for d in ([dims] if isinstance(dims, int) else dims)}
+        return 1 in dims and len(dims) > 1
+    return False
+
+
+def into_a_channel_reduction(n: fx.Node, limit: int = 64) -> bool:
+    """Whether `n`'s result reaches, through pointwise ops (and copies), a reduction across the
+    channels (`_reduces_across_channels`)."""
+    stack, seen = list(n.users), set()
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if len(seen) > limit:
+            return False
+        if u.op != "call_function":
+            continue
+        if _reduces_across_channels(u):
+            return True
+        if is_pointwise(u.target) or u.target is aten.clone.default:
+            stack.extend(u.users)
+    return False
+
+
+def _from_a_copy_back(a: fx.Node, limit: int = 64) -> bool:
+    """Whether `a` is, or is computed through pointwise ops from, a copy back to NCHW (a
+    contiguous clone of a channels-last value)."""
+    stack, seen = [a], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or not isinstance(n, fx.Node) or n.op != "call_function":
+            continue
+        seen.add(n)
+        if len(seen) > limit:
+            return False
+        if n.target is aten.clone.default and n.kwargs.get("memory_format") == torch.contiguous_format:
+            x = _val(n.args[0])
+            fmt = _format(x.dim()) if isinstance(x, torch.Tensor) else None
+            if fmt is not None and x.is_contiguous(memory_format=fmt) and not x.is_contiguous():
+                return True
+        if is_pointwise(n.target):
+            stack.extend(n.all_input_nodes)
+    return False
+
+
+def materialize_before_channel_reductions(gm: fx.GraphModule) -> int:
+    """Mark the input of each reduction across the channels (`_reduces_across_channels`) that is
+    computed, through pointwise ops, from a copy back to NCHW: the reduction's region reads it from
+    memory instead of taking in the copy and reading the channels-last value strided (the copy and
+    the pointwise ops before the reduction are a transposing region of their own). Returns how many."""
+    marked = 0
+    for u in gm.graph.nodes:
+        if u.op != "call_function" or not _reduces_across_channels(u):
+            continue
+        a = u.args[0]
+        if isinstance(a, fx.Node) and not a.meta.get(MATERIALIZE) and _from_a_copy_back(a):
+            a.meta[MATERIALIZE] = True
+            marked += 1
+    return marked
 
 
 def copy_back_fuses(n: fx.Node) -> bool:
@@ -327,7 +423,10 @@ def islands(gm: fx.GraphModule, times: Callable[[fx.Node], ConvTimes | None] | N
             if (training or c not in fed) and c.args[0] not in copied:
                 copied.add(c.args[0])
                 cost += t.copy_in
-            if not (copy_back_fuses(c) or (not training and copy_back_cancels(c))):
+            # a copy back into a reduction across the channels stays (materialized: the reduction
+            # reads NCHW), even where the region after the convolution would have taken it
+            fuses = copy_back_fuses(c) and not into_a_channel_reduction(c)
+            if not (fuses or (not training and copy_back_cancels(c))):
                 cost += t.copy_back
         if cost <= MARGIN * plain:
             chosen.update(group)
@@ -762,6 +861,7 @@ def channels_last_convolutions(gm: fx.GraphModule, decide: Callable[[fx.Node], b
         graph.lint()
         gm.recompile()
         cancel_copies(gm, backs)
+        materialize_before_channel_reductions(gm)
         for n, call in calls:  # after the islands: they find the rewritten convolutions by their op
             n.target = call
         gm.recompile()

@@ -21,7 +21,9 @@ than the loop's or its rows) leaves the region, with what it reads (a value of n
 what reads it (a value computed from a reduction), until every output can be stored; the nodes
 that left form regions of their own in a further pass (the earlier regions frozen, so that no
 cycle appears through them; a max pool of another size than its sibling's). Regions of views
-alone, and regions nothing reads (dead code), are dropped.
+alone, and regions nothing reads (dead code), are dropped. A value the capture marked to be
+materialized (capture/layout.py's MATERIALIZE: the NCHW input of a reduction across the channels,
+computed from a channels-last value) is no producer to join: its readers read it from memory.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import torch
 import torch.fx as fx
 
 from solforge.capture import op_name
+from solforge.capture.layout import MATERIALIZE
 from solforge.codegen import ir as IR
 from solforge.codegen.lower import LOWERINGS, LoopSpace, Lowered, LowerError, analyze, lower
 
@@ -202,7 +205,9 @@ class _Former:
         producers = []
         for a in node.all_input_nodes:
             r = self.of(a)
-            if r is not None and r not in producers and r not in self.frozen:
+            # a value the capture marked to be materialized (capture/layout.py MATERIALIZE: the NCHW
+            # input of a reduction across the channels) is read from memory
+            if r is not None and r not in producers and r not in self.frozen and not a.meta.get(MATERIALIZE):
                 producers.append(r)
         # siblings: regions that read one of the same values (reading it once serves both)
         siblings = []
