@@ -84,6 +84,25 @@ def test_max_pool3d_and_avg_pool3d() -> None:
     assert "max_pool3d_with_indices" in got and "avg_pool3d" in got
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_max_pool_takes_in_the_pointwise_chain_before_it(dtype: torch.dtype) -> None:
+    """LeakyReLU -> a per-channel scale -> LeakyReLU -> MaxPool3d (KernelBench level 2's
+    74_ConvTranspose3d_LeakyReLU_Multiply_LeakyReLU_Max after its convolution), and an overlapping,
+    padded MaxPool2d after a sigmoid: one region each, the chain evaluated at the pool's taps (its
+    (values, indices) op is judged with its items; without them the join had no output and failed)."""
+    def f(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return F.max_pool3d(F.leaky_relu(F.leaky_relu(x, 0.2) * m, 0.2), 2)
+
+    (r,) = form_and_check(f, _r(2, 4, 5, 7, 6, dtype=dtype), _r(4, 1, 1, 1, dtype=dtype))
+    assert ops(r)[:4] == ["leaky_relu", "mul", "leaky_relu", "max_pool3d_with_indices"]
+
+    def g(x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(torch.sigmoid(x) * 3.0, 3, 2, 1, ceil_mode=True)
+
+    (r,) = form_and_check(g, _r(2, 3, 9, 8, dtype=dtype))
+    assert "sigmoid" in ops(r) and "max_pool2d_with_indices" in ops(r)
+
+
 @pytest.mark.parametrize(("include", "ceil"), [(True, False), (False, False), (True, True), (False, True)])
 def test_avg_pool2d_divisors(include: bool, ceil: bool) -> None:
     def f(x: torch.Tensor) -> torch.Tensor:

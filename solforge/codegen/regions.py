@@ -219,11 +219,16 @@ class _Former:
         tries = ([set(producers)] if len(producers) > 1 else []) + [{r} for r in reversed(producers)]
         sib = len(tries)
         tries += [{*producers, r} for r in reversed(siblings)]
+        # a multi-output op (max_pool's (values, indices)) is stored through its items, which join
+        # after it: judged with them (without, the join has no output and fails: a max pool never
+        # took in the pointwise ops before it)
+        items = [u for u in node.users if u.target is operator.getitem] \
+            if isinstance(node.meta.get("val"), (tuple, list)) else []
         for k, group in enumerate(tries):
             nodes = sorted([n for r in group for n in self.members[r]] + [node], key=self.order.__getitem__)
             if self.cyclic(group, node):
                 continue
-            bad = self.valid(nodes)
+            bad = self.valid(nodes + items)
             if bad is None:
                 continue
             # a join may not leave an output its loop cannot store, for good: a sibling's at all,
