@@ -179,3 +179,18 @@ def test_kernelbench_listing_and_gemm_bound_list() -> None:
     assert {s["problem"] for s in skipped} == set(skips)
     tiny, _ = suite.list_problems(root, [1, 2, 3], "*", skip_gemm_bound=True, tiny=True)
     assert [f.stem for _, f in tiny] == [p for lv in (1, 2, 3) for p in suite.TINY_PROBLEMS[lv]]
+
+
+def test_the_summary_also_compares_with_compile_where_compile_is_within_the_tolerance() -> None:
+    """torch.compile outside the tolerance (fp32 convolutions in TF32) is a speed not to match: the
+    summary gives solforge/compile over every row and over the rows where compile's output is allclose."""
+    def row(problem: str, variant: str, us: float, allclose: bool = True) -> dict[str, object]:
+        return {"suite": "kernelbench", "level": 2, "problem": problem, "variant": variant, "mode": "fwd",
+                "key": f"kernelbench/2/{problem}/fwd/{variant}", "us": us, "err": 0.0, "allclose": allclose}
+
+    rows = [row("1_A", "eager", 100.0), row("1_A", "compile", 50.0, allclose=False), row("1_A", "solforge", 80.0),
+            row("2_B", "eager", 100.0), row("2_B", "compile", 80.0), row("2_B", "solforge", 40.0)]
+    table = suite_table.render(rows)
+    assert "solforge/compile 1.000 (n=2)" in table  # sqrt(1.6 x 0.5)
+    assert "solforge/compile where compile is allclose 0.500 (n=1)" in table
+    assert "Outside the tolerance vs eager: compile 1." in table
