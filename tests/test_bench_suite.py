@@ -191,6 +191,6 @@ def test_the_summary_also_compares_with_compile_where_compile_is_within_the_tole
     rows = [row("1_A", "eager", 100.0), row("1_A", "compile", 50.0, allclose=False), row("1_A", "solforge", 80.0),
             row("2_B", "eager", 100.0), row("2_B", "compile", 80.0), row("2_B", "solforge", 40.0)]
     table = suite_table.render(rows)
-    assert "solforge/compile 1.000 (n=2)" in table  # sqrt(1.6 x 0.5)
+    assert "solforge/compile 0.894 (n=2)" in table  # sqrt(1.6 x 0.5)
     assert "solforge/compile where compile is allclose 0.500 (n=1)" in table
     assert "Outside the tolerance vs eager: compile 1." in table
