@@ -65,7 +65,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,45 +145,43 @@ def _reduces_across_channels(u: fx.Node) -> bool:
     return False
 
 
+def _walk(starts: Iterable[Any], follow: Callable[[fx.Node], Iterable[fx.Node]], limit: int) -> Iterator[fx.Node]:
+    """The call_function nodes reached from `starts`, depth first, each once, `follow(node)` walked
+    after the caller has seen it; nothing past `limit` nodes (a search that gives up says no)."""
+    stack, seen = list(starts), set()
+    while stack and len(seen) < limit:
+        n = stack.pop()
+        if not isinstance(n, fx.Node) or n in seen or n.op != "call_function":
+            continue
+        seen.add(n)
+        yield n
+        stack.extend(follow(n))
+
+
 def into_a_channel_reduction(n: fx.Node, limit: int = 64) -> bool:
     """Whether `n`'s result reaches, through pointwise ops (and copies), a reduction across the
     channels (`_reduces_across_channels`)."""
-    stack, seen = list(n.users), set()
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if len(seen) > limit:
-            return False
-        if u.op != "call_function":
-            continue
-        if _reduces_across_channels(u):
-            return True
-        if is_pointwise(u.target) or u.target is aten.clone.default:
-            stack.extend(u.users)
-    return False
+    def through(u: fx.Node) -> Iterable[fx.Node]:
+        return u.users if is_pointwise(u.target) or u.target is aten.clone.default else ()
+
+    return any(_reduces_across_channels(u) for u in _walk(n.users, through, limit))
+
+
+def _is_copy_back(n: fx.Node) -> bool:
+    """A contiguous clone of a channels-last value."""
+    if n.target is not aten.clone.default or n.kwargs.get("memory_format") != torch.contiguous_format:
+        return False
+    x = _val(n.args[0])
+    fmt = _format(x.dim()) if isinstance(x, torch.Tensor) else None
+    return fmt is not None and x.is_contiguous(memory_format=fmt) and not x.is_contiguous()
 
 
 def _from_a_copy_back(a: fx.Node, limit: int = 64) -> bool:
-    """Whether `a` is, or is computed through pointwise ops from, a copy back to NCHW (a
-    contiguous clone of a channels-last value)."""
-    stack, seen = [a], set()
-    while stack:
-        n = stack.pop()
-        if n in seen or not isinstance(n, fx.Node) or n.op != "call_function":
-            continue
-        seen.add(n)
-        if len(seen) > limit:
-            return False
-        if n.target is aten.clone.default and n.kwargs.get("memory_format") == torch.contiguous_format:
-            x = _val(n.args[0])
-            fmt = _format(x.dim()) if isinstance(x, torch.Tensor) else None
-            if fmt is not None and x.is_contiguous(memory_format=fmt) and not x.is_contiguous():
-                return True
-        if is_pointwise(n.target):
-            stack.extend(n.all_input_nodes)
-    return False
+    """Whether `a` is, or is computed through pointwise ops from, a copy back to NCHW."""
+    def inputs(n: fx.Node) -> Iterable[fx.Node]:
+        return n.all_input_nodes if is_pointwise(n.target) else ()
+
+    return any(_is_copy_back(n) for n in _walk([a], inputs, limit))
 
 
 def materialize_before_channel_reductions(gm: fx.GraphModule) -> int:
