@@ -435,3 +435,46 @@ def test_training_through_the_integrated_block() -> None:
     m(x).square().mean().backward()
     for n, p in m.named_parameters():
         torch.testing.assert_close(got[n], p.grad, atol=1e-5, rtol=1e-4, msg=n)
+
+
+class NormThenPointwise(nn.Module):
+    """A linear, a LayerNorm, then `tail` of its result (odd sizes)."""
+
+    def __init__(self, tail: str) -> None:
+        super().__init__()
+        self.lin, self.ln, self.out = nn.Linear(37, 37), nn.LayerNorm(37), nn.Linear(37, 37)
+        self.tail = tail
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        y = self.ln(h)
+        if self.tail == "gelu_scale":  # KernelBench level 2's ..._LayerNorm_GELU_Scaling
+            return F.gelu(y) * 2.0
+        if self.tail == "residual":  # a residual add of a tensor as large: the next norm's
+            return y + h
+        return self.out(y)  # a matmul reads it
+
+
+@pytest.mark.parametrize(("tail", "joins"), [("gelu_scale", True), ("residual", False), ("linear", False)])
+def test_a_layer_norm_read_by_pointwise_ops_alone_joins_them(tail: str, joins: bool) -> None:
+    """A LayerNorm whose result only pointwise ops of it read (a GELU, a scale) gives way to one
+    generated region holding it and them (registry `joins` "readers": one kernel, not the family's
+    and a generated one); read by a matmul or added to a tensor as large, it stays the family's.
+    Values as eager's."""
+    from solforge import optimize
+
+    torch.manual_seed(0)
+    m = NormThenPointwise(tail).to(DEVICE).eval()
+    make = lambda s: (torch.randn(3, 5, 37, generator=torch.Generator().manual_seed(s)).to(DEVICE),)  # noqa: E731
+    (x,) = make(0)
+    families = sorted(g.workload.family for g in _plan(m, x))
+    if joins:
+        assert families == ["generated"], families
+        opt, report = optimize(m, (x,), budget=1, max_candidates=1, db=False, profile="off", keep_slower=True,
+                               make_inputs=make)
+        assert report.e2e is not None and report.e2e.passed, report.notes
+        (x2,) = make(7)
+        with torch.no_grad():
+            torch.testing.assert_close(opt(x2), m(x2), rtol=1e-5, atol=1e-5)
+    else:
+        assert "layernorm" in families, families

@@ -24,11 +24,15 @@ backward   the backward family that tunes the kernel the forward op's autograd b
            (None: none is tuned; the forward may still have a backward, e.g. linear_cross_entropy
            computes its gradients in the forward)
 is_backward  a backward family (its workloads come from a forward's `backward_workload`)
-joins      a one-op pointwise family whose region, where a generated region (or a pointwise op
-           no region holds) reads its result or computes its input, is dropped so that the
-           generated regions form through it (one kernel for the chain: KernelBench level 2's ReLU
-           -> LeakyReLU -> GELU -> Sigmoid -> bias add ran as three kernels and ATen's GELU); it
-           stays the family's where no generated region takes it then (plan.find_matches)
+joins      where a family's region gives way to generated regions next to it, so that they form
+           through it as one kernel (plan.find_matches); it stays the family's where no generated
+           region then takes it together with other ops. "neighbors": a generated region (or a
+           pointwise op no region holds) reads its result or computes its input (gelu, a one-op
+           pointwise family: KernelBench level 2's ReLU -> LeakyReLU -> GELU -> Sigmoid -> bias add
+           ran as three kernels and ATen's GELU); "readers": only one that reads its result
+           (layernorm: KernelBench level 2's LayerNorm -> GELU -> scale ran as the family's kernel
+           and a generated one, two passes where torch.compile makes one; a LayerNorm before a
+           matmul, or fed by a residual add, keeps its family); "" never
 
 The table's order of forward families is the planner's first-claim-wins order (see `FAMILIES`).
 A dotted name that is not in the table (tests' fake families: "fakes.broken") is a module path: `get`
@@ -111,7 +115,7 @@ class Family:
     matcher: str | None = None
     backward: str | None = None
     is_backward: bool = False
-    joins: bool = False
+    joins: str = ""  # "", "neighbors" or "readers" (the docstring)
 
     @property
     def is_forward(self) -> bool:
@@ -124,7 +128,7 @@ class Family:
         return self.name.rpartition(".")[2]
 
 
-def _fwd(name: str, kind: str, backward: str | None, joins: bool = False) -> Family:
+def _fwd(name: str, kind: str, backward: str | None, joins: str = "") -> Family:
     return Family(name, f"solforge.kernels.{name}", kind, f"solforge.plan.{name}:match", backward, joins=joins)
 
 
@@ -148,9 +152,9 @@ FAMILIES: tuple[Family, ...] = (
     _fwd("add_rmsnorm", "normalization", "rmsnorm_bwd"),
     _fwd("rmsnorm", "normalization", "rmsnorm_bwd"),
     _fwd("add_layernorm", "normalization", "layernorm_bwd"),
-    _fwd("layernorm", "normalization", "layernorm_bwd"),
+    _fwd("layernorm", "normalization", "layernorm_bwd", joins="readers"),
     _fwd("swiglu", "pointwise", "swiglu_bwd"),
-    _fwd("gelu", "pointwise", "gelu_bwd", joins=True),
+    _fwd("gelu", "pointwise", "gelu_bwd", joins="neighbors"),
     # the LM head's projection (and its gradients' GEMMs) dominate; gradients come from its forward
     _fwd("linear_cross_entropy", "gemm", None),
     _fwd("cross_entropy", "reduction", "cross_entropy_bwd"),
@@ -207,10 +211,10 @@ def get(name: str) -> Family:
     raise LookupError(f"unknown kernel family {name!r}: choose from {', '.join(names())}")
 
 
-def joins_generated(name: str) -> bool:
-    """Whether the family's regions give way to generated regions next to them (field `joins`)."""
+def joins_generated(name: str) -> str:
+    """How the family's regions give way to generated regions next to them (field `joins`: "" never)."""
     fam = _BY_NAME.get(name)
-    return fam is not None and fam.joins
+    return fam.joins if fam is not None else ""
 
 
 def kind(name: str) -> str | None:

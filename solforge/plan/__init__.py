@@ -42,19 +42,26 @@ def _matchers() -> dict[str, Callable[[fx.Graph], list[Match]]]:
 
 def find_matches(graph: fx.Graph, families: Sequence[str] | None = None) -> list[Match]:
     matches = _claim(graph, families, frozenset())
-    # a region of a family that joins generated regions (registry `joins`: a lone GELU) next to a
-    # generated region, or to a pointwise op no region holds, gives way: the generated regions form
-    # again through its nodes. It stays its family's where no generated region took it then (a
-    # region too small to be worth a kernel)
-    joined = frozenset(m.output for m in matches if _joins(m, matches))
-    if not joined:
-        return matches
-    again = _claim(graph, families, joined)
-    taken = {n for g in again if g.family == "generated" for n in g.nodes}
-    kept = frozenset(o for o in joined if o in taken)
-    if kept == joined:
-        return again
-    return _claim(graph, families, kept) if kept else matches
+    # a region of a family that joins generated regions (registry `joins`: a lone GELU, a LayerNorm
+    # read by pointwise ops) next to a generated region, or to a pointwise op no region holds, gives
+    # way: the generated regions form again through its nodes. It stays its family's where no
+    # generated region took it with other ops then. Again while one gives way (a GELU that joined
+    # makes the LayerNorm before it next to a generated region)
+    skip: frozenset[fx.Node] = frozenset()
+    for _ in range(_JOIN_ROUNDS):
+        joining = [m for m in matches if m.output not in skip and _joins(m, matches)]
+        if not joining:
+            break
+        again = _claim(graph, families, skip | {m.output for m in joining})
+        kept = frozenset(m.output for m in joining if _fused(m, again))
+        if not kept:
+            break
+        matches = again if len(kept) == len(joining) else _claim(graph, families, skip | kept)
+        skip |= kept
+    return matches
+
+
+_JOIN_ROUNDS = 3
 
 
 def _claim(graph: fx.Graph, families: Sequence[str] | None, skip: frozenset[fx.Node]) -> list[Match]:
@@ -79,15 +86,42 @@ def _claim(graph: fx.Graph, families: Sequence[str] | None, skip: frozenset[fx.N
     return matches
 
 
+def _fused(m: Match, matches: Sequence[Match]) -> bool:
+    """A generated region of `matches` holds `m`'s output and an op outside `m`'s nodes (not a view,
+    not an item of a multi-output op)."""
+    from solforge.codegen.regions import _is_view
+
+    mine = set(m.nodes)
+    return any(g.family == "generated" and m.output in g.nodes and any(
+        n not in mine and n.target is not operator.getitem and not _is_view(n) for n in g.nodes) for g in matches)
+
+
+def _elementwise_of(u: fx.Node, outs: Sequence[fx.Node]) -> bool:
+    """A pointwise op of one of `outs` and of smaller operands alone (a GELU, a scale, a per-channel
+    bias): not a residual add of another tensor as large, which a model's next norm takes."""
+    def numel(a: fx.Node) -> int:
+        v = a.meta.get("val")
+        return v.numel() if isinstance(v, torch.Tensor) else 0
+
+    mine = [a for a in u.all_input_nodes if a in outs]
+    return is_pointwise(u.target) and bool(mine) and all(
+        numel(a) < numel(mine[0]) for a in u.all_input_nodes if a not in outs)
+
+
 def _joins(m: Match, matches: Sequence[Match]) -> bool:
-    """`m`'s family joins generated regions, and a generated region computes an input of `m` or
-    reads one of its outputs, or a pointwise op no region holds does (KernelBench level 2's
-    LayerNorm -> GELU -> `* scale`: the lone multiply, not a region alone, and the GELU form one)."""
+    """`m`'s family joins generated regions (registry `joins`), and a generated region reads one of
+    its outputs or, "neighbors", computes an input of `m`, or a pointwise op no region holds does
+    (KernelBench level 2's LayerNorm -> GELU -> `* scale`: the lone multiply, not a region alone,
+    and the GELU form one)."""
     from solforge.kernels import registry
 
-    if not registry.joins_generated(m.family):
+    mode = registry.joins_generated(m.family)
+    if not mode:
         return False
-    near = {*m.inputs, *(u for o in m.outputs for u in o.users)}
+    readers = {u for o in m.outputs for u in o.users}
+    if mode == "readers" and not (readers and all(_elementwise_of(u, m.outputs) for u in readers)):
+        return False
+    near = {*m.inputs, *readers} if mode == "neighbors" else readers
     if any(g.family == "generated" and not near.isdisjoint(g.nodes) for g in matches):
         return True
     held = {n for g in matches for n in g.nodes}
