@@ -344,3 +344,17 @@ def test_validity_of_the_new_variants() -> None:
     for s in (SC.Schedule("tiles", 16, 1, 1, 2, 8), SC.Schedule("split", 64, 2, 2, 1, 1, 5)):
         assert SC.Schedule.decode(s.encode()) == s
     assert SC.Schedule("looped", 64, 2, 2, 1).encode() == "looped:b=64:r=2:w=2:c=1"  # old texts unchanged
+
+
+@pytest.mark.parametrize(("rows", "cols", "splits"), [(4, 1 << 17, (2, 4, 8, 16, 32, 64, 128)),
+                                                      (1024, 1 << 16, (2, 4)), (1024, 1 << 15, ())])
+def test_split_schedules_for_few_rows_and_for_long_ones(rows: int, cols: int, splits: tuple[int, ...]) -> None:
+    """Few rows: splits up to 128 (the SMs would idle); many rows of 64K or more (a GroupNorm of
+    1024 groups of 258K values): splits of 2 and 4 too, for the tuner to weigh; many shorter rows:
+    none. The loop space alone decides (a fake trace: no tensor of that size is made)."""
+    with torch.device("meta"):
+        x = torch.empty(rows, cols)
+    gm = trace(lambda x: x - x.mean(-1, keepdim=True), x)
+    (fr,) = RG.form_regions(gm.graph)
+    got = sorted({c.splits for c in SC.space(fr.lowered) if c.variant == "split"})
+    assert tuple(got) == splits

@@ -76,6 +76,8 @@ SMS = 132
 # short to pay for the extra launch per stage
 _SPLIT_TILES_COLS = 4096
 _MAX_SPLITS = 256  # partials a program combines per reduction (a power of two >= splits of them)
+# rows this long get split schedules in the space however many rows there are (`_split_space`)
+_SPLIT_LONG_COLS = 1 << 16
 _ABBREV = {"block": "b", "rows": "r", "num_warps": "w", "contig": "c", "rblock": "rb", "splits": "s", "online": "o"}
 
 
@@ -276,14 +278,17 @@ def _tiles_space(region: Lowered) -> list[Schedule]:
 
 
 def _split_space(region: Lowered) -> list[Schedule]:
-    """Split schedules only while the rows alone leave SMs idle (past that a split only adds launches)."""
+    """Split schedules while the rows alone leave SMs idle (past that a split mostly adds launches),
+    and, in 2 or 4, for rows of `_SPLIT_LONG_COLS` or more however many (a GroupNorm of 1024 groups
+    of 258K values: each program streams a row alone, twice; the tuner weighs the extra launch)."""
     s, cd = region.space, contig_dim(region)
-    if s.rows >= 2 * SMS:
+    many = s.rows >= 2 * SMS
+    if many and s.cols < _SPLIT_LONG_COLS:
         return []
     out = []
     for block in (256, 512, 1024, 2048, 4096):
         for r in (1, 2):
-            for splits in (2, 4, 8, 16, 32, 64, 128):
+            for splits in (2, 4) if many else (2, 4, 8, 16, 32, 64, 128):
                 out += [Schedule("split", block, r, w, cd, 1, splits) for w in (2, 4, 8)
                         if 2 <= r * block // (32 * w) <= 32]
     return out
