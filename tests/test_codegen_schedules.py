@@ -358,3 +358,25 @@ def test_split_schedules_for_few_rows_and_for_long_ones(rows: int, cols: int, sp
     (fr,) = RG.form_regions(gm.graph)
     got = sorted({c.splits for c in SC.space(fr.lowered) if c.variant == "split"})
     assert tuple(got) == splits
+
+
+def test_a_split_whose_last_program_reaches_past_the_row_is_masked() -> None:
+    """5120 columns in 3 splits of 2048 (1024-wide chunks: the chunk width divides the row, the
+    splits do not): the last program's second chunk lies past the row's end and reads nothing
+    (it read out of bounds, an infinite sum, before the mask was kept); a split tile the same way."""
+    x = torch.randn(3, 5120)
+    gm = trace(lambda x: (x * 2).sum(-1), x)
+    (fr,) = RG.form_regions(gm.graph)
+    low = fr.lowered
+    c = SC.Schedule("split", 1024, 1, 4, SC.contig_dim(low), 1, 3)
+    assert SC.is_valid(c, low) and 3 * SC.split_chunk(c, low) > 5120
+    for got, want in zip(RT.run(low, c, [x]), REF.reference(low.ir, [x]), strict=True):
+        assert compare(got, want).ok
+    y = torch.randn(5120, 8)
+    gm = trace(lambda y: y.sum(0) * 3, y)
+    (fr,) = RG.form_regions(gm.graph)
+    low = fr.lowered
+    t = SC.Schedule("tiles", 8, 1, 4, 1, 1024, 3)
+    assert SC.is_valid(t, low) and 3 * SC.split_chunk(t, low) > 5120
+    for got, want in zip(RT.run(low, t, [y]), REF.reference(low.ir, [y]), strict=True):
+        assert compare(got, want).ok

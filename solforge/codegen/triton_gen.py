@@ -675,7 +675,9 @@ class _Reduction:
         self.kax = 0 if self.tiles else 1
         self.looped = sched.variant in ("looped", "split") or \
             (self.tiles and (self.split or self.PK < _next_pow2(self.K)))
-        self.even = self.K % self.PK == 0
+        # no tail to mask: the chunks tile the row exactly (a split's last program may reach past
+        # its end even where the chunk width divides it: 5120 in 3 splits of 2048)
+        self.even = self.K % self.PK == 0 and (not self.split or sched.splits * split_chunk(sched, region) == self.K)
         # the row index's decomposition: kept dims in order, a tile's `contig` dim moved innermost
         rd = sp.row_dims
         self.order = [d for d in rd if d != sched.contig] + [sched.contig] if self.tiles else list(rd)
