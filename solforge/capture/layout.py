@@ -560,7 +560,8 @@ def _past_a_pool(n: fx.Node) -> fx.Node | None:
         padding = a[3] if len(a) > 3 else u.kwargs.get("padding", [0])
         include = a[5] if len(a) > 5 else u.kwargs.get("count_include_pad", True)
         override = a[6] if len(a) > 6 else u.kwargs.get("divisor_override")
-        return u if override is None and (not include or not any(padding)) else None
+        pads = padding if isinstance(padding, list | tuple) else [padding]
+        return u if override is None and (not include or not any(pads)) else None
     if u.target in _ADAPTIVE_AVG_POOLS:
         return u
     if u.target in _MAX_POOLS:
