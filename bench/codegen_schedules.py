@@ -52,11 +52,19 @@ def _ln(x: torch.Tensor) -> torch.Tensor:
     return ((xf - m) * torch.rsqrt(v + 1e-5)).to(x.dtype)
 
 
+def _ln_w(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    var, mean = torch.var_mean(x, -1, keepdim=True, correction=0)
+    return (x - mean) * torch.rsqrt(var + 1e-5) * w + b
+
+
 def _cases() -> dict[str, tuple[Callable[..., Any], Callable[[], list[torch.Tensor]]]]:
     bf = torch.bfloat16
 
     def r(*s: int) -> torch.Tensor:
         return torch.randn(*s, device=DEVICE, dtype=bf)
+
+    def f32(*s: int) -> torch.Tensor:
+        return torch.randn(*s, device=DEVICE)
 
     return {
         # tiles: a reduction over a non-contiguous dim
@@ -90,6 +98,14 @@ def _cases() -> dict[str, tuple[Callable[..., Any], Callable[[], list[torch.Tens
         # (which recomputes the bias in the kernel; H100, 2026-11-27)
         "t5_softmax": (lambda s, p: torch.softmax(s.view(8, 12, 512, 512) + p, -1).to(bf),
                        lambda: [torch.randn(96, 512, 512, device=DEVICE), r(8, 12, 512, 512)]),
+        # KernelBench level 2's ConvTranspose3d_LayerNorm_GELU_Scaling: a LayerNorm over W (64) of the
+        # channels-last convolution's fp32 output, stored NCDHW (a reduction whose input and output
+        # are laid out differently): solforge's region 1477 µs, compile's copy + LayerNorm 576 + 562
+        # (H200, 2026-11-28); against the same LayerNorm of an NCDHW input and the copy alone
+        "ln_w_ndhwc": (lambda x, w, b: F.gelu(_ln_w(x.contiguous(), w, b)),
+                       lambda: [f32(32, 32, 64, 64, 64).permute(0, 4, 1, 2, 3), f32(64), f32(64)]),
+        "ln_w_ncdhw": (lambda x, w, b: F.gelu(_ln_w(x, w, b)), lambda: [f32(32, 64, 32, 64, 64), f32(64), f32(64)]),
+        "ndhwc_to_ncdhw": (lambda x: x.contiguous(), lambda: [f32(32, 32, 64, 64, 64).permute(0, 4, 1, 2, 3)]),
     }
 
 
@@ -136,6 +152,7 @@ def _row(name: str, fn: Callable[..., Any], make: Callable[[], list[torch.Tensor
         cs = [c for c in space if pick(c)]
         cs = cs if len(cs) <= limit else rng.sample(cs, limit)
         times = {c.encode(): t for c in cs if (t := timed(c)) is not None}
+        out[f"{label}_times"] = dict(sorted(times.items(), key=lambda kv: kv[1])[:12])
         if times:
             best = min(times, key=times.__getitem__)
             out[f"best_{label}"], out[f"best_{label}_us"] = best, times[best]
