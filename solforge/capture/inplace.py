@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from solforge.capture.pointwise import is_pointwise
+
 aten = torch.ops.aten
 
 
@@ -49,7 +51,7 @@ def functional_of(op: Any) -> Any:
         return None
     packet = getattr(aten, name[:-1], None)
     f = getattr(packet, op._overloadname, None) if packet is not None else None
-    if not isinstance(f, torch._ops.OpOverload) or f._schema.is_mutable or torch.Tag.pointwise not in f.tags:
+    if not isinstance(f, torch._ops.OpOverload) or f._schema.is_mutable or not is_pointwise(f):
         return None
     return f
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from solforge.capture.pointwise import is_pointwise
 from solforge.kernels import registry
 
 aten = torch.ops.aten
@@ -79,7 +80,7 @@ def node_kind(node: fx.Node) -> str:
     tags = getattr(t, "tags", ())
     if name in _REDUCTION or torch.Tag.reduction in tags:
         return "reduction"
-    if torch.Tag.pointwise in tags:
+    if is_pointwise(t):
         return "pointwise"
     return "other"
 
