@@ -382,6 +382,43 @@ def test_the_bias_moves_into_a_batch_norm() -> None:
         torch.testing.assert_close(gm(*[a.clone() for a in args]), want, rtol=1e-5, atol=1e-5)
 
 
+def _conv_gn_residual(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor,
+                      s: torch.Tensor) -> torch.Tensor:
+    y = F.conv2d(x, w, b)
+    z = F.hardswish(torch.tanh(F.group_norm(y, 2, g, s)))
+    return torch.logsumexp(y + z, dim=1, keepdim=True)
+
+
+def _conv_leaky_pool(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    y = F.leaky_relu(F.leaky_relu(F.conv_transpose3d(x, w, b, 2, 1, 1), 0.2) * m, 0.2)
+    return F.max_pool3d(y, 2)
+
+
+@pytest.mark.parametrize("case", ["gn_and_residual", "leaky_relu"])
+def test_the_bias_moves_where_its_readers_are_of_several_kinds(case: str) -> None:
+    """A convolution read by a GroupNorm and by a residual add (KernelBench level 2's
+    Conv2d_GroupNorm_Tanh_HardSwish_ResidualAdd_LogSumExp), and one read by a LeakyReLU (no
+    pointwise tag in torch 2.11: ConvTranspose3d_LeakyReLU_Multiply_LeakyReLU_Max): the bias moves
+    to the regions after it (one add both read); values as eager's."""
+    if case == "gn_and_residual":
+        f, xs = _conv_gn_residual, [_r(2, 3, 9, 7), _r(4, 3, 3, 3, seed=1), _r(4, seed=2), _r(4, seed=3),
+                                    _r(4, seed=4)]
+    else:
+        f, xs = _conv_leaky_pool, [_r(2, 3, 3, 4, 5), _r(3, 4, 3, 3, 3, seed=1), _r(4, seed=2),
+                                   _r(4, 1, 1, 1, seed=3)]
+    gm = trace(f, *xs)
+    want = f(*xs)
+    assert L.strip_bias(gm, where=lambda n: True) == 1
+    (conv,) = _convs(gm)
+    (add,) = conv.users
+    assert conv.args[2] is None and add.target is aten.add.Tensor
+    regions = RG.form_regions(gm.graph)
+    assert any(add in fr.nodes for fr in regions)
+    env = values(gm, *xs)
+    assert sum(check_region(fr, env) for fr in regions) >= 1
+    torch.testing.assert_close(gm(*xs), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("mode", ["inference", "train"])
 def test_optimize_with_the_bias_moved_and_channels_last(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     """Conv2d with a bias, then ReLU and a scale: with the bias moved and the layout forced (the GPU
