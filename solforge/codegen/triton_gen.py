@@ -980,12 +980,20 @@ class _Reduction:
         masked = bool(g.rmask or g.kmask)
         g.line(f"{wn} = {wn} + " + ("tl.where(m, 1.0, 0.0)" if masked else "1.0"))
         g.line(f"{dl} = {x} - {wm}")
-        if masked:
-            g.line(f"{wm} = {wm} + tl.where(m, {dl} / tl.maximum({wn}, 1.0), 0.0)")
-            g.line(f"{wq} = {wq} + tl.where(m, {dl} * ({x} - {wm}), 0.0)")
+        if not self.reverse:
+            # chunks walked from the first, only the last one's tail masked: a lane that takes this
+            # chunk took every one before it, so its count is the chunk's number, one per program
+            # (a reciprocal per chunk, not a division per element: the division's Newton steps cost
+            # more than the loads of a memory-bound loop)
+            wi = g.fresh("wi")
+            lo = "k0 - k_lo" if self.split else "k0"
+            g.line(f"{wi} = 1.0 / (({lo}) // {self.PK} + 1)")
+            step = f"{dl} * {wi}"
         else:
-            g.line(f"{wm} = {wm} + {dl} / {wn}")
-            g.line(f"{wq} = {wq} + {dl} * ({x} - {wm})")
+            step = f"{dl} / tl.maximum({wn}, 1.0)" if masked else f"{dl} / {wn}"
+        sq = f"{dl} * ({x} - {wm})"
+        g.line(f"{wm} = {wm} + " + (f"tl.where(m, {step}, 0.0)" if masked else step))
+        g.line(f"{wq} = {wq} + " + (f"tl.where(m, {sq}, 0.0)" if masked else sq))
 
     def welford_final(self, vp: online.VarPair, state: tuple[str, str, str], total: str) -> None:
         """The lanes of a pair combined per row with its sum `total` (Chan et al.): S2 = sum(q_i +
