@@ -78,6 +78,10 @@ _SPLIT_TILES_COLS = 4096
 _MAX_SPLITS = 256  # partials a program combines per reduction (a power of two >= splits of them)
 # rows this long get split schedules in the space however many rows there are (`_split_space`)
 _SPLIT_LONG_COLS = 1 << 16
+# a `tiles` heuristic holds reduced extents up to this whole (fewer neighbouring rows, 32 at least
+# for coalesced loads): KernelBench level 2's LayerNorm over W = 64 of a channels-last tensor was
+# tuned to 128 rows x 32 in two chunks (two passes over its 537 MB input, 1477 µs, H200 2026-11-28)
+_WHOLE_TILE_COLS = 128
 _ABBREV = {"block": "b", "rows": "r", "num_warps": "w", "contig": "c", "rblock": "rb", "splits": "s", "online": "o"}
 
 
@@ -306,7 +310,8 @@ def heuristic(region: Lowered) -> Schedule:
     """Untuned default. Pointwise: 1024-wide tiles, 4 warps (smaller regions: one tile); one that
     transposes: 64 x 64 `tiles` read along the input's contiguous dim. Reductions over dims that
     are not the inputs' innermost: `tiles` along the innermost kept dim (128 rows x 32 reduced on
-    a GPU; off it, tiles of up to 16K elements since the interpreter pays per program), split
+    a GPU, a reduced extent up to 128 whole with fewer rows, at least 32; off it, tiles of up to 16K
+    elements since the interpreter pays per program), split
     like `split` when the tiles are fewer than two per SM and the reduced extent is past 8K. Few
     long rows (fewer rows than two per SM, reduced extent past 8K): `split` into enough programs
     for about two per SM, 2048-wide chunks. Otherwise the whole reduced extent in registers up to
@@ -331,6 +336,8 @@ def heuristic(region: Lowered) -> Schedule:
     if inner is not None and inner in s.row_dims:
         block = min(rows_max, 128 if gpu else 256)
         rblock = min(width, (4096 if gpu else _MAX_TILE) // block)
+        if gpu and rblock < width <= _WHOLE_TILE_COLS:  # short rows whole: one pass over memory, not two
+            rblock, block = width, min(rows_max, max(32, 4096 // width))
         c = Schedule("tiles", block, 1, _warps_for(block * rblock, 16), inner, rblock)
         programs = triton.cdiv(s.rows, block)
         if width > 8192 and programs < 2 * SMS:  # few tiles, long reductions: split them too
