@@ -16,7 +16,7 @@ KB=$(cd "${KB:-../shared/kernelbench}" 2>/dev/null && pwd || echo "${KB:-../shar
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 {
-  date -u; git rev-parse --short HEAD 2>/dev/null || cat .commit 2>/dev/null
+  date -u; cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null  # .commit: a device copy's .git may be stale
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } > "$OUT/env.txt" 2>&1

@@ -15,6 +15,9 @@ OUT=${OUT:?set OUT to a folder}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 TIMING=${TIMING:-"tests/test_generate.py tests/test_stepgraphs.py tests/test_timing.py tests/test_traingraphs.py"}
+# the console script (tests/test_cli.py runs it) as `make setup` installs it; no network on a device
+python -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/install.txt" 2>&1 \
+    || echo "pip install -e . failed: tests/test_cli.py's console-script tests will fail" | tee -a "$OUT/install.txt"
 IFS=, read -r -a gpus <<< "${GPUS:-0,1,2,3}"
 mapfile -t shards < <(python - "${#gpus[@]}" $TIMING <<'PY'
 import os, sys
@@ -22,6 +25,7 @@ n, timing = int(sys.argv[1]), set(sys.argv[2:])
 files = sorted((f for f in os.listdir("tests") if f.startswith("test_") and f.endswith(".py")),
                key=lambda f: -os.path.getsize(os.path.join("tests", f)))
 shards, sizes = [[] for _ in range(n)], [0] * n
+sizes[0] = sum(os.path.getsize(t) for t in timing)  # the first GPU runs the timing files after its shard
 for f in files:
     if f"tests/{f}" in timing:
         continue
