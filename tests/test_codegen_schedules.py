@@ -7,6 +7,7 @@ permuted and strided inputs; the heuristic's choice; schedule validity."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -267,6 +268,37 @@ def test_pointwise_tiles_of_a_channels_last_input() -> None:
     assert layout.transpose_dims(low) == (3, 1)
     assert SC.heuristic(low).variant == "tiles"
     _sweep(low, ins, "tiles")
+
+
+@pytest.mark.parametrize("dims", [4, 5])
+def test_pointwise_tiles_walk_the_outputs_run_as_one_dim(dims: int) -> None:
+    """A channels-last input stored NCHW (NCDHW): the tile's slow side is H*W (D*H*W), one flat
+    dim over which the output is one linear range (layout.store_run), addressed by the tile's own
+    index (no masked tail per row of W: W = 7 in tiles of 64 wasted most lanes); odd sizes, every
+    tiles schedule of the space against the reference, then the same kernel on inputs whose H and W
+    are not one range (a slice of W) and on a contiguous input."""
+    from solforge.codegen.triton_gen import generate
+
+    def f(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (torch.tanh(x) * 2.0 + b.view(1, -1, *([1] * (dims - 2)))).contiguous()
+
+    sizes = (3, 5, 7) if dims == 5 else (5, 7)
+    cl = torch.channels_last if dims == 4 else torch.channels_last_3d
+    x = _r(2, 37, *sizes).contiguous(memory_format=cl)
+    low, ins = _region(f, x, _r(37))
+    fast, slow = SC.tile_axes(SC.heuristic(low), low)
+    assert fast == 1 and slow == tuple(range(2, dims)), (fast, slow)
+    assert SC.tile_extent(low, slow) == math.prod(sizes)
+    src = generate(low, SC.heuristic(low))
+    assert "ib * s_out0_" in src and "ib * s_in" in src  # the run addressed by ib, in and out
+    _sweep(low, ins, "tiles")
+    ref = REF.reference(low.ir, ins)
+    wide = _r(2, 37, *sizes[:-1], sizes[-1] + 4).contiguous(memory_format=cl)[..., :sizes[-1]]
+    wide.copy_(ins[0] if ins[0].dim() == dims else ins[1])
+    for other in (wide, wide.contiguous()):
+        args = [other if a.dim() == dims else a for a in ins]
+        got = RT.run(low, SC.heuristic(low), args)
+        assert compare(got[0], ref[0]).ok
 
 
 def test_a_channels_last_pointwise_region_walks_along_its_channels() -> None:

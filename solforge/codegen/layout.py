@@ -154,13 +154,14 @@ def out_strides(shape: Sequence[int], stride: Sequence[int]) -> tuple[int, ...]:
 
 
 @_per_region
-def store_inner_dim(region: Lowered) -> int | None:
-    """The loop dim along which the loop-shaped outputs are written with the smallest stride."""
+def store_steps(region: Lowered) -> tuple[tuple[int, ...], ...]:
+    """Per loop-shaped output (as allocated: `out_strides`): the elements its memory moves by for
+    one step along each loop dim (0 along a dim of size 1)."""
     S, ir, g = region.space.shape, region.ir, region.graph
     dims = [d for d, n in enumerate(S) if n > 1]
     points = 1 + len(dims)
     start: Idx = tuple(tuple(1 if p > 0 and dims[p - 1] == d else 0 for p in range(points)) for d in range(len(S)))
-    best: tuple[int, int] | None = None
+    out = []
     for k, o in enumerate(g.outputs):
         shape = g.nodes[o].shape
         if math.prod(shape) != math.prod(S):
@@ -169,11 +170,39 @@ def store_inner_dim(region: Lowered) -> int | None:
         st = out_strides(m.shape, m.stride)
         idx = _reshape(start, S, shape, points)
         off = [sum(idx[d][p] * st[d] for d in range(len(shape))) for p in range(points)]
+        steps = [0] * len(S)
         for q, d in enumerate(dims):
-            step = abs(off[1 + q] - off[0])
-            if step and (best is None or step < best[0]):
-                best = (step, d)
+            steps[d] = off[1 + q] - off[0]
+        out.append(tuple(steps))
+    return tuple(out)
+
+
+@_per_region
+def store_inner_dim(region: Lowered) -> int | None:
+    """The loop dim along which the loop-shaped outputs are written with the smallest stride."""
+    best: tuple[int, int] | None = None
+    for steps in store_steps(region):
+        for d, step in enumerate(steps):
+            if step and (best is None or abs(step) < best[0]):
+                best = (abs(step), d)
     return None if best is None else best[1]
+
+
+def store_run(region: Lowered, dim: int, stop: int) -> tuple[int, ...]:
+    """`dim` and the loop dims before it (size-1 dims skipped, never `stop`) over which every
+    loop-shaped output is one linear range: an NCHW output stored along W is one range over H and
+    W, so a transposing tile walks H*W as one dim (as Inductor's tiles do), not W alone with a
+    masked tail per row of H."""
+    S, steps = region.space.shape, store_steps(region)
+    group = [dim]
+    for d in range(dim - 1, -1, -1):
+        if S[d] == 1:
+            continue
+        inner = group[0]
+        if d == stop or not steps or not all(st[inner] and st[d] == st[inner] * S[inner] for st in steps):
+            break
+        group.insert(0, d)
+    return tuple(group)
 
 
 def _inner(w: LoadWalk) -> int | None:

@@ -22,7 +22,7 @@ import triton
 from solforge import settings
 from solforge.codegen import layout
 from solforge.codegen.lower import Lowered
-from solforge.codegen.schedule import Schedule, heuristic, is_valid, tile_axes
+from solforge.codegen.schedule import Schedule, heuristic, is_valid, tile_axes, tile_extent
 from solforge.codegen.triton_gen import (
     I32_MAX,
     KERNEL,
@@ -121,8 +121,9 @@ def run(region: Lowered, schedule: Schedule | None, inputs: Sequence[torch.Tenso
     k = kernel(region, sched, tuple(linear_runs(t.shape, t.stride()) for t in (*inputs, *outs)))
     if not region.reduces and sched.variant == "tiles":
         fast, slow = tile_axes(sched, region)
-        n = triton.cdiv(sp.shape[fast], sched.block) * triton.cdiv(sp.shape[slow], sched.rblock)
-        _launch(k, (n * sp.numel // (sp.shape[fast] * sp.shape[slow]),), args, {"num_warps": sched.num_warps})
+        ext = tile_extent(region, slow)
+        n = triton.cdiv(sp.shape[fast], sched.block) * triton.cdiv(ext, sched.rblock)
+        _launch(k, (n * sp.numel // (sp.shape[fast] * ext),), args, {"num_warps": sched.num_warps})
     elif not region.reduces:
         _launch(k, (triton.cdiv(sp.numel, sched.block),), args, {"num_warps": sched.num_warps})
     elif sched.splits > 1:  # split, or split tiles

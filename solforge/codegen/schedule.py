@@ -55,6 +55,7 @@ schedule but a split one (`split`, split tiles): its partials would be (value, i
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import triton
@@ -195,12 +196,19 @@ def _tiles_ok(c: Schedule, region: Lowered) -> bool:
         c.rblock <= triton.next_power_of_2(max(s.cols, 1)) and _tile_ok(c.block * c.rblock, c.num_warps)
 
 
-def tile_axes(schedule: Schedule, region: Lowered) -> tuple[int, int]:
-    """A pointwise `tiles` schedule's (fast, slow) loop dims: `block` elements along `contig`, the
-    fast axis, x `rblock` along the other dim of layout.transpose_dims."""
+def tile_axes(schedule: Schedule, region: Lowered) -> tuple[int, tuple[int, ...]]:
+    """A pointwise `tiles` schedule's fast loop dim and its slow loop dims: `block` elements along
+    `contig`, the fast axis, x `rblock` along the other dim of layout.transpose_dims, walked with the
+    dims before it over which the outputs are one linear range (layout.store_run: H and W of an
+    NCHW output) as one flat dim."""
     pair = layout.transpose_dims(region)
     assert pair is not None and schedule.contig in pair
-    return schedule.contig, pair[1] if schedule.contig == pair[0] else pair[0]
+    slow = pair[1] if schedule.contig == pair[0] else pair[0]
+    return schedule.contig, layout.store_run(region, slow, schedule.contig) if slow == pair[0] else (slow,)
+
+
+def tile_extent(region: Lowered, dims: tuple[int, ...]) -> int:
+    return math.prod(region.space.shape[d] for d in dims)
 
 
 def _pointwise_tiles_ok(c: Schedule, region: Lowered) -> bool:
@@ -209,8 +217,8 @@ def _pointwise_tiles_ok(c: Schedule, region: Lowered) -> bool:
         return False
     fast, slow = tile_axes(c, region)
     S = region.space.shape
-    return c.block <= triton.next_power_of_2(S[fast]) and c.rblock <= triton.next_power_of_2(S[slow]) and \
-        _tile_ok(c.block * c.rblock, c.num_warps)
+    return c.block <= triton.next_power_of_2(S[fast]) and \
+        c.rblock <= triton.next_power_of_2(tile_extent(region, slow)) and _tile_ok(c.block * c.rblock, c.num_warps)
 
 
 def _warps_for(elems: int, per_thread: int) -> int:
@@ -235,8 +243,9 @@ def space(region: Lowered) -> list[Schedule]:
                 break
             out += [Schedule("pointwise", block, 1, w, cd) for w in (1, 2, 4, 8) if 1 <= block // (32 * w) <= 16]
         pair = layout.transpose_dims(region)
-        for fast, slow in (pair, pair[::-1]) if pair else ():
-            cap_a, cap_b = triton.next_power_of_2(s.shape[fast]), triton.next_power_of_2(s.shape[slow])
+        for fast, _ in (pair, pair[::-1]) if pair else ():
+            _, slow = tile_axes(Schedule("tiles", 1, 1, 1, fast, 1), region)
+            cap_a, cap_b = triton.next_power_of_2(s.shape[fast]), triton.next_power_of_2(tile_extent(region, slow))
             for block in dict.fromkeys(min(b, cap_a) for b in (16, 32, 64, 128)):
                 for rblock in dict.fromkeys(min(b, cap_b) for b in (16, 32, 64, 128)):
                     out += [Schedule("tiles", block, 1, w, fast, rblock) for w in (1, 2, 4, 8)
@@ -323,7 +332,9 @@ def heuristic(region: Lowered) -> Schedule:
         pair = layout.transpose_dims(region)
         if pair is not None:  # read along the input's contiguous dim, 64 x 64 tiles (off the GPU: up to 128 x 128)
             side = 64 if gpu else 128
-            block, rblock = (min(side, triton.next_power_of_2(s.shape[d])) for d in (pair[1], pair[0]))
+            _, slow = tile_axes(Schedule("tiles", 1, 1, 1, pair[1], 1), region)
+            block = min(side, triton.next_power_of_2(s.shape[pair[1]]))
+            rblock = min(side, triton.next_power_of_2(tile_extent(region, slow)))
             c = Schedule("tiles", block, 1, _warps_for(block * rblock, 16), pair[1], rblock)
             if is_valid(c, region):
                 return c

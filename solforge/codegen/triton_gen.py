@@ -637,18 +637,23 @@ def _pointwise_tiles(g: _Gen, region: Lowered, sched: Schedule, outs: list[tuple
     S = region.space.shape
     fast, slow = tile_axes(sched, region)
     A, B = sched.block, sched.rblock
-    na, nb = -(-S[fast] // A), -(-S[slow] // B)
-    rest = [d for d in range(len(S)) if d not in (fast, slow)]
+    ext = math.prod(S[d] for d in slow)  # the slow dims walked as one flat dim
+    na, nb = -(-S[fast] // A), -(-ext // B)
+    rest = [d for d in range(len(S)) if d != fast and d not in slow]
     pa = "pid" if nb == 1 and not rest else f"(pid % {na})"
     pb = f"(pid // {na})" if not rest else f"(pid // {na} % {nb})"
     g.line(f"ia = {pa} * {A} + tl.arange(0, {A})[None, :]" if na > 1 else f"ia = tl.arange(0, {A})[None, :]")
     g.line(f"ib = {pb} * {B} + tl.arange(0, {B})[:, None]" if nb > 1 else f"ib = tl.arange(0, {B})[:, None]")
-    masks = [m for m in (f"(ia < {S[fast]})" if S[fast] % A else "", f"(ib < {S[slow]})" if S[slow] % B else "") if m]
+    masks = [m for m in (f"(ia < {S[fast]})" if S[fast] % A else "", f"(ib < {ext})" if ext % B else "") if m]
     if masks:
         g.rmask = "m"
         g.line(f"m = {' & '.join(masks)}")
     loop = ["0"] * len(S)
-    loop[fast], loop[slow] = "ia", "ib"
+    loop[fast] = "ia"
+    # several slow dims: their indices cut from ib (delin remembers ib as their linear index, so an
+    # output laid out along them is addressed by ib itself: stores Triton sees as contiguous)
+    for d, e in zip(slow, ("ib",) if len(slow) == 1 else g.delin("ib", [S[d] for d in slow]), strict=True):
+        loop[d] = e
     if any(S[d] != 1 for d in rest):
         g.line(f"pr = pid // {na * nb}" if na * nb > 1 else "pr = pid")
         for d, e in zip(rest, g.delin("pr", [S[d] for d in rest]), strict=True):
