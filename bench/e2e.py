@@ -91,10 +91,26 @@ def versions() -> dict[str, str]:
     return v
 
 
+def commit() -> str | None:
+    """The checkout's commit: a `.commit` file at its root where there is one (a copy sent to a GPU
+    machine, whose `.git` may be missing or stale), else git's HEAD; None when neither answers."""
+    root = Path(__file__).resolve().parent.parent
+    mark = root / ".commit"
+    if mark.is_file():
+        return mark.read_text().strip() or None
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def provenance() -> dict[str, Any]:
-    """What every results file starts with: the device, versions, date and the command."""
+    """What every results file starts with: the device, versions, commit, date and the command."""
     return {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "versions": versions(),
-            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "command": "python " + " ".join(sys.argv)}
+            "commit": commit(), "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "command": "python " + " ".join(sys.argv)}
 
 
 def write_json(result: dict[str, Any], out: str | None, indent: int = 2) -> None:

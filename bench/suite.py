@@ -528,6 +528,8 @@ def run_suite(tasks: list[Task], opts: dict[str, Any], out: Path, *, timeouts: d
                     counts["deferred"] += 1
                     print(f"[suite] {task.key}: cut by --stop-after, left for --resume", flush=True)
                     continue
+                if opts.get("commit"):  # each row its commit: files are merged across runs
+                    row.setdefault("commit", opts["commit"])
                 append_row(out, row)
                 counts["written"] += 1
                 counts["errors"] += bool(row.get("error"))
@@ -675,7 +677,8 @@ def main() -> int:
         if s["key"] not in done:
             append_row(out, s)
             print(f"[suite] skip {s['key']}: {s['skipped']}", flush=True)
-    opts = {"device": a.device, "tiny": a.tiny, "budget": a.budget, "dtype": a.dtype, "profile": a.profile}
+    opts = {"device": a.device, "tiny": a.tiny, "budget": a.budget, "dtype": a.dtype, "profile": a.profile,
+            "commit": meta.get("commit")}
     timeouts = {"default": a.timeout, "compile-max-autotune": a.autotune_timeout}
     gpus: list[str | None] = [g for g in a.gpus.split(",") if g] or [None]
     print(f"[suite] {len(todo)} of {len(tasks)} rows to run ({len(tasks) - len(todo)} already in {out})", flush=True)

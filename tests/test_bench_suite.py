@@ -78,6 +78,8 @@ def test_suite_rows_errors_timeouts_resume_and_table(tmp_path: Path) -> None:
     assert ok["shapes"] == [[suite.TINY_INT, suite.TINY_INT]]  # 37 x 24, cut by --tiny
     assert "deliberate failure in forward" in crash["error"]
     assert hang["timed_out"] is True and hang["error"] == "timed out after 20 s"
+    (meta,) = [r for r in suite.read_rows(out) if r["suite"] == "meta"]
+    assert all(r.get("commit") == meta["commit"] for r in (ok, crash, hang))  # None outside a git checkout
     skip = rows["kernelbench/3/1_MLP/fwd/-"]
     assert skip["skipped"].startswith("GEMM/conv-bound: a stack of Linear")
     n = len(suite.read_rows(out))

@@ -5,6 +5,9 @@
 #   DEADLINE=540 TESTS="tests/test_codegen_welford.py ..." PROBLEMS="17_*,60_*" LEVELS=2 GPUS=1,2,3 \
 #       OUT=/tmp/out bash tools/gpu_run.sh
 #
+# Before the device call: `git rev-parse --short HEAD > .commit` (untracked, so it travels with the
+# checkout; a device copy's .git may be stale): env.txt and bench/e2e.py's provenance read it first.
+# Delete it after, or local runs report that commit.
 # KernelBench is read from $KB (default ../shared/kernelbench; a device call carries a copy inside the
 # checkout). Writes $OUT/env.txt (date, commit, GPUs, versions), $OUT/pytest.txt, $OUT/suite.jsonl and
 # $OUT/suite.log. TESTS or PROBLEMS empty: that half is skipped.
