@@ -100,6 +100,21 @@ def test_layer_norm_and_var_std_with_a_correction() -> None:
         _one_pass_vs_two(low, ins, [SC.Schedule("looped", 64, 1, 2, 1), SC.Schedule("split", 128, 1, 4, 1, 1, 3)])
 
 
+def test_rows_the_chunks_divide_keep_no_counts() -> None:
+    """Rows of 256 in chunks of 64, and in 2 splits of 128 (no lane masked): every lane's count is
+    the number of chunks, so the source keeps none (no `wn` update); values as the reference's, an
+    offset (the cancellation a two-pass variance avoids); rows of 250 keep their counts."""
+    for cols in (256, 250):
+        x = _r(4, cols, offset=10.0)
+        w, b = _r(cols, seed=1), _r(cols, seed=2)
+        low = _low(_layer_norm, x, w, b)
+        for c in (SC.Schedule("looped", 64, 1, 2, 1, online=1), SC.Schedule("looped", 64, 2, 2, 1, online=1),
+                  SC.Schedule("split", 64, 1, 2, 1, 1, 2, online=1)):
+            _check(low, [x, w, b], c)
+            counted = re.search(r"wn\d+ = wn\d+ \+", generate(low, c)) is not None
+            assert counted == (cols == 250), (cols, c.encode())
+
+
 def test_batch_norm_statistics_of_a_channels_last_tensor_in_tiles() -> None:
     """The mean and variance per channel of an (N, H, W, C) tensor read as (N, C, H, W): a reduction
     over dims that are not the input's innermost, in `tiles` (chunks of the reduced extent, split

@@ -689,6 +689,7 @@ class _Reduction:
         self.reduces = reductions(region)
         self.loop: tuple[str, ...] | None = None  # the loop point of the open tile (a scan's input is read there)
         self.reverse = region.scan_reverse  # chunks walked from the end of the row
+        self.uniform: set[str] = set()  # Welford counts every lane shares (`_counts`)
         self.itype = "tl.int64" if g.index64 else "tl.int32"  # an arg reduction's running index
         g.red = self
         self.loop_outs = [(k, o) for k, o in outs if not (kinds[o] == "row" or (
@@ -815,6 +816,8 @@ class _Reduction:
                     full = f"tl.where(m, {full}, {_IDENT[node.fn]})"
                 if self.looped:
                     a = accs[i]
+                    # the pair's sum keeps its own accumulator: as the lanes' counts x running means
+                    # it read up to twice the error of eager's sum (LayerNorm rows offset by 1000)
                     g.line(f"{a} = " + _COMBINE[node.fn].format(a=a, v=full))
                     if i in wel:
                         self.welford_step(wel[i], v)
@@ -977,13 +980,17 @@ class _Reduction:
     def welford_step(self, state: tuple[str, str, str], v: str) -> None:
         """One chunk of a (sum, sum of squared deviations) pair (online.VAR_DOC): each lane's count
         `wn`, running mean `wm` and sum of squared deviations `wq` take the chunk's value (masked
-        lanes: unchanged)."""
+        lanes: unchanged). Where no lane is masked and chunks are walked from the first, every
+        lane's count is the number of chunks walked: no count is kept (`_counts`)."""
         g = self.g
         wn, wm, wq = state
         x, dl = g.fresh("wx"), g.fresh("wd")
         g.line(f"{x} = tl.broadcast_to({v}, {self.shape})")
         masked = bool(g.rmask or g.kmask)
-        g.line(f"{wn} = {wn} + " + ("tl.where(m, 1.0, 0.0)" if masked else "1.0"))
+        if masked or self.reverse:
+            g.line(f"{wn} = {wn} + " + ("tl.where(m, 1.0, 0.0)" if masked else "1.0"))
+        else:
+            self.uniform.add(wn)
         g.line(f"{dl} = {x} - {wm}")
         if not self.reverse:
             # chunks walked from the first, only the last one's tail masked: a lane that takes this
@@ -1000,6 +1007,14 @@ class _Reduction:
         g.line(f"{wm} = {wm} + " + (f"tl.where(m, {step}, 0.0)" if masked else step))
         g.line(f"{wq} = {wq} + " + (f"tl.where(m, {sq}, 0.0)" if masked else sq))
 
+    def _counts(self, wn: str) -> str:
+        """Each lane's count of a pair: its `wn`, or, where every lane took every chunk, the number
+        of chunks one program walks (the row's, or a split's share of it)."""
+        if wn not in self.uniform:
+            return wn
+        width = split_chunk(self.sched, self.region) if self.split else self.K
+        return f"{float(width // self.PK)}"
+
     def welford_final(self, vp: online.VarPair, state: tuple[str, str, str], total: str) -> None:
         """The lanes of a pair combined per row with its sum `total` (Chan et al.): S2 = sum(q_i +
         n_i * (m_i - mean)^2), mean = total / count; a split's program writes its own (about its
@@ -1007,12 +1022,13 @@ class _Reduction:
         g = self.g
         wn, wm, wq = state
         cnt, mean, q = g.fresh("wc"), g.fresh("wmean"), g.fresh("red")
-        if self.split:
+        if self.split and wn not in self.uniform:
             g.line(f"{cnt} = tl.maximum(tl.sum({wn}, axis={self.kax}){self.rsl}, 1.0)")
-        else:
-            g.line(f"{cnt} = {float(self.K)}")
+        else:  # every lane took every chunk of this program's columns
+            g.line(f"{cnt} = {float(split_chunk(self.sched, self.region) if self.split else self.K)}")
         g.line(f"{mean} = {total} / {cnt}")
-        g.line(f"{q} = tl.sum({wq} + {wn} * ({wm} - {mean}) * ({wm} - {mean}), axis={self.kax}){self.rsl}")
+        g.line(f"{q} = tl.sum({wq} + {self._counts(wn)} * ({wm} - {mean}) * ({wm} - {mean}), "
+               f"axis={self.kax}){self.rsl}")
         if self.split:
             m = f", mask={g.rmask}" if g.rmask else ""
             g.line(f"tl.store(ws + {self._ws(vp.s2, 'sp')}, {q}{m})")
