@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -160,11 +161,12 @@ def variant(arch: str, name: str, mode: str, batch: int, seq: int, budget: float
         out["checkpointing"] = checkpointing
     t0 = time.time()
     if name in ("solforge", "solforge-noreplay"):
+        from solforge import settings
         from solforge.api import optimize
-        from solforge.runtime import traingraphs
 
         if name == "solforge-noreplay":  # the training replays off (SOLFORGE_TRAIN_GRAPHS=0): their share
-            traingraphs.ENABLED = False
+            os.environ["SOLFORGE_TRAIN_GRAPHS"] = "0"  # for this process, as a user would set it
+            settings.reload()
 
         with torch.no_grad() if mode == "fwd" else torch.enable_grad():
             f, rep = optimize(body, (ids,), budget=budget, is_language_model=False, inplace=False,
