@@ -26,6 +26,7 @@ from solforge.tune.timing import (
     sleep_cycles,
     steady,
     time_kernel,
+    time_models,
 )
 
 fake = family_module("fakes.broken")
@@ -218,3 +219,36 @@ def test_time_kernel_reports_a_failure_as_data() -> None:
     got = time_kernel(bad, "cuda" if torch.cuda.is_available() else "cpu")
     assert not got.ok and "ValueError" in (got.error or "")
 
+
+
+def test_models_off_the_gpu_run_once_each_and_are_labelled_meaningless() -> None:
+    calls: list[str] = []
+    res = time_models([lambda: calls.append("a"), lambda: calls.append("b")], "cpu")
+    assert calls == ["a", "b"] and all(r.ok and not r.meaningful for r in res)
+    err = time_models([lambda: None, lambda: 1 / 0], "cpu")
+    assert [r.ok for r in err] == [False, False] and "ZeroDivisionError" in err[0].error
+
+
+@requires_gpu
+def test_models_are_timed_interleaved_each_round_in_turn_and_rank_by_their_work() -> None:
+    """Two models' calls alternate (a round each, the order reversed every other round), after
+    each one's warm-up and the second's `settled` gate; the one doing twice the work times about
+    twice as long."""
+    x = torch.empty(1 << 24, device="cuda")  # 64 MB
+    order: list[int] = []
+    gate = [0]
+
+    def one() -> None:
+        order.append(0)
+        x.mul_(1.0)
+
+    def two() -> None:
+        order.append(1)
+        gate[0] += 1
+        x.mul_(1.0)
+        x.mul_(1.0)
+
+    a, b = time_models([one, two], "cuda", warmup=1, runs=6, min_runs=6, settled=[None, lambda: gate[0] >= 4])
+    assert a.ok and b.ok and a.meaningful and 1.5 < b.p50_us / a.p50_us < 2.5, (a, b)
+    timed = order[1 + 4:]  # one's warm-up, two's warm-up and gate (4 calls), then the rounds
+    assert timed == [0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0], order

@@ -16,7 +16,7 @@ import torch
 from solforge.numerics import dtype_name
 from solforge.records import E2EReport, RunResult
 from solforge.runtime import distributed
-from solforge.tune.timing import time_model
+from solforge.tune.timing import time_models
 
 # End-to-end thresholds: errors from a different (fp32) reduction order in one op can flip a
 # bf16 rounding, and the flip travels through every later layer, so the bar is the whole model's
@@ -439,7 +439,8 @@ def _validate(original: Callable[..., Any], optimized: Callable[..., Any], input
     `train_loss`) and time both models: forwards, or whole training steps with `params`. Each
     compared run starts from the same RNG seed (COMPARE_SEED), so dropout draws the same masks.
     `settled`: whether the optimized model runs as its later calls will (its CUDA-graph replays
-    judged: stepgraphs.py); it is timed once it does (tune.timing.time_model). `view`: what the
+    judged: stepgraphs.py); it is timed once it does (tune.timing.time_models, both models' calls
+    interleaved). `view`: what the
     optimized model shows of an output of the original, applied to the original's (and its fp32
     copy's) outputs before they are compared or differentiated (skip_logits: runtime/logits.py)."""
     train = params is not None
@@ -533,7 +534,7 @@ def _validate(original: Callable[..., Any], optimized: Callable[..., Any], input
                 peaks = (_peak_gb(runs[0], device), _peak_gb(runs[1], device))
             else:
                 runs = [lambda f=f: f(*inputs) for f in (run, optimized)]
-            base, opt = time_model(runs[0], device, **fixed), time_model(runs[1], device, settled=settled, **fixed)
+            base, opt = time_models(runs, device, settled=[None, settled], **fixed)  # interleaved
     ms = lambda r: r.p50_us / 1e3 if r.ok else None  # noqa: E731
     speedup = base.p50_us / opt.p50_us if base.ok and opt.ok else None
     return E2EReport(
