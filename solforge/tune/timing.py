@@ -237,9 +237,10 @@ def time_models(fns: Sequence[Callable[[], Any]], device: str, *, warmup: int = 
     """`time_model` for several models at once, their timed calls interleaved: each round calls
     every model once, in reverse order every other round, so a drift of the GPU's clock over the
     timing (a clock ramping up after idling, or falling under a long fp32 GEMM's power draw) weighs
-    on each model alike. Timed one after the other, the second model of a pair ran in the other
-    state: on KernelBench level 2's GEMM rows (8192 x 8192 fp32) the optimized model's regions
-    saved 3% of the call, and the end-to-end check read 1.00x (H200, 2026-11-28). Stops once every
+    on each model alike (timed one after the other, the second model of a pair may run in another
+    state: on KernelBench level 2's GEMM rows, 8192 x 8192 fp32, the optimized model's regions
+    saved 3% of the call and the end-to-end check, baseline first, read 1.00x, H200 2026-11-28;
+    whether the order was the cause is not yet measured). Stops once every
     model has `min_runs` samples whose middle agrees within `steady`, after `runs` rounds, or once
     `max_seconds` have passed with at least 3 rounds. `settled[i]`: as time_model's, for model i,
     whose warm-up goes on until it says so. An error in any call ends the timing of all: each
