@@ -196,7 +196,7 @@ def _tune(groups: list[Any], record: GraphRecord, options: dict[str, Any],
     from solforge.integrate.select import kept_out, winner_configs
     from solforge.tune import tune
     from solforge.tune.baseline import region_baseline
-    from solforge.tune.stage import known
+    from solforge.tune.stage import budget_share, known
 
     kdb = api._open_db(options["db"])
     results = []
@@ -211,7 +211,7 @@ def _tune(groups: list[Any], record: GraphRecord, options: dict[str, Any],
                 record.from_db.append(group.workload.key)
             else:
                 left = max(0.0, float(options["budget"]) - (time.perf_counter() - t0))
-                res = tune(group.workload, baseline, device=device, budget_s=left / (len(todo) - todo.index(group)),
+                res = tune(group.workload, baseline, device=device, budget_s=budget_share(left, group, todo),
                            max_candidates=options["max_candidates"], strategy=options["strategy"], db=kdb)
                 record.tuned.append(group.workload.key)
             results.append((group, res))

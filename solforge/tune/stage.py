@@ -5,6 +5,7 @@ budget, or the database's winner."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -62,6 +63,29 @@ def side_by_side(family: TuneResult, alternative: TuneResult, run: Runner) -> tu
     return out[0], out[1]
 
 
+def _itemsize(dtype: str) -> int:
+    named = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}.get(dtype)
+    t = getattr(torch, dtype, None)
+    return named or (t.itemsize if isinstance(t, torch.dtype) else 4)
+
+
+def weight(group: _plan.WorkloadGroup) -> int:
+    """How much of the tuning budget a group's search gets against the others': the bytes its
+    workload's inputs hold times the regions it serves, what a memory-bound region's time goes
+    with (KernelBench level 2's ConvTranspose2d_Add_Min_GELU_Multiply: regions of 3.7 ms, 147 µs
+    and 6 µs each searched with an equal part of what was left of 20 s, H200 2026-11-28)."""
+    w = group.workload
+    size = sum(math.prod(s) * _itemsize(d) for s, d in zip(w.shapes, w.dtypes, strict=False))
+    return max(1, size) * max(1, len(group.regions))
+
+
+def budget_share(left: float, group: _plan.WorkloadGroup, todo: Sequence[_plan.WorkloadGroup]) -> float:
+    """`group`'s part of the `left` seconds shared by it and the groups after it in `todo`, by
+    `weight` (each search still measures its first batch however small its part)."""
+    rest = todo[todo.index(group):]
+    return left * weight(group) / sum(weight(g) for g in rest)
+
+
 def tune_groups(groups: Sequence[_plan.WorkloadGroup], *, device: str, opts: Options, kdb: KernelDB | None,
                 cached: set[Any], run_id: str, reporter: Reporter) -> TuneStage:
     """Tune each group's workload (`cached`: those the database answers without a search); the
@@ -108,7 +132,7 @@ def tune_groups(groups: Sequence[_plan.WorkloadGroup], *, device: str, opts: Opt
                 left = max(0.0, opts.budget - (time.perf_counter() - t0))
                 n = len(candidates(registry.module(group.workload.family), group.workload))
                 reporter.tune_start(group.workload.key, min(n, opts.max_candidates or n))
-                res = tune(group.workload, baseline, device=device, budget_s=left / (len(todo) - todo.index(group)),
+                res = tune(group.workload, baseline, device=device, budget_s=budget_share(left, group, todo),
                            max_candidates=opts.max_candidates, progress=reporter.tune_step, runner=run,
                            strategy=opts.strategy, db=kdb, run_id=run_id, retune=opts.retune, resume=opts.resume)
             if rival is not None and run is not None:
