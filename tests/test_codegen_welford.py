@@ -100,19 +100,23 @@ def test_layer_norm_and_var_std_with_a_correction() -> None:
         _one_pass_vs_two(low, ins, [SC.Schedule("looped", 64, 1, 2, 1), SC.Schedule("split", 128, 1, 4, 1, 1, 3)])
 
 
-def test_rows_the_chunks_divide_keep_no_counts() -> None:
+def test_welford_counts_are_known_without_counting() -> None:
     """Rows of 256 in chunks of 64, and in 2 splits of 128 (no lane masked): every lane's count is
-    the number of chunks, so the source keeps none (no `wn` update); values as the reference's, an
-    offset (the cancellation a two-pass variance avoids); rows of 250 keep their counts."""
-    for cols in (256, 250):
-        x = _r(4, cols, offset=10.0)
+    the number of chunks; rows of 250 and 300 (a masked tail; 300 in 2 splits of 192: the second
+    program's last chunk partly past the row; and 5 rows in programs of 2: a masked row) have
+    each lane's count from its index after the loop. No `wn` update in the loop either way; values
+    as the reference's, with an offset (the cancellation a two-pass variance avoids)."""
+    for cols in (256, 250, 300):
+        x = _r(5 if cols == 300 else 4, cols, offset=10.0)
         w, b = _r(cols, seed=1), _r(cols, seed=2)
         low = _low(_layer_norm, x, w, b)
         for c in (SC.Schedule("looped", 64, 1, 2, 1, online=1), SC.Schedule("looped", 64, 2, 2, 1, online=1),
                   SC.Schedule("split", 64, 1, 2, 1, 1, 2, online=1)):
             _check(low, [x, w, b], c)
             counted = re.search(r"wn\d+ = wn\d+ \+", generate(low, c)) is not None
-            assert counted == (cols == 250), (cols, c.encode())
+            assert not counted, (cols, c.encode())
+            lanes = re.search(r"wl\d+ = tl\.minimum\(", generate(low, c)) is not None  # the lanes' counts
+            assert lanes == (cols != 256), (cols, c.encode())
 
 
 def test_batch_norm_statistics_of_a_channels_last_tensor_in_tiles() -> None:

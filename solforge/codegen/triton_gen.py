@@ -689,7 +689,8 @@ class _Reduction:
         self.reduces = reductions(region)
         self.loop: tuple[str, ...] | None = None  # the loop point of the open tile (a scan's input is read there)
         self.reverse = region.scan_reverse  # chunks walked from the end of the row
-        self.uniform: set[str] = set()  # Welford counts every lane shares (`_counts`)
+        self.uniform: set[str] = set()  # Welford counts known without counting (`_counts`)
+        self.counted: dict[str, str] = {}  # ... the lanes' counts computed after the loop
         self.itype = "tl.int64" if g.index64 else "tl.int32"  # an arg reduction's running index
         g.red = self
         self.loop_outs = [(k, o) for k, o in outs if not (kinds[o] == "row" or (
@@ -987,7 +988,7 @@ class _Reduction:
         x, dl = g.fresh("wx"), g.fresh("wd")
         g.line(f"{x} = tl.broadcast_to({v}, {self.shape})")
         masked = bool(g.rmask or g.kmask)
-        if masked or self.reverse:
+        if self.reverse:
             g.line(f"{wn} = {wn} + " + ("tl.where(m, 1.0, 0.0)" if masked else "1.0"))
         else:
             self.uniform.add(wn)
@@ -1008,12 +1009,23 @@ class _Reduction:
         g.line(f"{wq} = {wq} + " + (f"tl.where(m, {sq}, 0.0)" if masked else sq))
 
     def _counts(self, wn: str) -> str:
-        """Each lane's count of a pair: its `wn`, or, where every lane took every chunk, the number
-        of chunks one program walks (the row's, or a split's share of it)."""
+        """Each lane's count of a pair: its `wn` where chunks were walked from the last; else the
+        chunks of this program's columns the lane fell inside the row in, known without counting:
+        every one where the chunks divide the row (and a split's share), else, lane l of chunks of
+        width PK from `start`, min(chunks, max(0, ceil((K - start - l) / PK)))."""
         if wn not in self.uniform:
             return wn
         width = split_chunk(self.sched, self.region) if self.split else self.K
-        return f"{float(width // self.PK)}"
+        chunks = -(-width // self.PK)
+        if self.even:
+            return f"{float(chunks)}"
+        if wn not in self.counted:
+            g, c = self.g, self.g.fresh("wl")
+            start = "k_lo" if self.split else "0"
+            g.line(f"{c} = tl.minimum(tl.maximum(({self.K} - {start} - tl.arange(0, {self.PK}){self.ksl} + "
+                   f"{self.PK - 1}) // {self.PK}, 0), {chunks}).to(tl.float32)")
+            self.counted[wn] = c
+        return self.counted[wn]
 
     def welford_final(self, vp: online.VarPair, state: tuple[str, str, str], total: str) -> None:
         """The lanes of a pair combined per row with its sum `total` (Chan et al.): S2 = sum(q_i +
@@ -1022,13 +1034,14 @@ class _Reduction:
         g = self.g
         wn, wm, wq = state
         cnt, mean, q = g.fresh("wc"), g.fresh("wmean"), g.fresh("red")
-        if self.split and wn not in self.uniform:
-            g.line(f"{cnt} = tl.maximum(tl.sum({wn}, axis={self.kax}){self.rsl}, 1.0)")
-        else:  # every lane took every chunk of this program's columns
+        counts = self._counts(wn)
+        if self.split and not (wn in self.uniform and self.even):
+            lanes = f"tl.broadcast_to({counts}, {self.shape})"
+            g.line(f"{cnt} = tl.maximum(tl.sum({lanes}, axis={self.kax}){self.rsl}, 1.0)")
+        else:  # the row's count; a split's program where every lane took every chunk of its columns
             g.line(f"{cnt} = {float(split_chunk(self.sched, self.region) if self.split else self.K)}")
         g.line(f"{mean} = {total} / {cnt}")
-        g.line(f"{q} = tl.sum({wq} + {self._counts(wn)} * ({wm} - {mean}) * ({wm} - {mean}), "
-               f"axis={self.kax}){self.rsl}")
+        g.line(f"{q} = tl.sum({wq} + {counts} * ({wm} - {mean}) * ({wm} - {mean}), axis={self.kax}){self.rsl}")
         if self.split:
             m = f", mask={g.rmask}" if g.rmask else ""
             g.line(f"tl.store(ws + {self._ws(vp.s2, 'sp')}, {q}{m})")
