@@ -691,6 +691,7 @@ class _Reduction:
         self.reverse = region.scan_reverse  # chunks walked from the end of the row
         self.uniform: set[str] = set()  # Welford counts known without counting (`_counts`)
         self.counted: dict[str, str] = {}  # ... the lanes' counts computed after the loop
+        self.kvar = "k0"  # the open chunk's first column (`walk`'s tail: kt)
         self.itype = "tl.int64" if g.index64 else "tl.int32"  # an arg reduction's running index
         g.red = self
         self.loop_outs = [(k, o) for k, o in outs if not (kinds[o] == "row" or (
@@ -734,11 +735,14 @@ class _Reduction:
             g.pop()
             g.depth -= 1
 
-    def open_cols(self, start: str) -> tuple[str, ...]:
+    def open_cols(self, start: str, tail: bool | None = None) -> tuple[str, ...]:
+        """The columns of one chunk from `start`; `tail`: whether they may pass the row's end
+        (default: unless the chunks tile it exactly), masked then."""
         g, sp = self.g, self.sp
         g.line(f"kk = {start}tl.arange(0, {self.PK}){self.ksl}")
-        g.kmask = None if self.even else "kmask"
-        if not self.even:
+        tail = not self.even if tail is None else tail
+        g.kmask = "kmask" if tail else None
+        if tail:
             g.line(f"kmask = kk < {self.K}")
         if g.rmask or g.kmask:
             g.line(f"m = {' & '.join(x for x in (g.rmask, g.kmask) if x)}")
@@ -751,7 +755,8 @@ class _Reduction:
         self.loop = tuple(loop)
         return self.loop
 
-    def open_loop(self) -> tuple[str, ...]:
+    def open_loop(self, end: int | None = None) -> tuple[str, ...]:
+        """The loop over this program's chunks (`end`: up to there, no column masked), opened."""
         g = self.g
         for i, node in enumerate(g.g.nodes):  # each pass walks its rows anew: scans start from the identity
             if node.kind == "scan":
@@ -760,16 +765,46 @@ class _Reduction:
         if self.split:
             g.line(f"for k0 in tl.range(k_lo, k_lo + {split_chunk(self.sched, self.region)}, {self.PK}):")
         else:
-            g.line(f"for k0 in tl.range(0, {self.K}, {self.PK}):")
+            g.line(f"for k0 in tl.range(0, {self.K if end is None else end}, {self.PK}):")
         g.depth += 1
         g.push()
         if self.reverse:  # the chunks from the last one (its tail masked) to the first
             return self.open_cols(f"{(self.K - 1) // self.PK * self.PK} - k0 + ")
-        return self.open_cols("k0 + ")
+        return self.open_cols("k0 + ", tail=None if end is None else False)
 
     def close_loop(self) -> None:
         self.g.pop()
         self.g.depth -= 1
+
+    def peeled(self) -> bool:
+        """Whether `walk` runs the full chunks with no column mask and the row's tail after them:
+        a chunked row that the chunks do not tile, walked from its first chunk in one program (a
+        split's programs end anywhere; a scan's carry is set up once per loop)."""
+        return self.looped and not (self.even or self.split or self.reverse or self.region.scans) \
+            and self.K > self.PK
+
+    def walk(self, chunk: Callable[[tuple[str, ...]], None]) -> None:
+        """`chunk(loop)`'s statements for every chunk of this program's columns: one loop; peeled
+        (`peeled`), a loop over the full chunks, whose loads, selects and counts need no column
+        mask (a GroupNorm of 258064 values a group in chunks of 2048 masked every one of its 126
+        chunks for the last 16 values), then the tail once, masked."""
+        if not self.peeled():
+            loop = self.open_loop()
+            chunk(loop)
+            self.close_loop()
+            return
+        full = self.K // self.PK * self.PK
+        chunk(self.open_loop(end=full))
+        self.close_loop()
+        g = self.g
+        # the tail's start under a name of its own: `k0` defined before a later `for k0` loop would
+        # make Triton carry it through that loop, as a constant into an int32 induction variable
+        g.line(f"kt = {full}")
+        g.push()
+        self.kvar = "kt"
+        chunk(self.open_cols("kt + ", tail=True))
+        self.kvar = "k0"
+        g.pop()
 
     def body(self, stage_list: Sequence[int], store: bool) -> None:
         """The passes of `stage_list` (each reduction of a stage accumulated over this program's
@@ -808,30 +843,38 @@ class _Reduction:
                                       if i in self.vpairs}).values():
                     for x in state:
                         g.line(f"{x} = tl.full({self.shape}, 0.0, tl.float32)")
-                loop = self.open_loop()
-            for i in mine:
-                node = g.g.nodes[i]
-                v, _ = g.value(node.inputs[0], loop)
-                full = f"tl.broadcast_to({v}, {self.shape})"
-                if g.rmask or g.kmask:
-                    full = f"tl.where(m, {full}, {_IDENT[node.fn]})"
-                if self.looped:
-                    a = accs[i]
-                    # the pair's sum keeps its own accumulator: as the lanes' counts x running means
-                    # it read up to twice the error of eager's sum (LayerNorm rows offset by 1000)
-                    g.line(f"{a} = " + _COMBINE[node.fn].format(a=a, v=full))
-                    if i in wel:
-                        self.welford_step(wel[i], v)
-                else:
-                    a = g.fresh("c")
-                    g.line(f"{a} = {full}")
-                g.acc[i] = a
-            for key, acc in paccs.items():
-                paccs[key] = self.arg_step(key, acc, loop)
-            for i, acc in ons.items():
-                self.online_step(self.pairs[i], acc, loop)
+            else:
+                accs, wel = {}, {}
+
+            def chunk(loop: tuple[str, ...], mine: list[int] = mine, accs: dict[int, str] = accs,
+                      wel: dict[int, tuple[str, str, str]] = wel, paccs: dict[tuple[int, str], tuple[str, str]] = paccs,
+                      ons: dict[int, tuple[str, str]] = ons) -> None:
+                for i in mine:
+                    node = g.g.nodes[i]
+                    v, _ = g.value(node.inputs[0], loop)
+                    full = f"tl.broadcast_to({v}, {self.shape})"
+                    if g.rmask or g.kmask:
+                        full = f"tl.where(m, {full}, {_IDENT[node.fn]})"
+                    if self.looped:
+                        a = accs[i]
+                        # the pair's sum keeps its own accumulator: as the lanes' counts x running
+                        # means it read up to twice the error of eager's sum (rows offset by 1000)
+                        g.line(f"{a} = " + _COMBINE[node.fn].format(a=a, v=full))
+                        if i in wel:
+                            self.welford_step(wel[i], v)
+                    else:
+                        a = g.fresh("c")
+                        g.line(f"{a} = {full}")
+                    g.acc[i] = a
+                for key, acc in paccs.items():
+                    paccs[key] = self.arg_step(key, acc, loop)
+                for i, acc in ons.items():
+                    self.online_step(self.pairs[i], acc, loop)
+
             if self.looped:
-                self.close_loop()
+                self.walk(chunk)
+            else:
+                chunk(loop)
             for i, acc in ons.items():
                 self.online_final(self.pairs[i], acc, partial=self.split, row=self.sched.online == 2)
             for i in mine:
@@ -850,12 +893,14 @@ class _Reduction:
         if not store:
             return
         if self.loop_outs:
+            def stores(loop: tuple[str, ...]) -> None:
+                for k, o in self.loop_outs:
+                    g.store(k, o, g.reshape_idx(loop, sp.shape, g.g.nodes[o].shape), "rr + kk")
+
             if self.looped:
-                loop = self.open_loop()
-            for k, o in self.loop_outs:
-                g.store(k, o, g.reshape_idx(loop, sp.shape, g.g.nodes[o].shape), "rr + kk")
-            if self.looped:
-                self.close_loop()
+                self.walk(stores)
+            else:
+                stores(loop)
         if self.split and self.row_outs:  # one program of a row's splits stores its row values
             g.line(f"smask = (rr < {self.R}) & (sp == 0)")
             g.rmask = "smask"
@@ -999,7 +1044,7 @@ class _Reduction:
             # (a reciprocal per chunk, not a division per element: the same looped GroupNorm
             # regions ran 9-15% faster so, KernelBench level 2's 19, 21, 85, H200 2026-11-28)
             wi = g.fresh("wi")
-            lo = "k0 - k_lo" if self.split else "k0"
+            lo = f"{self.kvar} - k_lo" if self.split else self.kvar
             g.line(f"{wi} = 1.0 / (({lo}) // {self.PK} + 1)")
             step = f"{dl} * {wi}"
         else:
