@@ -779,9 +779,11 @@ class _Reduction:
     def peeled(self) -> bool:
         """Whether `walk` runs the full chunks with no column mask and the row's tail after them:
         a chunked row that the chunks do not tile, walked from its first chunk in one program (a
-        split's programs end anywhere; a scan's carry is set up once per loop)."""
+        split's programs end anywhere; a scan's carry is set up once per loop), no row masked
+        (else a later loop's `m = rmask` would carry the tail's `m`, of another shape, through it:
+        Triton refuses a loop-carried value whose type changes)."""
         return self.looped and not (self.even or self.split or self.reverse or self.region.scans) \
-            and self.K > self.PK
+            and self.K > self.PK and self.R % self.PR == 0
 
     def walk(self, chunk: Callable[[tuple[str, ...]], None]) -> None:
         """`chunk(loop)`'s statements for every chunk of this program's columns: one loop; peeled
@@ -797,9 +799,7 @@ class _Reduction:
         chunk(self.open_loop(end=full))
         self.close_loop()
         g = self.g
-        # the tail's start under a name of its own: `k0` defined before a later `for k0` loop would
-        # make Triton carry it through that loop, as a constant into an int32 induction variable
-        g.line(f"kt = {full}")
+        g.line(f"kt = {full}")  # the tail's first column
         g.push()
         self.kvar = "kt"
         chunk(self.open_cols("kt + ", tail=True))
