@@ -414,3 +414,23 @@ def test_a_split_whose_last_program_reaches_past_the_row_is_masked() -> None:
     assert SC.is_valid(t, low) and 3 * SC.split_chunk(t, low) > 5120
     for got, want in zip(RT.run(low, t, [y]), REF.reference(low.ir, [y]), strict=True):
         assert compare(got, want).ok
+
+
+def test_a_thread_unrolls_a_bounded_number_of_loads() -> None:
+    """Two chained 3-D max pools read 216 taps a point: every schedule of the space, the heuristic
+    too, keeps a thread's elements x loads within the cap (a 256 x 32 tile on 16 warps made 93K
+    lines of PTX that ptxas had not compiled after 6 minutes); a region of two loads keeps its
+    widest tiles; the kernels against the reference."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool3d(F.max_pool3d(torch.sigmoid(x), 3), 2)
+
+    low, ins = _region(f, _r(2, 3, 13, 14, 15))
+    assert layout.loads_per_point(low) == 216
+    space = SC.space(low)
+    assert space and SC.is_valid(SC.heuristic(low), low)
+    for c in space:
+        assert max(1, SC.tile_elems(c) // (32 * c.num_warps)) * 216 <= SC._MAX_UNROLLED_LOADS, c.encode()
+    _check(low, ins, [SC.heuristic(low), *space[:2]])
+    plain, _ = _region(lambda x, y: x * y + 1, _r(64, 300), _r(64, 300))
+    assert layout.loads_per_point(plain) == 2
+    assert any(c.block == 4096 for c in SC.space(plain))  # 16 a thread: the per-thread cap, not the loads

@@ -137,6 +137,13 @@ def walk(region: Lowered) -> list[LoadWalk]:
     return found
 
 
+@_per_region
+def loads_per_point(region: Lowered) -> int:
+    """The loads one loop point's code makes (`walk`'s distinct reads): a pool's window unrolls
+    into one per tap (two chained 3-D max pools of 2: 64)."""
+    return max(1, len(walk(region)))
+
+
 def dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
     """The strides lay the shape out without holes or overlaps (some permutation of contiguous)."""
     dims = sorted((s, n) for n, s in zip(shape, stride, strict=True) if n != 1)

@@ -83,6 +83,7 @@ _SPLIT_LONG_COLS = 1 << 16
 # for coalesced loads): KernelBench level 2's LayerNorm over W = 64 of a channels-last tensor was
 # tuned to 128 rows x 32 in two chunks (two passes over its 537 MB input, 1477 µs, H200 2026-11-28)
 _WHOLE_TILE_COLS = 128
+_MAX_UNROLLED_LOADS = 512  # loads a thread's code unrolls (`_code_ok`)
 _ABBREV = {"block": "b", "rows": "r", "num_warps": "w", "contig": "c", "rblock": "rb", "splits": "s", "online": "o"}
 
 
@@ -147,6 +148,19 @@ def _tile_ok(elems: int, warps: int) -> bool:
     return elems <= _MAX_TILE and elems // (32 * warps) <= _MAX_PER_THREAD
 
 
+def tile_elems(c: Schedule) -> int:
+    """Elements of one program's tile."""
+    return {"pointwise": c.block, "tiles": c.block * c.rblock}.get(c.variant, c.rows * c.block)
+
+
+def _code_ok(c: Schedule, region: Lowered) -> bool:
+    """The loads a thread's code unrolls (its elements of the tile x the loads of a loop point)
+    stay within _MAX_UNROLLED_LOADS: two chained 3-D max pools (64 loads a point) in tiles of
+    256 x 32 on 16 warps made 93K lines of PTX that ptxas had not compiled after 6 minutes."""
+    per_thread = max(1, tile_elems(c) // (32 * c.num_warps))
+    return per_thread * layout.loads_per_point(region) <= _MAX_UNROLLED_LOADS
+
+
 def online_ok(schedule: Schedule, region: Lowered) -> bool:
     """`online` = 1 or 2 where a chunked pass runs the reductions (looped, split; tiles whose `rblock`
     is narrower than the reduced extent, or split) and the region has an online pair."""
@@ -162,6 +176,8 @@ def is_valid(schedule: Schedule, region: Lowered) -> bool:
     if c.online and not online_ok(c, region):
         return False
     if c.variant not in VARIANTS or c.num_warps not in _WARPS or not (_pow2(c.block) and _pow2(c.rows)):
+        return False
+    if not _code_ok(c, region):
         return False
     if region.scans and c.variant not in ("rows", "looped"):
         return False
@@ -315,6 +331,30 @@ def _fewest_valid_splits(c: Schedule, region: Lowered, otherwise: Schedule) -> S
     return c if is_valid(c, region) else otherwise
 
 
+def _fit(c: Schedule, region: Lowered) -> Schedule:
+    """`c` made valid: more warps, then a smaller tile (fewer rows; a row too wide for the code cap
+    chunked instead; the wider side of a 2-D tile halved), as far as that goes."""
+    while not is_valid(c, region) and c.num_warps < 32:
+        c = dataclasses.replace(c, num_warps=c.num_warps * 2)
+    for _ in range(32):
+        if is_valid(c, region):
+            break
+        if c.variant == "rows":
+            c = dataclasses.replace(c, rows=c.rows // 2) if c.rows > 1 else \
+                Schedule("looped", max(16, min(2048, c.block // 2)), 1, c.num_warps, c.contig)
+        elif c.variant == "tiles" and c.rblock > 1 and (c.rblock >= c.block or c.block <= 16):
+            c = dataclasses.replace(c, rblock=c.rblock // 2)
+        elif c.variant == "tiles" and c.block > 1:
+            c = dataclasses.replace(c, block=c.block // 2)
+        elif c.block > 16:
+            c = dataclasses.replace(c, block=c.block // 2)
+        elif c.rows > 1:
+            c = dataclasses.replace(c, rows=c.rows // 2)
+        else:
+            break
+    return c
+
+
 def heuristic(region: Lowered) -> Schedule:
     """Untuned default. Pointwise: 1024-wide tiles, 4 warps (smaller regions: one tile); one that
     transposes: 64 x 64 `tiles` read along the input's contiguous dim. Reductions over dims that
@@ -340,7 +380,7 @@ def heuristic(region: Lowered) -> Schedule:
                 return c
         n = triton.next_power_of_2(max(s.numel, 1))
         block = min(1024 if gpu else 8192, max(n, 128))
-        return Schedule("pointwise", block, 1, _warps_for(block, 8) if gpu else 4, cd)
+        return _fit(Schedule("pointwise", block, 1, _warps_for(block, 8) if gpu else 4, cd), region)
     width = triton.next_power_of_2(max(s.cols, 1))
     rows_max = triton.next_power_of_2(max(s.rows, 1))
     inner = None if region.scans else layout.inner_dim(region)
@@ -364,8 +404,7 @@ def heuristic(region: Lowered) -> Schedule:
         c = Schedule("rows", width, r, _warps_for(r * width, 16), cd)
     else:
         c = Schedule("looped", 2048, 1, 8, cd)
-    while not is_valid(c, region) and c.num_warps < 32:
-        c = dataclasses.replace(c, num_warps=c.num_warps * 2)
+    c = _fit(c, region)
     if online_ok(dataclasses.replace(c, online=1), region) and is_valid(dataclasses.replace(c, online=1), region):
         c = dataclasses.replace(c, online=1)  # a chunked softmax's max and sum of exp, a mean and variance: one pass
     return c
