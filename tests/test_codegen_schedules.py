@@ -431,6 +431,15 @@ def test_a_thread_unrolls_a_bounded_number_of_loads() -> None:
     for c in space:
         assert max(1, SC.tile_elems(c) // (32 * c.num_warps)) * 216 <= SC._MAX_UNROLLED_LOADS, c.encode()
     _check(low, ins, [SC.heuristic(low), *space[:2]])
+    # a stride-1 pool chained into a stride-2 one: taps of the two reach the same positions, but
+    # the kernel loads once per chain of taps (9 x 9), and so the count
+    def g(x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(F.max_pool2d(torch.relu(x), 3, 1, 1), 3, 2, 1)
+
+    chained, _ = _region(g, _r(2, 5, 9, 11))
+    from solforge.codegen.triton_gen import generate
+
+    assert layout.loads_per_point(chained) == 81 == generate(chained, SC.heuristic(chained)).count("tl.load(")
     plain, _ = _region(lambda x, y: x * y + 1, _r(64, 300), _r(64, 300))
     assert layout.loads_per_point(plain) == 2
     assert any(c.block == 4096 for c in SC.space(plain))  # 16 a thread: the per-thread cap, not the loads

@@ -155,7 +155,7 @@ def tile_elems(c: Schedule) -> int:
 
 def _code_ok(c: Schedule, region: Lowered) -> bool:
     """The loads a thread's code unrolls (its elements of the tile x the loads of a loop point)
-    stay within _MAX_UNROLLED_LOADS: two chained 3-D max pools (64 loads a point) in tiles of
+    stay within _MAX_UNROLLED_LOADS: two chained 3-D max pools (216 loads a point) in tiles of
     256 x 32 on 16 warps made 93K lines of PTX that ptxas had not compiled after 6 minutes."""
     per_thread = max(1, tile_elems(c) // (32 * c.num_warps))
     return per_thread * layout.loads_per_point(region) <= _MAX_UNROLLED_LOADS
