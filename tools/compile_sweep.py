@@ -1,0 +1,82 @@
+"""Probe: every generated region of KernelBench (levels 1-3 at shrunk sizes) compiles for sm_90
+without a GPU.
+
+    PYTHONPATH=$PWD python tools/compile_sweep.py [--levels 1,2,3] [--kernelbench PATH] [--samples 2]
+
+For each problem (tools/codegen_coverage.py's shrunk sizes and capture), each region the generated
+matcher forms (worth a kernel or not), the heuristic schedule and `--samples` sampled ones are
+compiled through Triton's own pipeline for GPUTarget("cuda", 90, 32) with its bundled ptxas
+(tests/test_codegen_sm90_compile.py's helpers: a process without the interpreter), 50 at a time.
+Prints each compiler error and the count.
+
+Decided (2026-11-28): the code cap of codegen/schedule.py (`_code_ok`: a thread unrolls at most
+512 loads): a chained-pools kernel of an Inception block (90 loads a point, 8192-wide tiles) and
+one of two chained 3-D max pools (216 loads, 256 x 32 tiles) kept ptxas busy for more than 6
+minutes each; and `layout.loads_per_point` counting loads as the generator writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tools"), str(ROOT)]
+
+import codegen_coverage as CC  # noqa: E402
+from test_codegen_sm90_compile import _item, sm90_compile  # noqa: E402
+
+from solforge.capture import capture  # noqa: E402
+from solforge.codegen import regions as RG  # noqa: E402
+from solforge.codegen import schedule as SC  # noqa: E402
+from solforge.plan import find_matches  # noqa: E402
+from solforge.plan import generated as GEN  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--levels", default="1,2,3")
+    ap.add_argument("--kernelbench", default=str(ROOT.parent / "shared" / "kernelbench"))
+    ap.add_argument("--samples", type=int, default=2, help="sampled schedules per region beside the heuristic")
+    a = ap.parse_args()
+    rng = random.Random(0)
+    items, names = [], []
+    t0 = time.time()
+    for level in (int(x) for x in a.levels.split(",")):
+        files = sorted((Path(a.kernelbench) / f"level{level}").glob("*.py"), key=lambda p: int(p.stem.split("_")[0]))
+        for path in files:
+            try:
+                model, inputs, _cap = CC.load_small(path, level)
+                torch._dynamo.reset()
+                with torch.no_grad():
+                    captured = capture(model, inputs)
+                for g in captured.graphs:
+                    graph = g.aten.graph
+                    family = {n for m in find_matches(graph) if m.family != "generated" for n in m.nodes}
+                    scratch, excluded = GEN.scratch(graph, family)
+                    for fr in RG.form_regions(scratch.graph, excluded):
+                        space = SC.space(fr.lowered)
+                        picks = [SC.heuristic(fr.lowered), *rng.sample(space, min(a.samples, len(space)))]
+                        for c in dict.fromkeys(picks):
+                            items.append(_item(fr.lowered, c))
+                            names.append(f"{level}/{path.stem}: {c.encode()}")
+            except Exception as e:  # noqa: BLE001 - a problem that does not load or capture is a line
+                print(f"skip {level}/{path.stem}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+    print(f"{len(items)} kernels ({time.time() - t0:.0f} s to form)", flush=True)
+    errors = 0
+    for i in range(0, len(items), 50):
+        for n, e in zip(names[i:i + 50], sm90_compile(items[i:i + 50]), strict=True):
+            if e is not None:
+                errors += 1
+                print(f"ERROR {n}: {e[:800]}", flush=True)
+        print(f"{min(i + 50, len(items))} compiled, {errors} errors ({time.time() - t0:.0f} s)", flush=True)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
