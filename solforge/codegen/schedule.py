@@ -158,7 +158,8 @@ def _code_ok(c: Schedule, region: Lowered) -> bool:
     stay within _MAX_UNROLLED_LOADS: two chained 3-D max pools (216 loads a point) in tiles of
     256 x 32 on 16 warps made 93K lines of PTX that ptxas had not compiled after 6 minutes, and
     an Inception block's chained pools (34-40 loads) in 8192-wide tiles on 32 warps (8 a thread,
-    under a cap of 512) took about 30 s each (tools/compile_sweep.py, 2026-11-28)."""
+    under a cap of 512) took tens of seconds each: a batch of 50 ran past 10 minutes
+    (tools/compile_sweep.py, 2026-11-28)."""
     per_thread = max(1, tile_elems(c) // (32 * c.num_warps))
     return per_thread * layout.loads_per_point(region) <= _MAX_UNROLLED_LOADS
 
