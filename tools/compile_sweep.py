@@ -6,7 +6,7 @@ without a GPU.
 For each problem (tools/codegen_coverage.py's shrunk sizes and capture), each region the generated
 matcher forms (worth a kernel or not), the heuristic schedule and `--samples` sampled ones are
 compiled through Triton's own pipeline for GPUTarget("cuda", 90, 32) with its bundled ptxas
-(tests/test_codegen_sm90_compile.py's helpers: a process without the interpreter), 50 at a time.
+(tests/test_codegen_sm90_compile.py's helpers: a process without the interpreter), 10 at a time.
 Prints each compiler error and the count.
 
 Decided (2026-11-28): the code cap of codegen/schedule.py (`_code_ok`: a thread unrolls at most
@@ -69,12 +69,12 @@ def main() -> int:
                 print(f"skip {level}/{path.stem}: {type(e).__name__}: {str(e)[:120]}", flush=True)
     print(f"{len(items)} kernels ({time.time() - t0:.0f} s to form)", flush=True)
     errors = 0
-    for i in range(0, len(items), 50):
-        for n, e in zip(names[i:i + 50], sm90_compile(items[i:i + 50]), strict=True):
+    for i in range(0, len(items), 10):
+        for n, e in zip(names[i:i + 10], sm90_compile(items[i:i + 10]), strict=True):
             if e is not None:
                 errors += 1
                 print(f"ERROR {n}: {e[:800]}", flush=True)
-        print(f"{min(i + 50, len(items))} compiled, {errors} errors ({time.time() - t0:.0f} s)", flush=True)
+        print(f"{min(i + 10, len(items))} compiled, {errors} errors ({time.time() - t0:.0f} s)", flush=True)
     return 1 if errors else 0
 
 
