@@ -10,7 +10,7 @@ compiled through Triton's own pipeline for GPUTarget("cuda", 90, 32) with its bu
 Prints each compiler error and the count.
 
 Decided (2026-11-28): the code cap of codegen/schedule.py (`_code_ok`: a thread unrolls at most
-256 loads): a chained-pools kernel of an Inception block (90 loads a point, 8192-wide tiles) and
+128 loads): a chained-pools kernel of an Inception block (90 loads a point, 8192-wide tiles) and
 one of two chained 3-D max pools (216 loads, 256 x 32 tiles) kept ptxas busy for more than 6
 minutes each; and `layout.loads_per_point` counting loads as the generator writes them.
 """

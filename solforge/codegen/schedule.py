@@ -83,7 +83,7 @@ _SPLIT_LONG_COLS = 1 << 16
 # for coalesced loads): KernelBench level 2's LayerNorm over W = 64 of a channels-last tensor was
 # tuned to 128 rows x 32 in two chunks (two passes over its 537 MB input, 1477 µs, H200 2026-11-28)
 _WHOLE_TILE_COLS = 128
-_MAX_UNROLLED_LOADS = 256  # loads a thread's code unrolls (`_code_ok`)
+_MAX_UNROLLED_LOADS = 128  # loads a thread's code unrolls (`_code_ok`)
 _ABBREV = {"block": "b", "rows": "r", "num_warps": "w", "contig": "c", "rblock": "rb", "splits": "s", "online": "o"}
 
 
@@ -155,13 +155,14 @@ def tile_elems(c: Schedule) -> int:
 
 def _code_ok(c: Schedule, region: Lowered) -> bool:
     """The loads a thread's code unrolls (its elements of the tile x the loads of a loop point)
-    stay within _MAX_UNROLLED_LOADS: two chained 3-D max pools (216 loads a point) in tiles of
-    256 x 32 on 16 warps made 93K lines of PTX that ptxas had not compiled after 6 minutes, and
-    an Inception block's chained pools (34-40 loads) in 8192-wide tiles on 32 warps (8 a thread,
-    under a cap of 512) took tens of seconds each: a batch of 50 ran past 10 minutes
-    (tools/compile_sweep.py, 2026-11-28)."""
+    stay within _MAX_UNROLLED_LOADS (one element a thread always may): two chained 3-D max pools
+    (216 loads a point) in tiles of 256 x 32 on 16 warps made 93K lines of PTX that ptxas had not
+    compiled after 6 minutes; an Inception block's chained pools (34-40 loads) in 8192-wide tiles
+    on 32 warps (8 a thread, under a cap of 512) took tens of seconds each, a batch of 50 past 10
+    minutes; at 256, 8 a thread x 31 loads still took about half a minute (tools/compile_sweep.py,
+    2026-11-28)."""
     per_thread = max(1, tile_elems(c) // (32 * c.num_warps))
-    return per_thread * layout.loads_per_point(region) <= _MAX_UNROLLED_LOADS
+    return per_thread == 1 or per_thread * layout.loads_per_point(region) <= _MAX_UNROLLED_LOADS
 
 
 def online_ok(schedule: Schedule, region: Lowered) -> bool:
