@@ -3,11 +3,17 @@ before triton is imported anywhere, hence here. With a GPU, the same tests run o
 
 import os
 
-import pytest
-import torch
+# tools/gpu_tests.sh on a host of several GPUs: each pytest-xdist worker takes one of $PYTEST_GPUS in
+# turn (set before torch starts CUDA), so one run's workers spread over the GPUs and share its files
+if os.environ.get("PYTEST_GPUS") and os.environ.get("PYTEST_XDIST_WORKER"):
+    _gpus = os.environ["PYTEST_GPUS"].split(",")
+    os.environ["CUDA_VISIBLE_DEVICES"] = _gpus[int(os.environ["PYTEST_XDIST_WORKER"][2:]) % len(_gpus)]
 
-from solforge import settings
-from solforge.kernels import registry
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from solforge import settings  # noqa: E402
+from solforge.kernels import registry  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
