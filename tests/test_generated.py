@@ -312,3 +312,26 @@ def test_a_lone_copy_that_changes_the_memory_order_is_a_region(case: str) -> Non
     for plain, y in ((Copy(), x), (KeepsInner(), x), (Relayout(), _r(3, 5, 7, 11))):
         _, report = optimize(plain, (y,), budget=1, max_candidates=1, db=False, profile="off")
         assert not report.regions and report.returned == "original", report.notes
+
+
+def test_a_lone_max_pool_whose_indices_nothing_reads_is_a_region() -> None:
+    """A max pool alone is worth a kernel when nothing reads its indices (eager's kernel writes them,
+    int64, a generated one does not); a lone ReLU is not, nor is a pool whose indices are returned."""
+    class Pool(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.max_pool2d(x, 3, stride=2, padding=1)
+
+    class PoolIndices(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True)
+
+    class Relu(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(x)
+
+    x = _r(2, 7, 37, 29)
+    opt, _ = _run(Pool(), x)
+    assert torch.equal(opt(x), Pool()(x))
+    for plain in (PoolIndices(), Relu()):
+        _, report = optimize(plain, (x,), budget=1, max_candidates=1, db=False, profile="off")
+        assert not report.regions and report.returned == "original", report.notes

@@ -196,8 +196,8 @@ def audit_graph(graph: fx.Graph) -> dict[str, Any]:
             why = GEN.worth(fr, nodes, composite)
             if why is not None:
                 why = "not worth a kernel: " + ("one pointwise op" if why.startswith("one pointwise") else why)
-            elif GEN._written_between(graph, inputs, order[nodes[0]], order[nodes[-1]], order):
-                why = "region refused: an input is written while it runs"
+            elif GEN.stale_reads(graph, nodes, outputs, order):
+                why = "region refused: a value it reads is written while it runs"
             elif not sharing.allows(nodes, outputs, inputs):
                 why = "region refused: shares inner nodes (plan/sharing.py)"
             elif not set(nodes) <= gen:

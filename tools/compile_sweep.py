@@ -2,8 +2,10 @@
 without a GPU.
 
     PYTHONPATH=$PWD python tools/compile_sweep.py [--levels 1,2,3] [--kernelbench PATH] [--samples 2]
+        [--official] [--problems GLOB]
 
-For each problem (tools/codegen_coverage.py's shrunk sizes and capture), each region the generated
+For each problem (tools/codegen_coverage.py's shrunk sizes and capture; `--official`: its own sizes
+on the meta device), each region the generated
 matcher forms (worth a kernel or not), the heuristic schedule and `--samples` sampled ones are
 compiled through Triton's own pipeline for GPUTarget("cuda", 90, 32) with its bundled ptxas
 (tests/test_codegen_sm90_compile.py's helpers: a process without the interpreter), 10 at a time.
@@ -22,6 +24,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -38,20 +41,36 @@ from solforge.plan import find_matches  # noqa: E402
 from solforge.plan import generated as GEN  # noqa: E402
 
 
+def _official(path: Path) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """The problem's model and inputs at its own sizes on the meta device (eval, as the suite)."""
+    from solforge.zoo.loaders import import_file
+
+    module = import_file(str(path))
+    with torch.device("meta"):
+        model = module.Model(*module.get_init_inputs()).eval()
+        raw = module.get_inputs()
+    raw = raw if isinstance(raw, list | tuple) else [raw]
+    return model, tuple(x.to("meta") if isinstance(x, torch.Tensor) else x for x in raw)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--levels", default="1,2,3")
     ap.add_argument("--kernelbench", default=str(ROOT.parent / "shared" / "kernelbench"))
     ap.add_argument("--samples", type=int, default=2, help="sampled schedules per region beside the heuristic")
+    ap.add_argument("--official", action="store_true",
+                    help="the problems at their official sizes, captured on the meta device (no memory, no run)")
+    ap.add_argument("--problems", default="*", help="a glob over the problem files' stems")
     a = ap.parse_args()
     rng = random.Random(0)
     items, names = [], []
     t0 = time.time()
     for level in (int(x) for x in a.levels.split(",")):
-        files = sorted((Path(a.kernelbench) / f"level{level}").glob("*.py"), key=lambda p: int(p.stem.split("_")[0]))
+        files = sorted((Path(a.kernelbench) / f"level{level}").glob(f"{a.problems}.py"),
+                       key=lambda p: int(p.stem.split("_")[0]))
         for path in files:
             try:
-                model, inputs, _cap = CC.load_small(path, level)
+                model, inputs = _official(path) if a.official else CC.load_small(path, level)[:2]
                 torch._dynamo.reset()
                 with torch.no_grad():
                     captured = capture(model, inputs)
