@@ -348,6 +348,25 @@ def test_a_view_keeps_the_index_of_a_dim_it_passes_through() -> None:
     _sweep(low, ins, "tiles")
 
 
+@pytest.mark.parametrize("pool", ["avg1d", "max2d"])
+def test_a_padded_pool_is_no_transpose(pool: str) -> None:
+    """A pool whose zero border puts the loop's first point outside its input (KernelBench's 1-D
+    average pool padded by 4): its taps read along the same dim the output is stored along, so no
+    tiles and a pointwise heuristic along W; odd sizes, the pointwise schedules against the reference."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        if pool == "avg1d":
+            return F.avg_pool1d(x, 8, stride=1, padding=4)
+        return F.max_pool2d(x, 3, stride=2, padding=1)
+
+    x = _r(3, 5, 67) if pool == "avg1d" else _r(2, 5, 13, 37)
+    low, ins = _region(f, x)
+    assert layout.inner_dim(low) == len(x.shape) - 1
+    assert layout.transpose_dims(low) is None, [w.strides for w in layout.walk(low)]
+    h = SC.heuristic(low)
+    assert h.variant == "pointwise" and h.contig == len(low.space.shape) - 1, h
+    _sweep(low, ins, "pointwise")
+
+
 def test_pointwise_without_a_transpose_has_no_tiles() -> None:
     low = _region(lambda x, y: x * y + 1, _r(5, 37), _r(37))[0]
     assert layout.transpose_dims(low) is None and SC.heuristic(low).variant == "pointwise"

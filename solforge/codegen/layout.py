@@ -94,8 +94,13 @@ def walk(region: Lowered) -> list[LoadWalk]:
     g, S, ir = region.graph, region.space.shape, region.ir
     dims = [d for d, n in enumerate(S) if n > 1]
     points = 1 + len(dims)
-    # point 0: the origin; point 1 + k: one step along dims[k]
-    start: Idx = tuple(tuple(1 if p > 0 and dims[p - 1] == d else 0 for p in range(points)) for d in range(len(S)))
+    # point 0: the loop's middle point; point 1 + k: one step along dims[k]. Not the origin: a
+    # padded view (a pool's or a conv's zero border) maps the origin outside its input, where the
+    # index arithmetic wraps into the row before (a 1-D average pool padded by 4 read as if its
+    # taps ran along the batch dim, and was tiled as a transpose)
+    mid = [(n - 1) // 2 for n in S]
+    start: Idx = tuple(tuple(mid[d] + (1 if p > 0 and dims[p - 1] == d else 0) for p in range(points))
+                       for d in range(len(S)))
     seen: set[tuple[int, Idx]] = set()
     found: list[LoadWalk] = []
     numel_s = math.prod(S)
