@@ -52,8 +52,13 @@ def _give_back_large_gpu_memory(request: pytest.FixtureRequest):
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     """Each test compiles models with its own backends: start every test with dynamo's caches
-    empty so earlier compilations never count against the recompile limit."""
+    empty so earlier compilations never count against the recompile limit. Training captures an
+    earlier test kept alive (its model not yet collected) are not counted in this one's memory rule
+    (runtime/traingraphs.py counts every kept capture's pool)."""
+    from solforge.runtime import traingraphs
+
     torch.compiler.reset()
+    traingraphs._HOLDING.clear()
     yield
 
 

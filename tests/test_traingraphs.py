@@ -521,6 +521,29 @@ def test_a_capture_within_the_memory_rule_or_allowed_more_is_kept(monkeypatch: p
     assert f"peak reserved 14.00 GiB replayed against {24 - after:.2f} GiB run as it is" in t.summary()
 
 
+def test_the_pools_of_captures_kept_elsewhere_count_with_a_new_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1 GiB capture on a 14 GiB peak is within the rule alone (the test above); with another
+    graph's capture holding 2 GiB on the device, a step run as it is without any capture would
+    peak at 11 GiB, so the two replays together cost 27% more memory: the new one goes, the summary
+    names the other pools."""
+    class Held:  # another graph's capture kept on the same device (here: none, the CPU stand-in's)
+        pool_reserved, _device = 2 * GiB, None
+
+    held = Held()
+    traingraphs._HOLDING.add(held)  # type: ignore[arg-type]
+    try:
+        _memory(monkeypatch, 10, 11, 14)
+        step = _wrapped(_graph())
+        kinds = _clocked_steps(monkeypatch, step, _params(), 16, 0.0085, 0.0643)
+    finally:
+        traingraphs._HOLDING.discard(held)  # type: ignore[arg-type]
+    t = step.training
+    assert t is not None and t.peaks == (14 * GiB, 11 * GiB) and t._cap is None, t.summary()
+    assert "".join(kinds) == "PPPR" + "RRPPRRPP" + "P" * 4, kinds
+    assert "other captures' pools (2.00 GiB) counted with its own" in (t.declined or ""), t.declined
+    assert t not in traingraphs._HOLDING
+
+
 def test_a_capture_kept_unjudged_for_want_of_room_is_held_to_the_memory_rule_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """No room to judge it on steps: the memory reserved at the capture decides (14 GiB against

@@ -35,8 +35,10 @@ under torch.distributed too (DDP, FSDP2: distributed.py says why).
    screen found it) where not. A dropped capture's pool goes back to the device at once
    (`give_back_pool`).
    Memory is judged too: a capture whose replayed step's peak reserved memory is more than
-   TRAIN_MEMORY times the step run as it is without the capture (the peak of the run steps less
-   what the capture reserved: its pool, and its warm-up run on a stream of its own) is dropped,
+   TRAIN_MEMORY times the step run as it is without any capture (the peak of the run steps less
+   what the capture reserved, the larger of the growth of the memory reserved across it and its
+   pool's own segments, and less what every other capture kept on the device reserved: their
+   pools count together) is dropped,
    unless SOLFORGE_TRAIN_MEMORY_RULE=0 (settings.train_memory_rule): on two held-out
    decoders the replayed step's peak reserved memory was 35-45% above torch.compile's. A capture
    kept unjudged for want of room is held to the same rule at once, on the memory reserved then. (Until 2026-11-26 the
@@ -170,6 +172,17 @@ def _peak_reserved(device: torch.device | None) -> int | None:
     return torch.cuda.max_memory_reserved(device) if device is not None and device.type == "cuda" else None
 
 
+def _pool_size(pool: Any, device: torch.device | None) -> int | None:
+    """Bytes of the segments torch's caching allocator holds from `device` for the private pool
+    `pool` (a CUDA graph's, CUDAGraph.pool()): the capture's memory whatever the allocator held
+    cached before it; None off CUDA or without a pool."""
+    if pool is None or device is None or device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+               if tuple(seg.get("segment_pool_id", ())) == tuple(pool) and seg.get("device", index) == index)
+
+
 def _free(device: torch.device | None) -> int | None:
     """Bytes a new allocation on `device` can get: free on the device plus what torch's caching
     allocator holds unused; None off CUDA."""
@@ -210,6 +223,7 @@ class TrainCapture:
     # instead of writing `grads` (one per input that requires grad; None where its gradient is
     # None): the replay of the result (TrainGraph's accumulating backward); None where not offered
     accumulating: Callable[[Sequence[torch.Tensor | None]], Callable[[], None]] | None = None
+    pool: Any = None  # the private memory pool's id (CUDAGraph.pool()); None where there is none
 
 
 def cuda_capture_train(fn: Callable[..., Any], args: Sequence[Any], needs: Sequence[int],
@@ -285,7 +299,7 @@ def _capture_train_here(fn: Callable[..., Any], args: Sequence[Any], needs: Sequ
 
     detached = pytree.tree_map(lambda o: o.detach() if isinstance(o, torch.Tensor) else o, out)
     return TrainCapture(fwd.replay, bwd.replay, detached, [o.requires_grad for o in tensors], grad_outputs,
-                        list(grads), accumulating=accumulating)
+                        list(grads), accumulating=accumulating, pool=fwd.pool())
 
 
 def _set_versions(tensors: Sequence[torch.Tensor], versions: Sequence[int]) -> None:
@@ -412,6 +426,10 @@ def give_back_pool() -> None:
         torch.cuda.empty_cache()
 
 
+# the TrainGraphs holding a capture now (their pools count together in the memory rule)
+_HOLDING: weakref.WeakSet[TrainGraph] = weakref.WeakSet()
+
+
 class TrainGraph:
     """The training-call side of a StepGraph (module doc). `capture` and `measure` are the CUDA
     implementations by default; the CPU tests pass stand-ins with the same contract."""
@@ -451,6 +469,7 @@ class TrainGraph:
         self.pool_reserved: int | None = None  # ... and to the memory reserved (None off CUDA)
         # the peak reserved bytes of a step replayed and of one run as it is without the capture, once judged
         self.peaks: tuple[int, int] | None = None
+        self.others = 0  # what other captures' pools reserved when the memory rule was applied
         self.declined: str | None = None
         self._cap: TrainCapture | None = None
         self._key: tuple[Any, ...] | None = None
@@ -609,23 +628,29 @@ class TrainGraph:
         return "replay" if (self._judge_calls - 1) // TRAIN_BLOCK % 2 == 0 else "run"
 
     def _memory(self) -> tuple[int, int] | None:
-        """(the peak reserved bytes of a step replayed, of a step run as it is without the
+        """(the peak reserved bytes of a step replayed, of a step run as it is without any
         capture): the largest peaks read at the end of the timed steps of each kind (where none
-        was, the peak now), the run's less what the capture reserved; None off CUDA."""
+        was, the peak now), the run's less what this capture and every other one kept on the
+        device reserved (their pools count together: a HF Trainer step of LoRA ran two graphs,
+        each judged beside the other's pool); None off CUDA."""
         if self.pool_reserved is None:
             return None
         now = _peak_reserved(self._device)
         replay, run = max(self._peaks["replay"], default=now), max(self._peaks["run"], default=now)
         if replay is None or run is None:
             return None
-        return replay, max(0, run - self.pool_reserved)
+        return replay, max(0, run - self.pool_reserved - self.others_reserved())
+
+    def others_reserved(self) -> int:
+        """What the other captures kept on this graph's device reserved (their pools)."""
+        return sum(g.pool_reserved or 0 for g in list(_HOLDING) if g is not self and g._device == self._device)
 
     def _too_much_memory(self) -> bool:
         """Once the capture is judged (or kept unjudged): whether it raises the step's peak
         reserved memory past TRAIN_MEMORY times that of a step run as it is (and by more than
         TRAIN_MEMORY_FLOOR); if so (and
         SOLFORGE_TRAIN_MEMORY_RULE is on) it is dropped, its pool given back."""
-        self.peaks = self._memory()
+        self.peaks, self.others = self._memory(), self.others_reserved()
         if self.peaks is None or not MEMORY_RULE or \
                 self.peaks[0] <= max(TRAIN_MEMORY * self.peaks[1], self.peaks[1] + TRAIN_MEMORY_FLOOR):
             return False
@@ -638,7 +663,8 @@ class TrainGraph:
     def _peaks_text(self) -> str:
         assert self.peaks is not None
         return (f"peak reserved {self.peaks[0] / 2**30:.2f} GiB replayed against {self.peaks[1] / 2**30:.2f} GiB "
-                "run as it is")
+                "run as it is" + (f", other captures' pools ({self.others / 2**30:.2f} GiB) counted with its own"
+                                  if self.others else ""))
 
     def _judged_text(self) -> str:
         assert self.judged is not None
@@ -695,6 +721,7 @@ class TrainGraph:
                 written: Sequence[int]) -> None:
         # the previous capture's memory goes first (a call still holding it keeps it)
         self._cap, self._acc, self._grads_seen = None, None, (None, None)
+        _HOLDING.discard(self)
         keep = set(inplace)
         needs = [i for i, x in enumerate(args) if isinstance(x, torch.Tensor) and x.requires_grad]
         for i in needs:
@@ -721,7 +748,10 @@ class TrainGraph:
         cap = self._capture(self.gm, static, needs, [i for i in written if isinstance(args[i], torch.Tensor)])
         self.pool_bytes = max(0, _allocated(device) - before)  # the tensors the capture left in its pool
         after = _reserved(device)  # its pool, and what its warm-up run on a stream of its own cached
-        self.pool_reserved = None if reserved is None or after is None else max(0, after - reserved)
+        # the pool's own segments too: where the allocator already held that much cached, the
+        # growth of what it reserved read about nothing (LoRA's first capture: 26 GiB, 2026-11-27)
+        self.pool_reserved = None if reserved is None or after is None else \
+            max(after - reserved, _pool_size(cap.pool, device) or 0, 0)
         leaves, spec = pytree.tree_flatten(cap.outputs)
         storages = {x.untyped_storage().data_ptr(): i for i, x in enumerate(static) if isinstance(x, torch.Tensor)}
         outs: list[tuple[str, Any]] = []
@@ -747,6 +777,7 @@ class TrainGraph:
         self._outs, self._out_spec, self._differentiable = outs, spec, differentiable
         self.captures += 1
         self._served = 0
+        _HOLDING.add(self)
 
     def _replay(self, args: Sequence[Any]) -> Any:
         cap = self._cap
@@ -785,6 +816,7 @@ class TrainGraph:
 
     def release(self) -> None:
         self._cap, self._key, self._copied, self._outs, self._acc = None, None, [], [], None
+        _HOLDING.discard(self)
 
     def summary(self) -> str:
         if self.declined is not None:
