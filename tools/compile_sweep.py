@@ -20,6 +20,7 @@ minutes each; and `layout.loads_per_point` counting loads as the generator write
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import sys
 import time
@@ -79,10 +80,13 @@ def main() -> int:
                     family = {n for m in find_matches(graph) if m.family != "generated" for n in m.nodes}
                     scratch, excluded = GEN.scratch(graph, family)
                     for fr in RG.form_regions(scratch.graph, excluded):
-                        space = SC.space(fr.lowered)
-                        picks = [SC.heuristic(fr.lowered), *rng.sample(space, min(a.samples, len(space)))]
+                        low = fr.lowered
+                        if a.official:  # captured on the meta device: the heuristic as on a GPU
+                            low = dataclasses.replace(low, ir=dataclasses.replace(low.ir, device="cuda"))
+                        space = SC.space(low)
+                        picks = [SC.heuristic(low), *rng.sample(space, min(a.samples, len(space)))]
                         for c in dict.fromkeys(picks):
-                            items.append(_item(fr.lowered, c))
+                            items.append(_item(low, c))
                             names.append(f"{level}/{path.stem}: {c.encode()}")
             except Exception as e:  # noqa: BLE001 - a problem that does not load or capture is a line
                 print(f"skip {level}/{path.stem}: {type(e).__name__}: {str(e)[:120]}", flush=True)
