@@ -7,6 +7,10 @@
 #
 #   DEADLINE=580 GPUS=0,1 WORKERS=8 OUT=/tmp/out bash tools/gpu_tests.sh
 #
+# PART=i/n (1-based) runs the i-th of n parts of the test files (balanced by size; the timing files
+# with the last part), for a host too small to run the whole suite in one call:
+#   PART=1/2 DEADLINE=580 GPUS=0 WORKERS=12 OUT=/tmp/out bash tools/gpu_tests.sh
+#
 # Writes $OUT/tests-all.txt, $OUT/tests-timing.txt and $OUT/tests.txt (each file's last line:
 # pytest's summary, then rc=), and $OUT/install.txt.
 set -u
@@ -21,14 +25,31 @@ python -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/
     || echo "pip install -e . failed: tests/test_cli.py's console-script tests will fail" | tee -a "$OUT/install.txt"
 GPUS=${GPUS:-0}
 IFS=, read -r -a gpus <<< "$GPUS"
-deselect=()
-for t in $TIMING; do deselect+=(--ignore "$t"); done
-PYTEST_GPUS=$GPUS timeout $(( $(left) - 120 )) python -m pytest -q -p no:cacheprovider -rf \
-    -n $(( ${WORKERS:-4} * ${#gpus[@]} )) --dist loadgroup "${deselect[@]}" tests > "$OUT/tests-all.txt" 2>&1
+IFS=/ read -r part parts <<< "${PART:-1/1}"
+mapfile -t files < <(python - "$part" "$parts" $TIMING <<'PY'
+import os, sys
+part, parts, timing = int(sys.argv[1]), int(sys.argv[2]), {os.path.basename(t) for t in sys.argv[3:]}
+files = sorted((f for f in os.listdir("tests") if f.startswith("test_") and f.endswith(".py") and f not in timing),
+               key=lambda f: (-os.path.getsize(os.path.join("tests", f)), f))
+sizes = [0] * parts
+for f in files:  # largest first, each to the lightest part
+    i = sizes.index(min(sizes))
+    sizes[i] += os.path.getsize(os.path.join("tests", f))
+    if i == part - 1:
+        print(f"tests/{f}")
+PY
+)
+[ "$part" = "$parts" ] || TIMING=""
+reserve=5; [ -n "$TIMING" ] && reserve=120  # the timing files' time after
+PYTEST_GPUS=$GPUS timeout $(( $(left) - reserve )) python -m pytest -q -p no:cacheprovider -rf \
+    -n $(( ${WORKERS:-4} * ${#gpus[@]} )) --dist loadgroup "${files[@]}" > "$OUT/tests-all.txt" 2>&1
 echo "rc=$?" >> "$OUT/tests-all.txt"
-CUDA_VISIBLE_DEVICES=${gpus[0]} timeout $(( $(left) - 5 )) python -m pytest -q -p no:cacheprovider -rf \
-    $TIMING > "$OUT/tests-timing.txt" 2>&1
-echo "rc=$?" >> "$OUT/tests-timing.txt"
+if [ -n "$TIMING" ]; then
+  CUDA_VISIBLE_DEVICES=${gpus[0]} timeout $(( $(left) - 5 )) python -m pytest -q -p no:cacheprovider -rf \
+      $TIMING > "$OUT/tests-timing.txt" 2>&1
+  echo "rc=$?" >> "$OUT/tests-timing.txt"
+fi
 for f in "$OUT"/tests-all.txt "$OUT"/tests-timing.txt; do
+  [ -f "$f" ] || continue
   echo "$(basename "$f"): $(grep -E 'passed|failed|error' "$f" | tail -1) $(tail -1 "$f")"
 done | tee "$OUT/tests.txt"
