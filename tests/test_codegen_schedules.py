@@ -397,6 +397,26 @@ def test_validity_of_the_new_variants() -> None:
     assert SC.Schedule("looped", 64, 2, 2, 1).encode() == "looped:b=64:r=2:w=2:c=1"  # old texts unchanged
 
 
+def test_a_huge_row_is_split_to_fill_the_sms() -> None:
+    """A loss's mean over 1G values (KernelBench's MSELoss): about eight programs an SM, 1024 of
+    them, not two (256); the space goes up to 2048 for such rows, not for a row of 1M (each split
+    keeps 32K columns at least). A mean of squares over 262001 values (odd) in 1024 splits of one
+    256-wide chunk against the reference (fake traces for the shapes: no tensor that size is made)."""
+    with torch.device("meta"):
+        huge, small = torch.empty(1 << 30), torch.empty(1 << 20)
+    for x, top in ((huge, 2048), (small, 128)):
+        (fr,) = RG.form_regions(trace(lambda x: x.pow(2).mean(), x).graph)
+        got = {c.splits for c in SC.space(fr.lowered) if c.variant == "split"}
+        assert max(got) == top, sorted(got)
+    (fr,) = RG.form_regions(trace(lambda x: x.pow(2).mean(), huge).graph)
+    h = SC.heuristic(fr.lowered)
+    assert h.variant == "split" and h.splits == 1024, h
+    low, ins = _region(lambda x: x.pow(2).mean(), _r(262001))
+    c = SC.Schedule("split", 256, 1, 4, 0, 1, 1024)
+    assert SC.is_valid(c, low), c
+    _check(low, ins, [c])
+
+
 @pytest.mark.parametrize(("rows", "cols", "splits"), [(4, 1 << 17, (2, 4, 8, 16, 32, 64, 128)),
                                                       (1024, 1 << 16, (2, 4)), (1024, 1 << 15, ())])
 def test_split_schedules_for_few_rows_and_for_long_ones(rows: int, cols: int, splits: tuple[int, ...]) -> None:

@@ -71,12 +71,20 @@ _MAX_PER_THREAD = 64
 _MAX_TILE = 16384  # elements of a rows tile
 _SINGLE_PASS_MAX = 16384  # widest reduced extent held whole in registers
 # The H100 SXM's SM count. A split reduction pays off while the rows alone give fewer than about
-# two programs per SM; the split heuristic aims at that many programs.
+# two programs per SM; the split heuristic aims at that many programs (more for huge rows, below).
 SMS = 132
 # split tiles enter the space from this reduced extent: below it a split's share of a row is too
 # short to pay for the extra launch per stage
 _SPLIT_TILES_COLS = 4096
-_MAX_SPLITS = 256  # partials a program combines per reduction (a power of two >= splits of them)
+_MAX_SPLITS = 2048  # partials a program combines per reduction (a power of two >= splits of them)
+# Rows of this many columns or more, few of them (a loss's mean over 1G values), split into about
+# _FILL_SPLIT programs an SM: 256 programs of 8 warps leave 3/4 of an H100's warp slots empty on a
+# pass that only streams memory (Inductor's split reduction makes 8192 blocks of 256 threads for
+# sum(x[1G]): 512 values a thread). Splits past _FEW_SPLITS hold at least _SPLIT_MIN_COLS columns.
+_HUGE_COLS = 1 << 24
+_FILL_SPLIT = 8
+_FEW_SPLITS = 128
+_SPLIT_MIN_COLS = 1 << 15
 # rows this long get split schedules in the space however many rows there are (`_split_space`)
 _SPLIT_LONG_COLS = 1 << 16
 # a `tiles` heuristic holds reduced extents up to this whole (fewer neighbouring rows, 32 at least
@@ -312,16 +320,19 @@ def _tiles_space(region: Lowered) -> list[Schedule]:
 
 def _split_space(region: Lowered) -> list[Schedule]:
     """Split schedules while the rows alone leave SMs idle (past that a split mostly adds launches),
-    and, in 2 or 4, for rows of `_SPLIT_LONG_COLS` or more however many (a GroupNorm of 1024 groups
-    of 258K values: each program streams a row alone, twice; the tuner weighs the extra launch)."""
+    up to 128 programs a row and, for rows long enough that each split keeps `_SPLIT_MIN_COLS`
+    columns, up to 2 x `_FILL_SPLIT` programs an SM in all; and, in 2 or 4, for rows of
+    `_SPLIT_LONG_COLS` or more however many (a GroupNorm of 1024 groups of 258K values: each
+    program streams a row alone, twice; the tuner weighs the extra launch)."""
     s, cd = region.space, contig_dim(region)
     many = s.rows >= 2 * SMS
     if many and s.cols < _SPLIT_LONG_COLS:
         return []
     out = []
+    more = [k for k in (256, 512, 1024, 2048) if s.rows * k <= 2 * _FILL_SPLIT * SMS and s.cols // k >= _SPLIT_MIN_COLS]
     for block in (256, 512, 1024, 2048, 4096):
         for r in (1, 2):
-            for splits in (2, 4) if many else (2, 4, 8, 16, 32, 64, 128):
+            for splits in (2, 4) if many else (2, 4, 8, 16, 32, 64, _FEW_SPLITS, *more):
                 out += [Schedule("split", block, r, w, cd, 1, splits) for w in (2, 4, 8)
                         if 2 <= r * block // (32 * w) <= 32]
     return out
@@ -367,9 +378,11 @@ def heuristic(region: Lowered) -> Schedule:
     elements since the interpreter pays per program), split
     like `split` when the tiles are fewer than two per SM and the reduced extent is past 8K. Few
     long rows (fewer rows than two per SM, reduced extent past 8K): `split` into enough programs
-    for about two per SM, 2048-wide chunks. Otherwise the whole reduced extent in registers up to
-    8K wide (several short rows per program so a tile holds ~4K elements; off the GPU as many
-    rows as fit 16K), else 2048-wide chunks; a region with a scan always so. Not yet measured on a GPU."""
+    for about two per SM (about eight for rows of 16M or more: not yet measured on a GPU), 2048-wide
+    chunks. Otherwise the
+    whole reduced extent in registers up to 8K wide (several short rows per program so a tile
+    holds ~4K elements; off the GPU as many rows as fit 16K), else 2048-wide chunks; a region
+    with a scan always so."""
     s, cd = region.space, contig_dim(region)
     gpu = region.ir.device == "cuda"
     if not region.reduces:
@@ -401,6 +414,8 @@ def heuristic(region: Lowered) -> Schedule:
                                               triton.next_power_of_2(triton.cdiv(2 * SMS, programs))), region, c)
     elif width > 8192 and s.rows < 2 * SMS and not region.scans:
         splits = triton.next_power_of_2(triton.cdiv(2 * SMS, max(s.rows, 1)))
+        if s.cols >= _HUGE_COLS:  # about _FILL_SPLIT programs an SM (a power of two, not above)
+            splits = max(splits, triton.next_power_of_2(triton.cdiv(_FILL_SPLIT * SMS, max(s.rows, 1))) // 2)
         c = _fewest_valid_splits(Schedule("split", 2048, 1, 8, cd, 1, splits), region,
                                  Schedule("looped", 2048, 1, 8, cd))
     elif width <= 8192:
