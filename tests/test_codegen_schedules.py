@@ -24,6 +24,7 @@ from solforge.codegen import regions as RG
 from solforge.codegen import runtime as RT
 from solforge.codegen import schedule as SC
 from solforge.codegen.lower import Lowered
+from solforge.codegen.triton_gen import _arg_names, generate
 from solforge.numerics import compare
 
 pytestmark = pytest.mark.usefixtures("on_device")
@@ -299,6 +300,26 @@ def test_pointwise_tiles_walk_the_outputs_run_as_one_dim(dims: int) -> None:
         args = [other if a.dim() == dims else a for a in ins]
         got = RT.run(low, SC.heuristic(low), args)
         assert compare(got[0], ref[0]).ok
+
+
+@pytest.mark.parametrize(("w", "hint"), [(5, 4), (14, 8), (8, None)])
+def test_stride_arguments_divisible_by_4_are_said_so(w: int, hint: int | None) -> None:
+    """A transposing tile stores an NCHW output along H*W; its channel stride H*W is 20 (4 mod 16)
+    for W = 5, 56 (8 mod 16) for W = 14, so the kernel is told (runtime.stride_aligns -> generate's
+    `aligns`: `s // 4 * 4`, which Triton's alignment analysis reads); 32 Triton marks itself. Every
+    hint matches its argument's alignment; odd sizes, the kernel against the reference."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (torch.sigmoid(x) * 3.0).contiguous()
+
+    x = _r(2, 37, 4, w).contiguous(memory_format=torch.channels_last)
+    low, ins = _region(f, x)
+    aligns = RT.stride_aligns((*ins, *RT.empty_outputs(low, "cpu")))
+    src = generate(low, SC.heuristic(low), None, aligns)
+    hints = {ln.split("=")[0].strip(): ln.strip() for ln in src.splitlines() if ln.strip().startswith("s_")}
+    names = [n for n in _arg_names(low, SC.heuristic(low)) if n.startswith("s_")]
+    assert hints == {n: f"{n} = {n} // {a} * {a}" for n, a in zip(names, aligns, strict=True) if a in (2, 4, 8)}
+    assert hints.get("s_out0_1") == (f"s_out0_1 = s_out0_1 // {hint} * {hint}" if hint else None), hints
+    _check(low, ins, [SC.heuristic(low)])
 
 
 def test_a_channels_last_pointwise_region_walks_along_its_channels() -> None:

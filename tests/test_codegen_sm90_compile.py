@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from codegen_helpers import trace
 
 from solforge.codegen import regions as RG
+from solforge.codegen import runtime as RT
 from solforge.codegen import schedule as SC
 from solforge.codegen.lower import Lowered
 from solforge.codegen.triton_gen import KERNEL, generate, needs_index64, passes
@@ -49,11 +51,15 @@ for k, item in enumerate(json.loads(Path(sys.argv[1]).read_text())):
         spec = importlib.util.spec_from_file_location(path.stem, path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
+        ptx = []
         for consts in item["constexprs"]:
-            triton.compile(ASTSource(fn=mod.generated_kernel, signature=item["sig"],
-                                     constexprs={tuple(c[0]): c[1] for c in consts}),
-                           target=GPUTarget("cuda", 90, 32))
-        out.append(None)
+            ck = triton.compile(ASTSource(fn=mod.generated_kernel, signature=item["sig"],
+                                          constexprs={tuple(c[0]): c[1] for c in consts},
+                                          attrs={tuple(a[0]): a[1] for a in item.get("attrs", [])}),
+                                target=GPUTarget("cuda", 90, 32),
+                                options={"num_warps": item.get("num_warps", 4)})
+            ptx.append(ck.asm["ptx"])
+        out.append({"ptx": ptx} if item.get("ptx") else None)
     except Exception as e:
         out.append(f"{type(e).__name__}: {e}"[:3000])
 print(json.dumps(out))
@@ -85,8 +91,9 @@ def _item(low: Lowered, sched: SC.Schedule) -> dict[str, Any]:
     return {"src": src, "sig": sig, "constexprs": phases}
 
 
-def sm90_compile(items: list[dict[str, Any]]) -> list[str | None]:
-    """Each item compiled for sm_90 in one process; per item None or the compiler's error."""
+def sm90_compile(items: list[dict[str, Any]]) -> list[Any]:
+    """Each item compiled for sm_90 in one process; per item None or the compiler's error (with
+    `"ptx": True` in the item, {"ptx": [each launch's PTX]} where it compiled)."""
     with tempfile.TemporaryDirectory() as d:
         spec = Path(d) / "items.json"
         spec.write_text(json.dumps(items))
@@ -109,6 +116,52 @@ def backend() -> None:
         err = f"{type(e).__name__}: {e}"
     if err is not None:
         pytest.skip(f"Triton cannot compile for sm_90 here: {err[:300]}")
+
+
+def _as_launched(low: Lowered, sched: SC.Schedule, tensors: list[torch.Tensor], aligns: Any) -> dict[str, Any]:
+    """The item of `_item` for a launch on `tensors` as Triton's launcher specializes it: pointers
+    16-byte aligned, an integer argument equal to 1 a constant, one divisible by 16 marked so; the
+    kernel generated with the stride hints `aligns` (None: none)."""
+    from solforge.codegen.triton_gen import _arg_names
+
+    item = _item(low, sched)
+    item["src"] = generate(low, sched, None, aligns)
+    names = _arg_names(low, sched)
+    values = [st for t in tensors for n, st in zip(t.shape, t.stride(), strict=True) if n != 1]
+    consts, attrs = [], []
+    strides = iter(values)
+    for i, name in enumerate(names):
+        if name.startswith(("in", "out", "ws")) and not name.startswith("s_"):
+            attrs.append([[i], [["tt.divisibility", 16]]])
+        elif name.startswith("s_"):
+            v = next(strides)
+            if v == 1:
+                item["sig"][name] = "constexpr"
+                consts.append([[i], 1])
+            elif v % 16 == 0:
+                attrs.append([[i], [["tt.divisibility", 16]]])
+    item["constexprs"] = [c + consts for c in item["constexprs"]]
+    return {**item, "attrs": attrs, "num_warps": sched.num_warps, "ptx": True}
+
+
+def test_stride_hints_make_the_transposing_tiles_stores_16_bytes_wide(backend: None) -> None:
+    """An NCHW output of H*W = 4 x 5 (20: 4 mod 16, which Triton's launcher does not mark) stored
+    along H*W by a transposing tile: scalar stores without the hint, 16-byte ones with it (the
+    loads along C are 16 bytes wide either way)."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (torch.sigmoid(x) * 3.0).contiguous()
+
+    x = _r(2, 64, 4, 5).contiguous(memory_format=torch.channels_last)
+    (fr,) = RG.form_regions(trace(f, x).graph)
+    low = fr.lowered
+    sched = SC.Schedule("tiles", 64, 1, 4, 1, 32)  # 64 channels x 32 of H*W (20 of them)
+    assert SC.is_valid(sched, low)
+    tensors = [x, RT.empty_outputs(low, "cpu")[0]]
+    hinted = RT.stride_aligns(tensors)
+    got = sm90_compile([_as_launched(low, sched, tensors, None), _as_launched(low, sched, tensors, hinted)])
+    plain, hint = ([re.findall(r"st\.global\S*", p) for p in g["ptx"]][0] for g in got)
+    assert plain and not any(".v4" in st for st in plain), plain
+    assert hint and all(".v4" in st for st in hint), hint
 
 
 def _ln(x: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,8 @@ generator, timed back to back on the GPU.
 regions as the planner does (the hand-written families' nodes left out) and writes, for each region
 and each given schedule the region admits, the kernel source that checkout's generator writes.
 `time` forms the regions again with this checkout, runs each source of each file under the same
-launch (this checkout's runtime, its `generate` replaced by the stored text), checks every output
+launch (this checkout's runtime, its `generate` replaced by the stored text, so the stored source
+is used as it is, with whatever stride hints its generator wrote), checks every output
 against the region's reference (float64) and times them alternately (medians of do_bench, L2
 flushed), several rounds, so a drift of the clocks hits each side alike.
 
@@ -66,9 +67,18 @@ def dump(a: argparse.Namespace) -> None:
         for text in a.sched:
             s = SC.Schedule.decode(text)
             if SC.is_valid(s, low):
-                found.setdefault(str(i), {})[text] = generate(low, s)
+                extra = {"aligns": _aligns(low)} if a.hints else {}
+                found.setdefault(str(i), {})[text] = generate(low, s, **extra)
     Path(a.out).write_text(json.dumps(found))
     print(f"{sum(len(v) for v in found.values())} sources to {a.out}")
+
+
+def _aligns(low: Any) -> tuple[int, ...]:
+    """The stride hints a launch on the region's recorded strides gets (runtime.stride_aligns)."""
+    from solforge.codegen import runtime as RT
+
+    metas = [*low.ir.inputs, *(low.ir.out_meta(r) for r in low.ir.outputs)]
+    return RT.stride_aligns([torch.empty_strided(m.shape, m.stride, device="meta") for m in metas])
 
 
 def _inputs(low: Any) -> list[torch.Tensor]:
@@ -104,7 +114,8 @@ def time_(a: argparse.Namespace) -> None:
                 RT.generate = lambda *_a, _src=src, **_k: _src  # type: ignore[assignment]
                 RT._KERNELS.clear()
                 outs = RT.run(low, s, xs)  # compiles this source now; the launch keeps its kernel
-                k = RT.kernel(low, s, tuple(RT.linear_runs(t.shape, t.stride()) for t in (*xs, *outs)))
+                runs = tuple(RT.linear_runs(t.shape, t.stride()) for t in (*xs, *outs))
+                k = RT.kernel(low, s, runs, RT.stride_aligns((*xs, *outs)))
                 err = max(float((o.double() - r).abs().max() / r.abs().max().clamp_min(1e-30))
                           for o, r in zip(outs, ref, strict=True))
                 fns.append((k, err))
@@ -112,7 +123,8 @@ def time_(a: argparse.Namespace) -> None:
             for _ in range(a.rounds):
                 for j, (k, _err) in enumerate(fns):
                     RT._KERNELS.clear()
-                    key = (low.ir.key, s, tuple(RT.linear_runs(t.shape, t.stride()) for t in (*xs, *outs)))
+                    key = (low.ir.key, s, tuple(RT.linear_runs(t.shape, t.stride()) for t in (*xs, *outs)),
+                           RT.stride_aligns((*xs, *outs)))
                     RT._KERNELS[key] = k
                     times[j].append(bench_us(lambda low=low, s=s, xs=xs, outs=outs: RT.run(low, s, xs, outs)))
             row = {"region": i, "key": low.ir.key[:16], "schedule": text,
@@ -131,6 +143,8 @@ def main() -> None:
     d.add_argument("--problem", required=True)
     d.add_argument("--sched", action="append", required=True, help="a schedule's text (Schedule.encode())")
     d.add_argument("--out", required=True)
+    d.add_argument("--hints", action="store_true", help="with the stride hints of the recorded strides (a generator "
+                   "that has them: triton_gen.generate's aligns)")
     t = sub.add_parser("time")
     t.add_argument("--problem", required=True)
     t.add_argument("files", nargs="+")

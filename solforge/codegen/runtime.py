@@ -57,15 +57,31 @@ def source_file(source: str) -> Path:
     return path
 
 
-def kernel(region: Lowered, sched: Schedule, runs: Runs | None = None) -> Any:
+def stride_aligns(tensors: Sequence[torch.Tensor]) -> tuple[int, ...]:
+    """Per stride argument of a launch (each tensor's dims of size > 1, in order): the largest power
+    of two up to 16 that divides it (0: 16). Triton marks an argument divisible by 16 itself, not
+    by 4: an NCHW output of H*W = 16900 (4 mod 16) written along W by a transposing tile took
+    scalar stores; told that the channel stride is a multiple of 4 (triton_gen.generate's
+    `aligns`), 16-byte ones, as Inductor's kernels, whose strides are literals, do."""
+    out = []
+    for t in tensors:
+        for n, st in zip(t.shape, t.stride(), strict=True):
+            if n != 1:
+                st = abs(st)
+                out.append(next(a for a in (16, 8, 4, 2, 1) if st % a == 0))
+    return tuple(out)
+
+
+def kernel(region: Lowered, sched: Schedule, runs: Runs | None = None, aligns: tuple[int, ...] | None = None) -> Any:
     """The @triton.jit kernel of a region under a schedule for tensors of linear runs `runs`
-    (triton_gen.linear_runs; default: the strides the region recorded), generated, written and
+    (triton_gen.linear_runs; default: the strides the region recorded) and stride arguments
+    divisible by `aligns` (`stride_aligns`; None: nothing assumed), generated, written and
     imported once."""
     runs = runs if runs is not None else recorded_runs(region)
-    key = (region.ir.key, sched, runs)
+    key = (region.ir.key, sched, runs, aligns)
     k = _KERNELS.get(key)
     if k is None:
-        path = source_file(generate(region, sched, runs))
+        path = source_file(generate(region, sched, runs, aligns))
         spec = importlib.util.spec_from_file_location(f"solforge_generated_{path.stem}", path)
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
@@ -118,7 +134,8 @@ def run(region: Lowered, schedule: Schedule | None, inputs: Sequence[torch.Tenso
     for t in (*inputs, *outs):
         args += [s for n, s in zip(t.shape, t.stride(), strict=True) if n != 1]
     sp = region.space
-    k = kernel(region, sched, tuple(linear_runs(t.shape, t.stride()) for t in (*inputs, *outs)))
+    k = kernel(region, sched, tuple(linear_runs(t.shape, t.stride()) for t in (*inputs, *outs)),
+               stride_aligns((*inputs, *outs)))
     if not region.reduces and sched.variant == "tiles":
         fast, slow = tile_axes(sched, region)
         ext = tile_extent(region, slow)

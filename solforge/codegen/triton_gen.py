@@ -595,9 +595,15 @@ def passes(region: Lowered, sched: Schedule) -> list[int]:
     return sorted({stages[i] for i in reductions(region) if i not in fused})
 
 
-def generate(region: Lowered, sched: Schedule, runs: Runs | None = None) -> str:
+def generate(region: Lowered, sched: Schedule, runs: Runs | None = None,
+             aligns: Sequence[int] | None = None) -> str:
     """The module source: imports, then one kernel `generated_kernel(*_arg_names)`, for tensors of
-    linear runs `runs` (inputs, then outputs; default: `recorded_runs`)."""
+    linear runs `runs` (inputs, then outputs; default: `recorded_runs`) and, with `aligns` (one per
+    stride argument, runtime.stride_aligns), stride arguments divisible by those powers of two:
+    each one of 2, 4 or 8 is rounded down to its multiple at the kernel's top (`s // 4 * 4`, the
+    same value), which Triton's alignment analysis reads, so loads and stores along a dim whose
+    neighbour's stride is such a multiple vectorize (`tl.multiple_of` on a scalar argument did not
+    change the code; 16 Triton's own specialization marks)."""
     g = _Gen(region, sched, needs_index64(region), runs)
     sp = region.space
     pid = "tl.program_id(0).to(tl.int64)" if g.index64 else "tl.program_id(0)"
@@ -626,7 +632,13 @@ def generate(region: Lowered, sched: Schedule, runs: Runs | None = None) -> str:
     imports = ["import triton", "import triton.language as tl"]
     if any("libdevice." in line for line in g.lines):
         imports.append("from triton.language.extra import libdevice")
-    return "\n".join([*imports, "", "", "@triton.jit", head, doc, *g.lines, ""])
+    hints = []
+    if aligns is not None:
+        strides = [n for n in _arg_names(region, sched) if n.startswith("s_")]
+        if len(strides) != len(aligns):
+            raise ValueError(f"{len(aligns)} stride alignments for a kernel of {len(strides)} stride arguments")
+        hints = [f"    {n} = {n} // {a} * {a}" for n, a in zip(strides, aligns, strict=True) if a in (2, 4, 8)]
+    return "\n".join([*imports, "", "", "@triton.jit", head, doc, *hints, *g.lines, ""])
 
 
 def _pointwise_tiles(g: _Gen, region: Lowered, sched: Schedule, outs: list[tuple[int, int]]) -> None:
