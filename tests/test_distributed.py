@@ -189,9 +189,11 @@ def _run(case: str, tmp_path: Path, limit_s: float = 240.0) -> list[dict[str, An
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]  # our own files
 
 
-def _same_training(got: dict[str, Any], want: dict[str, Any], start: dict[str, torch.Tensor]) -> None:
+def _same_training(got: dict[str, Any], want: dict[str, Any], start: dict[str, torch.Tensor], *,
+                   ran: bool = True) -> None:
+    """`got` trained as eager did (`want`); `ran`: solforge's ops ran in its steps (else none did)."""
     assert got["passed"] and got["returned"] == "optimized", got["note"]
-    assert got["kernels"] > 0 and got["ops"] > 0  # the kernels ran in the steps
+    assert got["kernels"] > 0 and (got["ops"] > 0) == ran, got["ops"]  # the kernels ran in the steps, or not
     torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(want["losses"]), **TOL)
     assert got["params"].keys() == want["params"].keys()
     for name, p in want["params"].items():
@@ -227,18 +229,20 @@ def test_ddp_optimize_before_or_after_wrapping(both: list[dict[str, Any]]) -> No
 def test_fsdp2_optimize_before_or_after_fully_shard(both: list[dict[str, Any]]) -> None:
     ranks = [r["fsdp"] | {"start": r["start"]} for r in both]
     for r in ranks:
-        for order in ("sharded_first", "optimized_first"):
-            _same_training(r[order], r["eager"], r["start"])
+        _same_training(r["sharded_first"], r["eager"], r["start"])
         # optimized unsharded, then sharded: the first call after fully_shard says the check did not
-        # measure the sharded step, once; sharded first, nothing to say
+        # measure the sharded step, once, and the original call runs (no solforge op in the steps);
+        # sharded first, nothing to say
+        _same_training(r["optimized_first"], r["eager"], r["start"], ran=False)
         assert len(r["optimized_first"]["sharding_warnings"]) == 1 and not r["sharded_first"]["sharding_warnings"]
     assert ranks[0]["eager"]["losses"] != ranks[1]["eager"]["losses"]  # each rank trained on its own data
 
 
-def test_a_class_swap_to_an_fsdp_unit_after_optimize_warns_once() -> None:
+def test_a_class_swap_to_an_fsdp_unit_after_optimize_runs_the_original_and_warns_once() -> None:
     """What fully_shard does to a module (its class becomes an FSDPModule subclass), seen by the
-    installed call without the processes above: a warning at the first call after the swap, none
-    before or after it, and none for a model that was sharded already when it was optimized."""
+    installed call without the processes above: from the first call after the swap the original
+    call runs (the optimized one was never measured sharded), with a warning at that call, none
+    before or after it; a model that was sharded already when it was optimized keeps its call."""
     from torch.distributed.fsdp import FSDPModule
 
     from solforge.runtime.inplace import SHARDED_AFTER_WARNING, SolforgeCall
@@ -247,19 +251,21 @@ def test_a_class_swap_to_an_fsdp_unit_after_optimize_warns_once() -> None:
         return type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
 
     model = Net()
-    call = SolforgeCall(lambda x: x + 1, model)
+    x = torch.randn(3, H)
+    optimized = object()  # what the stand-in optimized call returns
+    call = SolforgeCall(lambda x: optimized, model)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert call(1) == 2
+        assert call(x) is optimized
     model.__class__ = unit(Net)
     with pytest.warns(UserWarning) as caught:
-        assert call(2) == 3
-    assert [str(w.message) for w in caught] == [SHARDED_AFTER_WARNING]
+        torch.testing.assert_close(call(x), Net.forward(model, x))
+    assert [str(w.message) for w in caught] == [SHARDED_AFTER_WARNING] and call.unvouched
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert call(3) == 4
+        torch.testing.assert_close(call(x), Net.forward(model, x))
         sharded = Net()
         sharded.__class__ = unit(Net)
-        again = SolforgeCall(lambda x: x, sharded)
+        again = SolforgeCall(lambda x: optimized, sharded)
         sharded.__class__ = unit(Net)  # another class swap of a model sharded when optimized
-        assert again(5) == 5
+        assert again(x) is optimized and not again.unvouched

@@ -5,8 +5,9 @@ What works (tests/test_distributed.py, gloo on the CPU, 2 processes):
   `ddp.module` (the module inside). The DDP wrapper itself is refused (`check_wrapper`): its
   reducer runs in its forward, and optimize would trace and validate that.
 - FSDP2: `fully_shard` then optimize, or optimize then `fully_shard` (both train correctly; only
-  the first lets the end-to-end check measure the sharded step: the second warns at its first
-  call, runtime/inplace.py, and measured slower than eager FSDP2 on two H100s). FSDP2's hooks (all-gather
+  the first lets the end-to-end check measure the sharded step: the second measured slower than
+  eager FSDP2 on two H100s, so it runs as the original model from its first call after the
+  shard, with a warning, runtime/inplace.py). FSDP2's hooks (all-gather
   before a sharded module's forward, reduce-scatter after its backward) are `torch._dynamo.disable`d,
   so the capture breaks its graphs around them: every collective runs eagerly, between solforge's
   graphs, never inside one. The parameters a graph reads are FSDP2's unsharded ones.

@@ -20,11 +20,12 @@ class, `forward` and its signature, `state_dict()` keys (no `_orig_mod.` prefix)
 function it wraps, so the rewritten graphs (solforge's ops) are not what the outer trace sees.
 
 A model optimized unsharded and then given to FSDP2's `fully_shard` (which swaps the module's class
-for an FSDP subclass) warns at its first call after the swap: optimize's end-to-end check measured
-the unsharded model, so it cannot vouch for the sharded step (on two H100s that order gave a step
-1.26-1.37x slower than eager FSDP2's, 2026-11-27; sharded first, the check measured the slower step
-and returned the original). The call compares the model's class with the one it had at install:
-one `type()` a call.
+for an FSDP subclass) runs as the original model from its first call after the swap, and says so
+once: optimize's end-to-end check measured the unsharded model, so nothing vouches for the sharded
+step, and the guarantee hands back no model it did not measure faster (on two H100s that order
+gave a step 1.26-1.37x slower than eager FSDP2's, 2026-11-27; sharded first, the check measured
+the slower step and returned the original). The call compares the model's class with the one it
+had at install: one `type()` a call.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ TRACED_WARNING = ("solforge: torch.compile/torch.export of a solforge-optimized 
                   "torch.compile(model, backend='solforge')")
 SHARDED_AFTER_WARNING = ("solforge: this model was optimized before fully_shard: optimize's end-to-end check "
                          "measured it unsharded and does not vouch for the sharded step (measured slower than "
-                         "eager FSDP2 on two H100s); call fully_shard first, then solforge.optimize")
+                         "eager FSDP2 on two H100s), so it runs as the original model from here; call "
+                         "fully_shard first, then solforge.optimize")
 
 
 def _fsdp_units(model: torch.nn.Module) -> bool:
@@ -71,6 +73,7 @@ class SolforgeCall:
         # the class the model had when optimized, and whether FSDP2 had sharded it then (module doc)
         self._cls: type = type(model)
         self._sharded = _fsdp_units(model)
+        self.unvouched = False  # sharded after optimize: the original call runs (module doc)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # dynamo traces through this object when an outer torch.compile/export compiles the model:
@@ -80,8 +83,10 @@ class SolforgeCall:
         elif type(self.model) is not self._cls:
             self._cls = type(self.model)
             if not self._sharded and _fsdp_units(self.model):
-                self._sharded = True
+                self._sharded = self.unvouched = True
                 warnings.warn(SHARDED_AFTER_WARNING, stacklevel=2)
+        if self.unvouched:
+            return self.model._call_impl(*args, **kwargs)
         return self.fn(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
