@@ -322,6 +322,29 @@ def test_stride_arguments_divisible_by_4_are_said_so(w: int, hint: int | None) -
     _check(low, ins, [SC.heuristic(low)])
 
 
+def test_eviction_policies_as_inductor_sets_them() -> None:
+    """A LayerNorm over rows of 300 in chunks of 128 (three passes over memory: mean, variance,
+    the stores; each a loop and its peeled tail): the first two passes' loads keep the row in L2
+    (`evict_last`: a later pass reads it again), the last pass's go first, the weight broadcast
+    over the rows is kept; a one-pass schedule (the row in registers) sets none but the weight's.
+    Against the reference."""
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        v, mean = torch.var_mean(x, -1, keepdim=True, correction=0)
+        return (x - mean) * torch.rsqrt(v + 1e-5) * w
+
+    low, ins = _region(f, _r(5, 300), _r(300))
+    looped = SC.Schedule("looped", 128, 1, 4, 1)
+    loads = [ln for ln in generate(low, looped).splitlines() if "tl.load(" in ln]
+    x = [ln for ln in loads if "tl.load(in0" in ln]
+    assert [("evict_last" in ln, "evict_first" in ln) for ln in x] == [(True, False)] * 4 + [(False, True)] * 2, x
+    assert all("evict_last" in ln for ln in loads if "tl.load(in1" in ln)
+    rows = SC.Schedule("rows", 512, 1, 4, 1)
+    assert SC.is_valid(rows, low)
+    one = [ln for ln in generate(low, rows).splitlines() if "tl.load(" in ln]
+    assert not any("evict" in ln for ln in one if "tl.load(in0" in ln), one
+    _check(low, ins, [looped, rows])
+
+
 def test_a_channels_last_pointwise_region_walks_along_its_channels() -> None:
     """A per-channel scale and shift, a residual add and a ReLU between channels-last tensors (a
     ResNet block between channels-last convolutions): in and out laid out alike (no transpose), the

@@ -203,6 +203,10 @@ class _Gen:
         self.pmask: list[str] = []  # the in-range conditions of the pad views being evaluated (masks loads)
         self.red: _Reduction | None = None  # the reduction loop being emitted (a scan reads its tile)
         self.carry: dict[int, str] = {}  # scan node -> its running total over the chunks walked so far
+        # the pass over memory a chunked reduction's loads are in (`_Reduction.walk`; None: not in
+        # one): their eviction policy is settled once the kernel is written (`_evictions`)
+        self.pass_id: int | None = None
+        self.passes = 0
 
     # --- text
 
@@ -451,8 +455,17 @@ class _Gen:
             mask = self.mask_for(off)
             if self.pmask:
                 mask = " & ".join([*self.pmask, *([mask] if mask else [])])
-            e = f"tl.load(in{i} + {off}" + (f", mask={mask}, other=0)" if mask else ")")
+            e = f"tl.load(in{i} + {off}" + (f", mask={mask}, other=0" if mask else "") + self.eviction(i) + ")"
         return f"{e}.to(tl.float32)" if node.ktype == "f" else e
+
+    def eviction(self, i: int) -> str:
+        """Input i's load's L2 eviction policy, as Inductor's kernels set it: an input smaller than
+        the loop (a weight broadcast over the rows) is kept (`evict_last`); in a chunked reduction
+        a load is kept where a later pass reads the input again, and marked to go first in its
+        last pass (`_evictions` settles which, once every pass is written)."""
+        if self.r.ir.inputs[i].numel < self.r.space.numel:
+            return ", eviction_policy='evict_last'"
+        return "" if self.pass_id is None else f", eviction_policy='<EP {i} {self.pass_id}>'"
 
     def gather(self, node: KNode, idx: tuple[str, ...]) -> str:
         """The source at the index the gather reads (lower.gather): a gathered dim's index is its
@@ -638,7 +651,21 @@ def generate(region: Lowered, sched: Schedule, runs: Runs | None = None,
         if len(strides) != len(aligns):
             raise ValueError(f"{len(aligns)} stride alignments for a kernel of {len(strides)} stride arguments")
         hints = [f"    {n} = {n} // {a} * {a}" for n, a in zip(strides, aligns, strict=True) if a in (2, 4, 8)]
-    return "\n".join([*imports, "", "", "@triton.jit", head, doc, *hints, *g.lines, ""])
+    return "\n".join([*imports, "", "", "@triton.jit", head, doc, *hints, *_evictions(g.lines), ""])
+
+
+_EP = re.compile(r"<EP (\d+) (\d+)>")
+
+
+def _evictions(lines: list[str]) -> list[str]:
+    """The chunked passes' loads (`_Gen.eviction`): in each input's last pass `evict_first`, in
+    the passes before it `evict_last` (the next pass reads it again)."""
+    last: dict[str, int] = {}
+    for line in lines:
+        for i, p in _EP.findall(line):
+            last[i] = max(last.get(i, 0), int(p))
+    return [_EP.sub(lambda m: "evict_first" if int(m.group(2)) == last[m.group(1)] else "evict_last", line)
+            for line in lines]
 
 
 def _pointwise_tiles(g: _Gen, region: Lowered, sched: Schedule, outs: list[tuple[int, int]]) -> None:
@@ -802,21 +829,25 @@ class _Reduction:
         (`peeled`), a loop over the full chunks, whose loads, selects and counts need no column
         mask (a GroupNorm of 258064 values a group in chunks of 2048 masked every one of its 126
         chunks for the last 16 values), then the tail once, masked."""
+        g = self.g
+        g.passes += 1
+        g.pass_id = g.passes  # one pass over memory, the peeled tail with it
         if not self.peeled():
             loop = self.open_loop()
             chunk(loop)
             self.close_loop()
+            g.pass_id = None
             return
         full = self.K // self.PK * self.PK
         chunk(self.open_loop(end=full))
         self.close_loop()
-        g = self.g
         g.line(f"kt = {full}")  # the tail's first column
         g.push()
         self.kvar = "kt"
         chunk(self.open_cols("kt + ", tail=True))
         self.kvar = "k0"
         g.pop()
+        g.pass_id = None
 
     def body(self, stage_list: Sequence[int], store: bool) -> None:
         """The passes of `stage_list` (each reduction of a stage accumulated over this program's
