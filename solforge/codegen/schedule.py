@@ -378,11 +378,10 @@ def heuristic(region: Lowered) -> Schedule:
     elements since the interpreter pays per program), split
     like `split` when the tiles are fewer than two per SM and the reduced extent is past 8K. Few
     long rows (fewer rows than two per SM, reduced extent past 8K): `split` into enough programs
-    for about two per SM (about eight for rows of 16M or more: not yet measured on a GPU), 2048-wide
-    chunks. Otherwise the
-    whole reduced extent in registers up to 8K wide (several short rows per program so a tile
-    holds ~4K elements; off the GPU as many rows as fit 16K), else 2048-wide chunks; a region
-    with a scan always so."""
+    for about two per SM (about eight for rows of 16M or more: not yet measured on a GPU),
+    2048-wide chunks. Otherwise the whole reduced extent in registers up to 8K wide (several short
+    rows per program so a tile holds ~4K elements; off the GPU as many rows as fit 16K), else
+    2048-wide chunks; a region with a scan always so."""
     s, cd = region.space, contig_dim(region)
     gpu = region.ir.device == "cuda"
     if not region.reduces:
