@@ -329,9 +329,16 @@ def test_a_lone_max_pool_whose_indices_nothing_reads_is_a_region() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.relu(x)
 
+    class Pool1d(nn.Module):  # its indices squeezed by a view nothing reads
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.max_pool1d(x, 4, stride=2)
+
     x = _r(2, 7, 37, 29)
     opt, _ = _run(Pool(), x)
     assert torch.equal(opt(x), Pool()(x))
+    y = _r(3, 7, 301)
+    opt, _ = _run(Pool1d(), y)
+    assert torch.equal(opt(y), Pool1d()(y))
     for plain in (PoolIndices(), Relu()):
         _, report = optimize(plain, (x,), budget=1, max_candidates=1, db=False, profile="off")
         assert not report.regions and report.returned == "original", report.notes

@@ -353,7 +353,7 @@ def table(rows: list[dict[str, Any]], command: str) -> str:
         "",
         "A single pointwise op, or a layout copy (clone of a permuted view), with no fusible neighbour stays",
         "an eager op on purpose (its kernel is one pass already): counted apart, not a gap. A lone max pool",
-        "whose indices nothing reads is a region (eager writes them); the pools counted here have theirs read.",
+        "whose indices nothing reads is a region (eager writes them).",
         "",
         "## Left-out ops by count",
         "",

@@ -254,10 +254,16 @@ _MAX_POOLS = {"aten.max_pool2d_with_indices.default", "aten.max_pool3d_with_indi
 
 def drops_indices(nodes: Collection[fx.Node]) -> bool:
     """A max pool whose indices nothing reads: eager's kernel writes them anyway (int64, 8 bytes a
-    point beside the value's 4), a generated one does not, so even alone it moves a third less."""
+    point beside the value's 4), a generated one does not, so even alone it moves a third less.
+    Views of the indices that nothing reads (a 1-D pool's squeeze of them) read nothing."""
     return any(_launches(n) and op_name(n.target) in _MAX_POOLS
-               and not any(u.target is operator.getitem and u.args[1] == 1 and u.users for u in n.users)
+               and not any(u.target is operator.getitem and u.args[1] == 1 and _read(u) for u in n.users)
                for n in nodes)
+
+
+def _read(n: fx.Node) -> bool:
+    """Whether anything reads `n`'s value: a user that is no view, or a view something reads."""
+    return any(u.op != "call_function" or not RG._is_view(u) or _read(u) for u in n.users)
 
 
 def worth(fr: RG.Formed, originals: list[fx.Node], composite: bool) -> str | None:
