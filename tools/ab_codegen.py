@@ -1,7 +1,7 @@
 """Probe: one KernelBench problem's generated regions, the same schedules, two versions of the code
 generator, timed back to back on the GPU.
 
-    PYTHONPATH=DIR_A python tools/ab_codegen.py dump --problem P --sched S [--sched S2] --out a.json
+    PYTHONPATH=DIR_A python tools/ab_codegen.py dump --problem P --sched S [--sched S2] [--spread N] --out a.json
     PYTHONPATH=DIR_B python tools/ab_codegen.py dump --problem P --sched S [--sched S2] --out b.json
     PYTHONPATH=$PWD  python tools/ab_codegen.py time --problem P a.json b.json [--out FILE.json]
 
@@ -64,7 +64,12 @@ def dump(a: argparse.Namespace) -> None:
 
     found: dict[str, dict[str, str]] = {}
     for i, low in enumerate(_regions(a.problem)):
-        for text in a.sched:
+        texts = list(a.sched or [])
+        if a.spread:  # the heuristic and the first N of the space as the tuner walks it (tune/order.py)
+            from solforge.tune.order import spread
+
+            texts += [c.encode() for c in [SC.heuristic(low), *spread(SC.space(low))[:a.spread]]]
+        for text in dict.fromkeys(texts):
             s = SC.Schedule.decode(text)
             if SC.is_valid(s, low):
                 extra = {"aligns": _aligns(low)} if a.hints else {}
@@ -141,7 +146,10 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("dump")
     d.add_argument("--problem", required=True)
-    d.add_argument("--sched", action="append", required=True, help="a schedule's text (Schedule.encode())")
+    d.add_argument("--sched", action="append", help="a schedule's text (Schedule.encode())")
+    d.add_argument("--spread", type=int, default=0,
+                   help="also each region's heuristic and the first N schedules of its space, spread as the "
+                        "tuner walks it (compared where both checkouts wrote the same texts)")
     d.add_argument("--out", required=True)
     d.add_argument("--hints", action="store_true", help="with the stride hints of the recorded strides (a generator "
                    "that has them: triton_gen.generate's aligns)")
