@@ -164,6 +164,22 @@ def test_stride_hints_make_the_transposing_tiles_stores_16_bytes_wide(backend: N
     assert hint and all(".v4" in st for st in hint), hint
 
 
+def test_stride_hints_make_a_rows_loads_16_bytes_wide(backend: None) -> None:
+    """Rows of 4100 values (4 mod 16) in 1024-wide chunks: each row's start is a multiple of 4
+    values, which the kernel is told: scalar loads and stores without the hint, 16-byte ones with it."""
+    x = _r(6, 4100)
+    (fr,) = RG.form_regions(trace(lambda x: x - x.mean(-1, keepdim=True), x).graph)
+    low = fr.lowered
+    sched = SC.Schedule("looped", 1024, 1, 4, 1)
+    assert SC.is_valid(sched, low)
+    tensors = [x, RT.empty_outputs(low, "cpu")[0]]
+    got = sm90_compile([_as_launched(low, sched, tensors, a) for a in (None, RT.stride_aligns(tensors))])
+    for g, vector in zip(got, (False, True), strict=True):
+        ptx = g["ptx"][0]
+        ops = re.findall(r"(?:ld|st)\.global\S*", ptx)
+        assert ops and all((".v4" in op) == vector for op in ops), ops
+
+
 def _ln(x: torch.Tensor) -> torch.Tensor:
     v, m = torch.var_mean(x, -1, keepdim=True, correction=0)
     return (x - m) * torch.rsqrt(v + 1e-5)
