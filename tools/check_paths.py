@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FILE = re.compile(r"(?<![\w./<>-])((?:\.\./)*[\w<>-]+(?:/[\w<>-]+)*\.py)\b")
-MODULE = re.compile(r"\bsolforge(?:\.[a-z_][\w]*)+")
+MODULE = re.compile(r"(?<![\w/.-])solforge(?:\.[a-z_][\w]*)+")  # not a file name ending in solforge.json
 SKIP = ("<", "NAME", "path/to/")
 SOURCES = ("solforge", "bench", "tools", "tests")
 
