@@ -342,3 +342,24 @@ def test_a_lone_max_pool_whose_indices_nothing_reads_is_a_region() -> None:
     for plain in (PoolIndices(), Relu()):
         _, report = optimize(plain, (x,), budget=1, max_candidates=1, db=False, profile="off")
         assert not report.regions and report.returned == "original", report.notes
+
+
+@pytest.mark.parametrize("case", ["1d", "2d", "3d"])
+def test_a_lone_average_pool_is_a_region(case: str) -> None:
+    """An average pool alone is worth a kernel (eager's is not one pass at bandwidth where windows
+    overlap): a padded 1-D pool at stride 1 (level 1's 44), a 2-D one that counts the padding and
+    one with ceil_mode, a 3-D one that does not count it; odd sizes. Each matches eager."""
+    pools = {
+        "1d": (lambda x: F.avg_pool1d(x, 8, stride=1, padding=4), (2, 5, 301)),
+        "2d": (lambda x: F.avg_pool2d(x, 3, stride=2, padding=1, ceil_mode=True), (2, 7, 37, 29)),
+        "3d": (lambda x: F.avg_pool3d(x, 3, stride=2, padding=1, count_include_pad=False), (2, 3, 9, 11, 13)),
+    }
+    fn, shape = pools[case]
+
+    class Pool(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return fn(x)
+
+    x = _r(*shape)
+    opt, _ = _run(Pool(), x)
+    torch.testing.assert_close(opt(x), Pool()(x), rtol=1e-5, atol=1e-6)

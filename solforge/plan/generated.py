@@ -261,6 +261,17 @@ def drops_indices(nodes: Collection[fx.Node]) -> bool:
                for n in nodes)
 
 
+_AVG_POOLS = {"aten.avg_pool2d.default", "aten.avg_pool3d.default"}
+
+
+def averages_windows(nodes: Collection[fx.Node]) -> bool:
+    """An average pool: eager's kernel is not one pass at bandwidth where windows overlap (each
+    point's window bounds and divisor worked out alone; level 1's 44, a 1-D pool of 8 at stride 1
+    over 64 x 128 x 65536: eager 5,449 us, torch.compile 1,642, H200, 2026-11-28), so alone it is
+    worth a kernel; the tuner keeps the generated one only where it measured it faster."""
+    return any(_launches(n) and op_name(n.target) in _AVG_POOLS for n in nodes)
+
+
 def _read(n: fx.Node) -> bool:
     """Whether anything reads `n`'s value: a user that is no view, or a view something reads."""
     return any(u.op != "call_function" or not RG._is_view(u) or _read(u) for u in n.users)
@@ -272,7 +283,8 @@ def worth(fr: RG.Formed, originals: list[fx.Node], composite: bool) -> str | Non
     if not moves and not any(_launches(n) and op_name(n.target) not in _CASTS for n in fr.nodes):
         return "no compute op"
     reduces = fr.lowered.reduces
-    if sum(_launches(n) for n in originals) < 2 and not (reduces or composite or moves or drops_indices(originals)):
+    if sum(_launches(n) for n in originals) < 2 and not (reduces or composite or moves or drops_indices(originals)
+                                                       or averages_windows(originals)):
         return "one pointwise op: eager's kernel is already one pass"
     size = sum(_bytes(a.meta.get("val")) for a in fr.inputs) + sum(_bytes(o.meta.get("val")) for o in fr.outputs)
     if size < MIN_BYTES:
