@@ -7,6 +7,7 @@ permuted and strided inputs; the heuristic's choice; schedule validity."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -442,21 +443,25 @@ def test_validity_of_the_new_variants() -> None:
 
 
 def test_a_huge_row_is_split_to_fill_the_sms() -> None:
-    """A loss's mean over 1G values (KernelBench's MSELoss): about eight programs an SM, 1024 of
-    them, not two (256); the space goes up to 2048 for such rows, not for a row of 1M (each split
-    keeps 32K columns at least). A mean of squares over 262001 values (odd) in 1024 splits of one
-    256-wide chunk against the reference (fake traces for the shapes: no tensor that size is made)."""
+    """A loss's mean over 1G values (KernelBench's MSELoss): programs of 128K values each, 8192 of
+    them (as Inductor's split reduction), not two an SM (256); the space goes up to 8192 for such
+    rows, not for a row of 1M (each split keeps 32K columns at least), and holds no schedule whose
+    combining tile would spill (8192 partials on 2 warps). A mean of squares over 131067 values
+    (odd) in 8192 splits of one 16-wide chunk, the last one 11 wide, against the reference (fake traces for the shapes:
+    no tensor that size is made)."""
     with torch.device("meta"):
         huge, small = torch.empty(1 << 30), torch.empty(1 << 20)
-    for x, top in ((huge, 2048), (small, 128)):
+    for x, top in ((huge, 8192), (small, 128)):
         (fr,) = RG.form_regions(trace(lambda x: x.pow(2).mean(), x).graph)
-        got = {c.splits for c in SC.space(fr.lowered) if c.variant == "split"}
-        assert max(got) == top, sorted(got)
+        split = [c for c in SC.space(fr.lowered) if c.variant == "split"]
+        assert max(c.splits for c in split) == top, sorted({c.splits for c in split})
+        assert all(c.rows * c.splits // (32 * c.num_warps) <= 64 for c in split)
     (fr,) = RG.form_regions(trace(lambda x: x.pow(2).mean(), huge).graph)
     h = SC.heuristic(fr.lowered)
-    assert h.variant == "split" and h.splits == 1024, h
-    low, ins = _region(lambda x: x.pow(2).mean(), _r(262001))
-    c = SC.Schedule("split", 256, 1, 4, 0, 1, 1024)
+    assert h.variant == "split" and h.splits == 8192 and SC.is_valid(h, fr.lowered), h
+    assert not SC.is_valid(dataclasses.replace(h, num_warps=2), fr.lowered)  # 128 partials a thread
+    low, ins = _region(lambda x: x.pow(2).mean(), _r(131067))
+    c = SC.Schedule("split", 16, 1, 4, 0, 1, 8192)
     assert SC.is_valid(c, low), c
     _check(low, ins, [c])
 

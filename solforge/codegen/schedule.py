@@ -76,13 +76,19 @@ SMS = 132
 # split tiles enter the space from this reduced extent: below it a split's share of a row is too
 # short to pay for the extra launch per stage
 _SPLIT_TILES_COLS = 4096
-_MAX_SPLITS = 2048  # partials a program combines per reduction (a power of two >= splits of them)
+# partials a program combines per reduction (a power of two >= splits of them, rows x that many a
+# tile, within _MAX_PER_THREAD a thread)
+_MAX_SPLITS = 8192
 # Rows of this many columns or more, few of them (a loss's mean over 1G values), split into about
-# _FILL_SPLIT programs an SM: 256 programs of 8 warps leave 3/4 of an H100's warp slots empty on a
-# pass that only streams memory (Inductor's split reduction makes 8192 blocks of 256 threads for
-# sum(x[1G]): 512 values a thread). Splits past _FEW_SPLITS hold at least _SPLIT_MIN_COLS columns.
+# _FILL_SPLIT programs an SM at least: 256 programs of 8 warps leave 3/4 of an H100's warp slots
+# empty on a pass that only streams memory; and into programs of about _SPLIT_VALUES values each
+# where that makes more (Inductor's split reduction makes 8192 blocks of 256 threads for
+# sum(x[1G]): 512 values a thread; 1024 programs of 1M values each measured 4.5% slower than it on
+# KernelBench's MSELoss, H200 2026-11-28: with many short programs the SMs that stream faster take
+# more of them). Splits past _FEW_SPLITS hold at least _SPLIT_MIN_COLS columns.
 _HUGE_COLS = 1 << 24
 _FILL_SPLIT = 8
+_SPLIT_VALUES = 1 << 17
 _FEW_SPLITS = 128
 _SPLIT_MIN_COLS = 1 << 15
 # rows this long get split schedules in the space however many rows there are (`_split_space`)
@@ -149,7 +155,12 @@ def split_chunk(schedule: Schedule, region: Lowered) -> int:
 def splits_ok(schedule: Schedule, region: Lowered) -> bool:
     """Every split holds at least one column (an empty one would only add identities)."""
     return 2 <= schedule.splits <= _MAX_SPLITS and (schedule.splits - 1) * split_chunk(schedule, region) < \
-        region.space.cols
+        region.space.cols and (schedule.variant != "split" or _combine_ok(schedule))
+
+
+def _combine_ok(schedule: Schedule) -> bool:
+    """A split's combining phase holds its rows' partials (a power of two of them) as one tile."""
+    return _tile_ok(schedule.rows * triton.next_power_of_2(schedule.splits), schedule.num_warps)
 
 
 def _tile_ok(elems: int, warps: int) -> bool:
@@ -321,7 +332,8 @@ def _tiles_space(region: Lowered) -> list[Schedule]:
 def _split_space(region: Lowered) -> list[Schedule]:
     """Split schedules while the rows alone leave SMs idle (past that a split mostly adds launches),
     up to 128 programs a row and, for rows long enough that each split keeps `_SPLIT_MIN_COLS`
-    columns, up to 2 x `_FILL_SPLIT` programs an SM in all; and, in 2 or 4, for rows of
+    columns, up to 2 x `_FILL_SPLIT` programs an SM in all, or as many as give each program
+    `_SPLIT_VALUES` values (up to `_MAX_SPLITS`); and, in 2 or 4, for rows of
     `_SPLIT_LONG_COLS` or more however many (a GroupNorm of 1024 groups of 258K values: each
     program streams a row alone, twice; the tuner weighs the extra launch)."""
     s, cd = region.space, contig_dim(region)
@@ -329,7 +341,8 @@ def _split_space(region: Lowered) -> list[Schedule]:
     if many and s.cols < _SPLIT_LONG_COLS:
         return []
     out = []
-    more = [k for k in (256, 512, 1024, 2048) if s.rows * k <= 2 * _FILL_SPLIT * SMS and s.cols // k >= _SPLIT_MIN_COLS]
+    more = [k for k in (256, 512, 1024, 2048, 4096, 8192) if s.cols // k >= _SPLIT_MIN_COLS
+            and (s.rows * k <= 2 * _FILL_SPLIT * SMS or s.cols // k >= _SPLIT_VALUES)]
     for block in (256, 512, 1024, 2048, 4096):
         for r in (1, 2):
             for splits in (2, 4) if many else (2, 4, 8, 16, 32, 64, _FEW_SPLITS, *more):
@@ -413,8 +426,9 @@ def heuristic(region: Lowered) -> Schedule:
                                               triton.next_power_of_2(triton.cdiv(2 * SMS, programs))), region, c)
     elif width > 8192 and s.rows < 2 * SMS and not region.scans:
         splits = triton.next_power_of_2(triton.cdiv(2 * SMS, max(s.rows, 1)))
-        if s.cols >= _HUGE_COLS:  # about _FILL_SPLIT programs an SM (a power of two, not above)
-            splits = max(splits, triton.next_power_of_2(triton.cdiv(_FILL_SPLIT * SMS, max(s.rows, 1))) // 2)
+        if s.cols >= _HUGE_COLS:  # about _FILL_SPLIT programs an SM (a power of two, not above), or more
+            splits = max(splits, triton.next_power_of_2(triton.cdiv(_FILL_SPLIT * SMS, max(s.rows, 1))) // 2,
+                         triton.next_power_of_2(s.cols // _SPLIT_VALUES))
         c = _fewest_valid_splits(Schedule("split", 2048, 1, 8, cd, 1, splits), region,
                                  Schedule("looped", 2048, 1, 8, cd))
     elif width <= 8192:
