@@ -67,6 +67,10 @@ def _p(e: str) -> str:
     return e if re.fullmatch(r"[\w.]+", e) else f"({e})"
 
 
+# max and min keep a NaN, as torch's maximum, clamp, hardtanh and max pools do (Triton's default
+# lets the GPU return the other operand: PTX's max.f32; the interpreter's np.maximum keeps it)
+_NAN = "propagate_nan=tl.PropagateNan.ALL"
+
 # pointwise templates: operand expressions (already in the op's kernel type) and params -> expression
 PW: dict[str, Callable[[Sequence[str], Sequence[object]], str]] = {
     "add": lambda a, p: f"{a[0]} + {a[1]}",
@@ -97,14 +101,14 @@ PW: dict[str, Callable[[Sequence[str], Sequence[object]], str]] = {
     "sign": lambda a, p: f"tl.where({_p(a[0])} > 0, 1.0, tl.where({_p(a[0])} < 0, -1.0, 0.0))",
     "log1p": lambda a, p: f"tl.log(1.0 + {_p(a[0])})",
     "expm1": lambda a, p: f"tl.exp({a[0]}) - 1.0",
-    "relu": lambda a, p: f"tl.where({_p(a[0])} > 0, {a[0]}, 0)",
+    "relu": lambda a, p: f"tl.where({_p(a[0])} < 0, 0, {a[0]})",  # NaN stays NaN, as torch's
     "silu": lambda a, p: f"{_p(a[0])} * tl.sigmoid({a[0]})",
     "gelu": lambda a, p: f"0.5 * {_p(a[0])} * (1.0 + tl.erf({_p(a[0])} * 0.7071067811865476))",
     # 0.5 * (1 + tanh(z)) == sigmoid(2z)
     "gelu_tanh": lambda a, p: f"{_p(a[0])} * tl.sigmoid(1.5957691216057308 * ({a[0]} + 0.044715 * {_p(a[0])} * "
                               f"{_p(a[0])} * {_p(a[0])}))",
-    "hardsigmoid": lambda a, p: f"tl.minimum(tl.maximum({_p(a[0])} / 6.0 + 0.5, 0.0), 1.0)",
-    "hardswish": lambda a, p: f"{_p(a[0])} * tl.minimum(tl.maximum({_p(a[0])} + 3.0, 0.0), 6.0) / 6.0",
+    "hardsigmoid": lambda a, p: f"tl.minimum(tl.maximum({_p(a[0])} / 6.0 + 0.5, 0.0, {_NAN}), 1.0, {_NAN})",
+    "hardswish": lambda a, p: f"{_p(a[0])} * tl.minimum(tl.maximum({_p(a[0])} + 3.0, 0.0, {_NAN}), 6.0, {_NAN}) / 6.0",
     "mish": lambda a, p: f"{_p(a[0])} * (2.0 * tl.sigmoid(2.0 * tl.where({_p(a[0])} > 20.0, {a[0]}, "
                          f"tl.log(1.0 + tl.exp({a[0]})))) - 1.0)",
     "leaky": lambda a, p: f"tl.where({_p(a[0])} > 0, {a[0]}, {_p(a[0])} * {_lit(p[0], 'f')})",
@@ -114,8 +118,8 @@ PW: dict[str, Callable[[Sequence[str], Sequence[object]], str]] = {
                              f"tl.log(1.0 + tl.exp({_p(a[0])} * {_lit(p[0], 'f')})) / {_lit(p[0], 'f')})",
     "pow_int": lambda a, p: " * ".join([_p(a[0])] * int(p[0])) if p[0] else f"{_p(a[0])} * 0 + 1",  # type: ignore[call-overload]
     "powf": lambda a, p: f"tl.exp2({_lit(p[0], 'f')} * tl.log2({a[0]}))",
-    "max2": lambda a, p: f"tl.maximum({a[0]}, {a[1]})",
-    "min2": lambda a, p: f"tl.minimum({a[0]}, {a[1]})",
+    "max2": lambda a, p: f"tl.maximum({a[0]}, {a[1]}, {_NAN})",
+    "min2": lambda a, p: f"tl.minimum({a[0]}, {a[1]}, {_NAN})",
     "where": lambda a, p: f"tl.where({a[0]}, {a[1]}, {a[2]})",
     "eq": lambda a, p: f"{_p(a[0])} == {_p(a[1])}",
     "ne": lambda a, p: f"{_p(a[0])} != {_p(a[1])}",
@@ -140,8 +144,17 @@ PW: dict[str, Callable[[Sequence[str], Sequence[object]], str]] = {
 # ops whose operands keep their own kernel types (the template converts, or compares as they are)
 _OWN_TYPES = {"to_b", "to_f", "to_i", "round", "round_bf16", "not", "isnan", "where", "and", "or"}
 _IDENT = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
-_COMBINE = {"sum": "{a} + {v}", "max": "tl.maximum({a}, {v})", "min": "tl.minimum({a}, {v})"}
-_REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+_COMBINE = {"sum": "{a} + {v}", "max": "tl.maximum({a}, {v}, " + _NAN + ")",
+            "min": "tl.minimum({a}, {v}, " + _NAN + ")"}
+# max and min reduce through combine functions that keep a NaN (tl.max/tl.min, like tl.maximum by
+# default, may drop it on the GPU: PTX's max.f32 returns the other operand), as torch's amax does
+_REDUCE = {"sum": "tl.sum", "max": "_max_nan_reduce", "min": "_min_nan_reduce"}
+_HELPERS = {
+    f"_{d}_nan_reduce": (f"@triton.jit\ndef _{d}_nan(a, b):\n    return tl.{fn}(a, b, {_NAN})\n\n\n"
+                         f"@triton.jit\ndef _{d}_nan_reduce(x, axis: tl.constexpr):\n"
+                         f"    return tl.reduce(x, axis, _{d}_nan)\n")
+    for d, fn in (("max", "maximum"), ("min", "minimum"))
+}
 _SCAN = {"sum": ("tl.cumsum", "+", "0.0"), "prod": ("tl.cumprod", "*", "1.0")}  # scan, combine, identity
 
 
@@ -645,6 +658,9 @@ def generate(region: Lowered, sched: Schedule, runs: Runs | None = None,
     imports = ["import triton", "import triton.language as tl"]
     if any("libdevice." in line for line in g.lines):
         imports.append("from triton.language.extra import libdevice")
+    for name, text in _HELPERS.items():  # the combine functions a NaN-keeping max or min reduces with
+        if any(name + "(" in line for line in g.lines):
+            imports += ["", "", text.rstrip("\n")]
     hints = []
     if aligns is not None:
         strides = [n for n in _arg_names(region, sched) if n.startswith("s_")]
