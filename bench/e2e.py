@@ -402,7 +402,8 @@ def qwen3_variant(variant: str, batch: int, seq: int, budget: float, mode: str =
         # alternative competed (its time: alternative_us)
         out["regions"] = [{"workload": r.workload, "count": r.count, "baseline_us": r.baseline_us,
                            "best_us": r.best_us, "speedup": r.speedup, "config": r.config, "won": r.won,
-                           "alternative_us": r.alternative_us} for r in rep.regions]
+                           "alternative": r.alternative, "alternative_us": r.alternative_us,
+                           "alternative_note": r.alternative_note} for r in rep.regions]
         out["validate"] = {"passed": rep.e2e.passed, "max_rel_err": rep.e2e.max_rel_err,
                            "grad_max_rel_err": rep.e2e.grad_max_rel_err, "note": rep.e2e.note} if rep.e2e else None
     elif variant.endswith("compile"):
