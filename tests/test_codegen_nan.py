@@ -1,9 +1,11 @@
-"""A NaN in a generated kernel's input comes out where torch's ops put it: relu, clamp, hardtanh,
-hardsigmoid, hardswish, maximum/minimum, max pools and amax/amin (every reduction variant that
-combines partial maxima: one pass, looped chunks, split programs, tiles) keep the NaN as eager
-does. Triton's max and min may drop it on the GPU (PTX's max.f32 returns the other operand), where
-the interpreter's numpy keeps it, so the CPU run checks the source's own logic (a relu written as
-`x > 0 ? x : 0` gave 0) and the GPU run the instructions."""
+"""Special values come out of a generated kernel where torch's ops put them. A NaN: relu, clamp,
+hardtanh, hardsigmoid, hardswish, shrinks, threshold, maximum/minimum, max pools and amax/amin
+(every reduction variant that combines partial maxima: one pass, looped chunks, split programs,
+tiles) keep it as eager does (Triton's max and min may drop it: PTX's max.f32 returns the other
+operand, and the interpreter's tl.max is numpy's nanmax; a relu written as `x > 0 ? x : 0` gave 0).
+And every lowered elementwise op of a sweep over NaN, +-inf, +-0, 1e30 and values near its
+branches matches eager (asinh of 1e30 overflowed in x * x; -inf ** 2.5 is inf); floor division
+and remainder of floats are torch's exact ones (1.0 // 0.1 is 9, remainder(1.0, 0.1) is 0.1)."""
 
 from __future__ import annotations
 
@@ -76,3 +78,45 @@ def test_a_max_pool_keeps_a_nan() -> None:
 ])
 def test_amax_and_amin_keep_a_nan(shape: tuple[int, ...], dim: int, variants: tuple[str, ...]) -> None:
     _same(lambda x: (x.amax(dim), x.amin(dim, keepdim=True) * 2.0), _with_nans(*shape), variants)
+
+
+_SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e30, -1e30, 88.0, -88.0, 100.0, -100.0,
+            1e-30, -1e-30, 0.5, -0.5, 3.0, -3.0, 20.0, 21.0, 1.0, -1.0, 2.0, 0.25, -6.0, 6.0]
+_ELEMENTWISE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "sigmoid": torch.sigmoid, "tanh": torch.tanh, "silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "elu": F.elu, "selu": F.selu, "celu": F.celu, "softplus": F.softplus, "mish": F.mish, "leaky_relu": F.leaky_relu,
+    "hardsigmoid": F.hardsigmoid, "hardswish": F.hardswish, "relu": torch.relu, "relu6": F.relu6,
+    "hardtanh": F.hardtanh, "exp": torch.exp, "log": torch.log, "log1p": torch.log1p, "expm1": torch.expm1,
+    "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "abs": torch.abs, "sign": torch.sign, "reciprocal": torch.reciprocal,
+    "floor": torch.floor, "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc, "erf": torch.erf,
+    "softsign": F.softsign, "logsigmoid": F.logsigmoid, "softshrink": F.softshrink, "hardshrink": F.hardshrink,
+    "threshold": lambda x: F.threshold(x, 0.5, -2.0), "pow3": lambda x: x ** 3, "pow2.5": lambda x: x ** 2.5,
+    "pow-2": lambda x: x ** -2, "pow_tensor": lambda x: torch.pow(x.abs() + 0.5, x.flip(1)),
+    "clamp": lambda x: x.clamp(-1, 1), "isnan": lambda x: torch.isnan(x).float(), "nan_to_num": torch.nan_to_num,
+    "frac": torch.frac, "sinh": torch.sinh, "cosh": torch.cosh, "asinh": torch.asinh,
+    "xlogy": lambda x: torch.xlogy(x, x.abs()), "fmod": lambda x: torch.fmod(x, 1.5),
+    "remainder": lambda x: torch.remainder(x, -1.5), "floor_divide": lambda x: torch.div(x, 1.5, rounding_mode="floor"),
+    "where": lambda x: torch.where(x > 0, x, x * 2), "maximum": lambda x: torch.maximum(x, x.flip(1)),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_ELEMENTWISE))
+def test_elementwise_ops_at_special_values(op: str) -> None:
+    f = _ELEMENTWISE[op]
+    x = torch.tensor(_SPECIAL * 3).reshape(3, -1)
+    _same(lambda x: f(x) * 1.0 + 0.0, x)
+
+
+def test_floor_division_and_remainder_of_floats_are_torchs() -> None:
+    """Quotients that round up to a whole number (1.0 / 0.1 is 10.0 in fp32, 1.0 // 0.1 is 9), signs
+    of every kind, a zero divisor, infinities; by a tensor and by a scalar."""
+    a = torch.tensor([1.0, 0.3, -1.0, 7.5, 5.0, -5.0, 0.7, -0.7, 3.0, 0.0, -0.0, float("inf"), 2.0, 1e-3, 6.0])
+    d = torch.tensor([0.1, 0.1, 0.1, 2.5, -3.0, -3.0, 0.1, 0.35, 0.0, 2.0, 2.0, 1.5, float("inf"), 1e-4, 0.2])
+    x = torch.stack([a, d])
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a, d = x[0], x[1]
+        return (torch.div(a, d, rounding_mode="floor") + 0.0, torch.remainder(a, d) * 1.0, torch.fmod(a, d) * 1.0,
+                torch.div(a, 0.1, rounding_mode="floor") + 0.0, torch.remainder(a, 0.1) * 1.0)
+
+    _same(f, x)

@@ -205,6 +205,11 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[], list[torch.Tensor]]]] = 
     "cumsum": (lambda x: torch.cumsum(x, -1) * 0.5, lambda: [_r(3, 1000)]),
     "argmax": (lambda x: torch.argmax(x * 2, -1), lambda: [_r(4, 3000)]),
     "pointwise": (lambda x, y: F.silu(x) * y + 1, lambda: [_r(3, 1001), _r(3, 1001)]),
+    # NaN-keeping max/min (helper combine functions for the reductions), C's fmod (float %), torch's
+    # floor division and remainder
+    "amax_amin_long": (lambda x: (x.amax(-1), x.amin(-1) * 2), lambda: [_r(2, 70001)]),
+    "clamp_fmod_floor": (lambda x: (torch.remainder(x.clamp(-1, 1), 0.3), torch.div(x, 0.7, rounding_mode="floor"),
+                                    torch.fmod(F.hardswish(x), 0.2)), lambda: [_r(3, 1001)]),
     # two chained 3-D max pools (216 loads a point; before the code cap a 256 x 32 tile on 16 warps
     # kept ptxas busy for more than 6 minutes)
     "pools_chained": (lambda x: F.max_pool3d(F.max_pool3d(torch.softmax(x, 1), 3), 2),

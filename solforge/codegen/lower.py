@@ -422,7 +422,9 @@ def _pow(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...
         return b.pw("sqrt", x, ktype="f")
     if e == -0.5:
         return b.pw("rsqrt", x, ktype="f")
-    return b.pw("powf", x, params=(float(e),), ktype="f")
+    y = b.pw("powf", x, params=(float(e),), ktype="f")  # exp2(e log2 x): NaN for x < 0, as torch's
+    # but -inf ** e is inf (e > 0) or 0, as C's pow
+    return b.pw("where", b.pw("eq", x, float("-inf"), ktype="b"), math.inf if e > 0 else 0.0, y, ktype="f")
 
 
 @_reg("aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default", "aten.clamp.Tensor")
@@ -609,8 +611,8 @@ def _shrink(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, 
     x = _f(b, a[0])
     lam = float(kw.get("lambd", a[1] if len(a) > 1 else 0.5))
     if "hardshrink" in b.current:
-        return b.pw("where", b.pw("gt", b.pw("abs", x), lam, ktype="b"), x, 0.0, ktype="f")
-    inner = b.pw("where", b.pw("lt", x, -lam, ktype="b"), b.pw("add", x, lam), 0.0, ktype="f")
+        return b.pw("where", b.pw("le", b.pw("abs", x), lam, ktype="b"), 0.0, x, ktype="f")  # NaN stays NaN
+    inner = b.pw("where", b.pw("lt", x, -lam, ktype="b"), b.pw("add", x, lam), b.pw("mul", x, 0.0), ktype="f")
     return b.pw("where", b.pw("gt", x, lam, ktype="b"), b.pw("sub", x, lam), inner, ktype="f")
 
 
@@ -631,7 +633,7 @@ def _triu(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ..
 @_reg("aten.threshold.default")
 def _threshold(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
     x = b.t(a[0])
-    return b.pw("where", b.pw("gt", x, a[1], ktype="b"), x, a[2], ktype=b.ktype(x))
+    return b.pw("where", b.pw("le", x, a[1], ktype="b"), a[2], x, ktype=b.ktype(x))  # NaN stays NaN
 
 
 @_reg("aten._prelu_kernel.default")
@@ -666,8 +668,13 @@ _reg("aten.cosh.default")(_pw1(lambda b, x: b.pw("mul", b.pw("add", b.pw("exp", 
 # sinh through expm1 of |x| keeps small arguments accurate: sinh = sign(x) * (e - 1/e) / 2, e = exp(|x|)
 _reg("aten.sinh.default")(_pw1(lambda b, x: b.pw("mul", b.pw("sign", x), b.pw("mul", b.pw(
     "sub", b.pw("exp", b.pw("abs", x), ktype="f"), b.pw("exp", b.pw("neg", b.pw("abs", x)), ktype="f")), 0.5))))
-_reg("aten.asinh.default")(_pw1(lambda b, x: b.pw("mul", b.pw("sign", x), b.pw("log", b.pw(
-    "add", b.pw("abs", x), b.pw("sqrt", b.pw("add", b.pw("mul", x, x), 1.0), ktype="f")), ktype="f"))))
+# asinh = sign(x) log(|x| + sqrt(x^2 + 1)); past 2^28 (where x^2 + 1 is x^2 in fp32, and x^2 would
+# overflow past 1.8e19) log(|x|) + log(2)
+_reg("aten.asinh.default")(_pw1(lambda b, x: b.pw("mul", b.pw("sign", x), b.pw(
+    "where", b.pw("gt", b.pw("abs", x), 268435456.0, ktype="b"),
+    b.pw("add", b.pw("log", b.pw("abs", x), ktype="f"), _LN2),
+    b.pw("log", b.pw("add", b.pw("abs", x), b.pw("sqrt", b.pw("add", b.pw("mul", x, x), 1.0), ktype="f")), ktype="f"),
+    ktype="f"))))
 
 
 @_reg("aten.round.default")
@@ -680,19 +687,47 @@ def _round_half_even(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tu
     return b.pw("where", b.pw("and", tie, odd, ktype="b"), b.pw("sub", r, 1.0), r, ktype="f")
 
 
+def _floored(b: _Builder, x: Any, y: Any) -> tuple[V, V]:
+    """(fmod(x, y), whether the remainder's sign differs from y's): C's fmod is exact (Triton's
+    float % is LLVM's frem), where x - y * floor(x / y) is not (1.0 and 0.1: the quotient rounds
+    to 10, the remainder to -1.5e-8; torch's is 0.1), and NaN for an infinite x, as torch's."""
+    m = b.pw("fmod", x, y, ktype="f")
+    flip = b.pw("and", b.pw("ne", m, 0.0, ktype="b"),
+                b.pw("ne", b.pw("lt", y, 0.0, ktype="b"), b.pw("lt", m, 0.0, ktype="b"), ktype="b"), ktype="b")
+    return m, flip
+
+
 @_reg("aten.remainder.Scalar", "aten.remainder.Tensor", "aten.fmod.Scalar", "aten.fmod.Tensor")
 def _remainder(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
     if b.ktype(a[0]) != "f" and b.ktype(a[1]) != "f":
         raise LowerError("an integer remainder")
-    q = b.pw("div", a[0], a[1], ktype="f")
-    q = b.pw("floor" if "remainder" in b.current else "trunc", q, ktype="f")
-    return b.pw("sub", _f(b, a[0]), b.pw("mul", q, a[1]), ktype="f")
+    m, flip = _floored(b, a[0], a[1])
+    if "fmod" in b.current:
+        return m
+    return b.pw("where", flip, b.pw("add", m, a[1], ktype="f"), m, ktype="f")  # the divisor's sign
+
+
+def _floor_div(b: _Builder, x: Any, y: Any) -> V:
+    """torch's floor division of floats: (x - fmod(x, y)) / y, one less where the remainder's sign
+    differs from y's, rounded to the nearest whole (so 1.0 // 0.1 is 9, as in torch and Python,
+    where floor(1.0 / 0.1) is 10); a signed zero where that is 0, x / y for y = 0."""
+    m, flip = _floored(b, x, y)
+    d = b.pw("div", b.pw("sub", x, m, ktype="f"), y, ktype="f")
+    d = b.pw("where", flip, b.pw("sub", d, 1.0, ktype="f"), d, ktype="f")
+    f = b.pw("floor", d, ktype="f")
+    f = b.pw("where", b.pw("gt", b.pw("sub", d, f, ktype="f"), 0.5, ktype="b"), b.pw("add", f, 1.0, ktype="f"), f,
+             ktype="f")
+    q = b.pw("div", x, y, ktype="f")
+    f = b.pw("where", b.pw("eq", d, 0.0, ktype="b"), b.pw("mul", q, 0.0, ktype="f"), f, ktype="f")
+    return b.pw("where", b.pw("eq", y, 0.0, ktype="b"), q, f, ktype="f")
 
 
 @_reg("aten.floor_divide.default", "aten.div.Tensor_mode", "aten.div.Scalar_mode")
 def _div_mode(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
     mode = kw.get("rounding_mode", a[2] if len(a) > 2 else "floor" if "floor_divide" in b.current else None)
     ints = b.ktype(a[0]) != "f" and b.ktype(a[1]) != "f"
+    if mode == "floor" and not ints:
+        return _floor_div(b, a[0], a[1])
     q = b.pw("div", a[0], a[1], ktype="f")
     if mode is not None:
         q = b.pw("floor" if mode == "floor" else "trunc", q, ktype="f")
@@ -707,13 +742,15 @@ def _div_mode(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int
 
 def _pow_ff(b: _Builder, x: Any, y: Any) -> V:
     """x ** y for float tensors: |x| ** y, negated for a negative x and an odd whole y, NaN for a
-    negative x and a fractional y; 1 where y is 0 (0 ** 0 too)."""
+    finite negative x and a fractional y; 1 where y is 0 (0 ** 0 too)."""
     xf, yf = _f(b, x), _f(b, y)
     mag = b.pw("exp2", b.pw("mul", yf, b.pw("log2", b.pw("abs", xf), ktype="f")), ktype="f")
     whole = b.pw("eq", b.pw("floor", yf, ktype="f"), yf, ktype="b")
     half = b.pw("mul", yf, 0.5)
     odd = b.pw("and", whole, b.pw("ne", b.pw("floor", half, ktype="f"), half, ktype="b"), ktype="b")
-    neg = b.pw("where", whole, b.pw("where", odd, b.pw("neg", mag), mag, ktype="f"), float("nan"), ktype="f")
+    # a fractional power of -inf is |x| ** y, as C's pow (inf, or 0 for y < 0); of a finite negative x NaN
+    frac = b.pw("where", b.pw("eq", xf, float("-inf"), ktype="b"), mag, float("nan"), ktype="f")
+    neg = b.pw("where", whole, b.pw("where", odd, b.pw("neg", mag), mag, ktype="f"), frac, ktype="f")
     r = b.pw("where", b.pw("lt", xf, 0.0, ktype="b"), neg, mag, ktype="f")
     return b.pw("where", b.pw("eq", yf, 0.0, ktype="b"), 1.0, r, ktype="f")
 
