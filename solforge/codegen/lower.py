@@ -1180,11 +1180,13 @@ def _var(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...
     return _unkeep(b, var, shape, dims, keepdim)
 
 
-def _max_shift(b: _Builder, x: V, dims: tuple[int, ...]) -> tuple[V, V]:
+def _max_shift(b: _Builder, x: V, dims: tuple[int, ...], infinite: bool = False) -> tuple[V, V]:
     """(x - m, m) with m the max over dims, kept; a row of -inf shifts by 0 (torch gives such a
-    softmax NaN and its logsumexp -inf: both follow from the shifted sums)."""
+    softmax NaN and its logsumexp -inf: both follow from the shifted sums); `infinite`: a max of
+    +inf shifts by 0 too (torch's logsumexp: inf where the row holds +inf and no NaN)."""
     m = b.reduce("max", x, dims, True)
-    m = b.pw("where", b.pw("eq", m, float("-inf"), ktype="b"), 0.0, m, ktype="f")
+    test = b.pw("abs", m, ktype="f") if infinite else m
+    m = b.pw("where", b.pw("eq", test, float("inf") if infinite else float("-inf"), ktype="b"), 0.0, m, ktype="f")
     return b.pw("sub", x, m), m
 
 
@@ -1226,7 +1228,7 @@ def _logsumexp(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[in
         x = b.pw("to_f", x, ktype="f")
     dims = _dims(a[1], len(b.shape(x)))
     keepdim = bool(kw.get("keepdim", a[2] if len(a) > 2 else False))
-    z, m = _max_shift(b, x, dims)
+    z, m = _max_shift(b, x, dims, infinite=True)
     r = b.pw("add", b.pw("log", b.reduce("sum", b.pw("exp", z, ktype="f"), dims, True), ktype="f"), m)
     return _unkeep(b, r, b.shape(x), dims, keepdim)
 
