@@ -147,3 +147,23 @@ def test_reductions_at_special_values(op: str) -> None:
     is left out: its mean of a row of infinities is NaN (Welford), its own mean's is inf."""
     f = _REDUCTIONS[op]
     _same(f, torch.tensor(_ROWS), ("all",))
+
+
+@pytest.mark.parametrize("op", ["logsumexp", "log_softmax", "cross_entropy"])
+def test_online_schedules_at_special_values(op: str) -> None:
+    """The online max / sum-of-exp pairs (looped and split, the lanes' own max or the row's) on rows
+    of 3000 holding NaN, +-inf, only -inf, only +inf: a running max that reaches +inf rescales to
+    logsumexp's shift of 0, as the graph."""
+    f = _REDUCTIONS[op]
+    x = torch.tensor(_ROWS).repeat(1, 120)
+    gm = trace(f, x)
+    env = values(gm, x)
+    (fr,) = RG.form_regions(gm.graph)
+    picks = {(c.variant, c.online): c for c in reversed(SC.space(fr.lowered)) if c.online}
+    assert {k[0] for k in picks} == {"looped", "split"}, sorted(picks)
+    ins = [env[a] for a in fr.inputs]
+    for c in picks.values():
+        (got,) = RT.run(fr.lowered, c, ins)
+        want = env[fr.outputs[0]]
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), (c.encode(), got, want)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True, msg=c.encode())

@@ -7,7 +7,8 @@ exp(c * (A - B)) (or exp2), where
   A  does not depend on M (any value of the loop: the inputs, pointwise ops of them, reductions of
      earlier stages),
   B  is M's value per row, as the lowering writes it: M itself, a reshape of it, or M with a row of
-     -inf shifted by a constant (lower._max_shift's `where(M == -inf, 0, M)`),
+     -inf (or, logsumexp's, a row whose max is +-inf) shifted by a constant (lower._max_shift's
+     `where(M == -inf, 0, M)`, `where(|M| == inf, 0, M)`),
   c  a positive constant (1 unless the graph scales: exp((x - m) / T), exp2((x - m) * log2e)).
 A looped schedule with `online` computes S in M's pass: each lane keeps a running max m and a sum s
 of exp(c * (A - B(m))); when m grows, s is rescaled by exp(c * (B(m_old) - B(m_new))), so the row is
@@ -70,7 +71,8 @@ def _is_max(g: KernelGraph, i: int) -> bool:
 
 
 def _shift_of(g: KernelGraph, b: int) -> int | None:
-    """The max node B stands for (M, a reshape of it, or where(M == -inf, const, M)); else None."""
+    """The max node B stands for (M, a reshape of it, where(M == -inf, const, M) or, logsumexp's,
+    where(|M| == inf, const, M)); else None."""
     b = _unview(g, b)
     n = g.nodes[b]
     if _is_max(g, b):
@@ -78,8 +80,12 @@ def _shift_of(g: KernelGraph, b: int) -> int | None:
     if n.kind == "pw" and n.fn == "where":
         cond, mx = g.nodes[n.inputs[0]], _unview(g, n.inputs[2])
         f = _const(g, n.inputs[1])
-        if _is_max(g, mx) and f is not None and math.isfinite(f) and cond.kind == "pw" and cond.fn == "eq" and \
-                _unview(g, cond.inputs[0]) == mx and _const(g, cond.inputs[1]) == float("-inf"):
+        if not (_is_max(g, mx) and f is not None and math.isfinite(f) and cond.kind == "pw" and cond.fn == "eq"):
+            return None
+        left, bound = _unview(g, cond.inputs[0]), _const(g, cond.inputs[1])
+        ln = g.nodes[left]
+        if (bound == float("-inf") and left == mx) or \
+                (bound == float("inf") and ln.kind == "pw" and ln.fn == "abs" and _unview(g, ln.inputs[0]) == mx):
             return mx
     return None
 
