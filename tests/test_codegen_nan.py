@@ -167,3 +167,23 @@ def test_online_schedules_at_special_values(op: str) -> None:
         want = env[fr.outputs[0]]
         assert torch.equal(torch.isnan(got), torch.isnan(want)), (c.encode(), got, want)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True, msg=c.encode())
+
+
+def test_integer_floor_division_and_remainder_are_exact() -> None:
+    """int64 values past 2^24 (fp32 division rounds them), signs of every kind: floor and trunc
+    division, remainder and fmod, by a tensor and by a scalar, in integer arithmetic."""
+    a = torch.tensor([2**40 + 7, -(2**40) - 7, 16777217, -16777217, 7, -7, 7, -7, 0, 123456789012])
+    d = torch.tensor([3, 3, 2, 2, -2, -2, 2, 2, 5, -1000003])
+    x = torch.stack([a, d])
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a, d = x[0], x[1]
+        return (torch.div(a, d, rounding_mode="floor") + 1, torch.div(a, d, rounding_mode="trunc") + 1,
+                torch.remainder(a, d) + 1, torch.fmod(a, d) + 1, a // 3 + 1, a % -3 + 1)
+
+    gm = trace(f, x)
+    env = values(gm, x)
+    (fr,) = RG.form_regions(gm.graph)
+    got = RT.run(fr.lowered, SC.heuristic(fr.lowered), [env[i] for i in fr.inputs])
+    for o, g in zip(fr.outputs, got, strict=True):
+        assert torch.equal(g, env[o]), (o.name, g, env[o])

@@ -697,10 +697,25 @@ def _floored(b: _Builder, x: Any, y: Any) -> tuple[V, V]:
     return m, flip
 
 
+def _int_floored(b: _Builder, x: Any, y: Any) -> tuple[V, V, V]:
+    """(x // y truncated, x % y with x's sign, whether that remainder's sign differs from y's) in
+    integer arithmetic (Triton's integer // and % are C's): exact for int64, where fp32 is not past
+    2^24. A zero divisor is undefined in a kernel (torch raises on the CPU)."""
+    for v in (x, y):
+        if b.ktype(v) == "b":
+            raise LowerError("an integer division of booleans")
+    q = b.pw("idiv", x, y, ktype="i")
+    r = b.pw("irem", x, y, ktype="i")
+    flip = b.pw("and", b.pw("ne", r, 0, ktype="b"),
+                b.pw("ne", b.pw("lt", r, 0, ktype="b"), b.pw("lt", y, 0, ktype="b"), ktype="b"), ktype="b")
+    return q, r, flip
+
+
 @_reg("aten.remainder.Scalar", "aten.remainder.Tensor", "aten.fmod.Scalar", "aten.fmod.Tensor")
 def _remainder(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int, ...]]) -> V:
     if b.ktype(a[0]) != "f" and b.ktype(a[1]) != "f":
-        raise LowerError("an integer remainder")
+        _, r, flip = _int_floored(b, a[0], a[1])
+        return r if "fmod" in b.current else b.pw("where", flip, b.pw("add", r, a[1], ktype="i"), r, ktype="i")
     m, flip = _floored(b, a[0], a[1])
     if "fmod" in b.current:
         return m
@@ -728,15 +743,12 @@ def _div_mode(b: _Builder, a: list[Any], kw: dict[str, Any], out: list[tuple[int
     ints = b.ktype(a[0]) != "f" and b.ktype(a[1]) != "f"
     if mode == "floor" and not ints:
         return _floor_div(b, a[0], a[1])
+    if ints and mode is not None:  # in integer arithmetic: exact
+        q, _, flip = _int_floored(b, a[0], a[1])
+        return q if mode == "trunc" else b.pw("where", flip, b.pw("sub", q, 1, ktype="i"), q, ktype="i")
     q = b.pw("div", a[0], a[1], ktype="f")
     if mode is not None:
-        q = b.pw("floor" if mode == "floor" else "trunc", q, ktype="f")
-    if ints:
-        if mode is None:
-            return q
-        if b.ktype(a[1]) != "i" and b.ktype(a[0]) != "i":
-            raise LowerError("a rounding division of booleans")
-        return b.pw("to_i", q, params=("int64",), ktype="i")  # exact below 2^24
+        q = b.pw("trunc", q, ktype="f")
     return q
 
 

@@ -119,6 +119,8 @@ PW: dict[str, Callable[[Sequence[str], Sequence[object]], str]] = {
     "pow_int": lambda a, p: " * ".join([_p(a[0])] * int(p[0])) if p[0] else f"{_p(a[0])} * 0 + 1",  # type: ignore[call-overload]
     "powf": lambda a, p: f"tl.exp2({_lit(p[0], 'f')} * tl.log2({a[0]}))",
     "fmod": lambda a, p: f"{_p(a[0])} % {_p(a[1])}",  # floats: LLVM's frem, C's fmod (exact)
+    "idiv": lambda a, p: f"{_p(a[0])} // {_p(a[1])}",  # integers: C's, truncated
+    "irem": lambda a, p: f"{_p(a[0])} % {_p(a[1])}",  # integers: C's, the dividend's sign
     "max2": lambda a, p: f"tl.maximum({a[0]}, {a[1]}, {_NAN})",
     "min2": lambda a, p: f"tl.minimum({a[0]}, {a[1]}, {_NAN})",
     "where": lambda a, p: f"tl.where({a[0]}, {a[1]}, {a[2]})",
