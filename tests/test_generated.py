@@ -363,3 +363,48 @@ def test_a_lone_average_pool_is_a_region(case: str) -> None:
     x = _r(*shape)
     opt, _ = _run(Pool(), x)
     torch.testing.assert_close(opt(x), Pool()(x), rtol=1e-5, atol=1e-6)
+
+
+def test_edge_rows_verify_a_generated_region() -> None:
+    """A generated region's verification has edge trials (an all-zero, a constant and a spike row of
+    its largest floating input), drawn when they run: the real kernel passes them, a launcher that is
+    right on random rows but drops an RMSNorm's eps (NaN on a zero row) is rejected by the zero row,
+    and one that clamps a pointwise chain's output at 20 (random rows reach ~9) by the spike."""
+    from solforge.tune.verify import verify
+
+    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    def chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.silu(x) * 2 + x * w
+
+    def workload(f: Any) -> Any:
+        (fr,) = RG.form_regions(trace(f, _r(6, 40), _r(40)).graph)
+        return G.workload_for(fr.lowered.ir)
+
+    wl = workload(norm)
+    edges = G.edge_inputs(wl, seed=0, device=DEVICE)
+    assert [label for label, _, _ in edges] == ["all-zero row", "constant row", "spike row"]
+    assert all(callable(make) for _, make, _ in edges)  # drawn when the trial runs
+    args, _ = edges[0][1]()
+    assert bool((args[0][0] == 0).all()) and bool((args[0][1] != 0).all())  # x's first row, x the largest
+
+    def no_eps(*ins: torch.Tensor, key: str, out: Any = None) -> Any:
+        got = G.generated(*ins, key=key, out=out)
+        zero = (ins[0] == 0).all(-1, keepdim=True)
+        for o in got:
+            o.copy_(torch.where(zero, float("nan"), o))
+        return got
+
+    def clamped(*ins: torch.Tensor, key: str, out: Any = None) -> Any:
+        got = G.generated(*ins, key=key, out=out)
+        for o in got:
+            o.clamp_(-20, 20)
+        return got
+
+    for f, bad, case in ((norm, no_eps, "all-zero row"), (chain, clamped, "spike row")):
+        wl = workload(f)
+        v = verify(G, wl, G.generated, device=DEVICE)
+        assert v.passed, v.reason
+        v = verify(G, wl, bad, device=DEVICE)
+        assert not v.passed and case in (v.reason or ""), (case, v.reason)

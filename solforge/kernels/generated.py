@@ -50,6 +50,7 @@ from solforge.codegen import schedule as SC
 from solforge.codegen import store
 from solforge.codegen.ir import Ref, RegionIR
 from solforge.codegen.lower import Lowered
+from solforge.kernels import edges as _edges
 from solforge.numerics import dtype_name, input_generator
 from solforge.records import Workload
 
@@ -209,6 +210,41 @@ def make_inputs(workload: Workload, *, seed: int, rows: int | None = None,
     xs = tuple(_draw(m.shape, m.stride, m.dtype, i in pos, g, where, device, spans.get(i))
                for i, m in enumerate(ir.inputs))
     return xs, {"key": workload.param("key")}
+
+
+# Edge rows of a generated region's verification (tune/verify.py, kernels/edges.py): one row of its
+# largest floating input (an index input keeps its draw) rewritten per case. Magnitudes stay where
+# fp32 holds what fp64 holds (a spike of 30: exp(30) is 1e13, where exp(100) would be inf in the
+# kernel and finite in the fp64 reference), and no NaN or infinity (torch's own fp32 and fp64 ops
+# differ there: gelu(inf)).
+_EDGE_CASES: dict[str, Any] = {
+    "all-zero row": torch.zeros_like,  # 0 / norm, rsqrt(var + eps): eps dropped is NaN
+    "constant row": lambda r: torch.full_like(r, 3.0),  # a variance of exactly 0, a softmax of 1/N each
+    "spike row": lambda r: _edges.spike(r, 30.0),  # past a clamp at a few units; a max far from the rest
+}
+
+
+def edge_inputs(workload: Workload, *, seed: int, rows: int | None = None,
+                device: str | torch.device | None = None) -> list[tuple[str, Any, dict[str, Any]]]:
+    """The verifier's edge cases (`_EDGE_CASES`), each drawn when its trial runs (a region's inputs
+    are its full size: several sets at once may not fit beside the model)."""
+    ir = region(workload).ir
+    spans = index_inputs(ir)
+    floats = [i for i, m in enumerate(ir.inputs) if m.dtype.is_floating_point and i not in spans and m.numel > 1]
+    if not floats:
+        return []
+    arg = max(floats, key=lambda i: (ir.inputs[i].numel, -i))
+
+    def case(edit: Any) -> Any:
+        def draw() -> tuple[tuple[Any, ...], dict[str, Any]]:
+            args, kwargs = make_inputs(workload, seed=seed, device=device)
+            t = args[arg]
+            row = t[(0,) * (t.dim() - 1)] if t.dim() else t  # the first row along the last dim (a view)
+            row.copy_(edit(row.float()).to(t.dtype))
+            return args, kwargs
+        return draw
+
+    return [(label, case(edit), {}) for label, edit in _EDGE_CASES.items()]
 
 
 def generated_ref(*inputs: torch.Tensor, key: str) -> tuple[torch.Tensor, ...]:

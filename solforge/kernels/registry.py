@@ -79,7 +79,8 @@ Optional (the accessors below give the default when a module leaves one out):
                           reference nearly bit for bit are held to it); default None: none
   edge_inputs(wl, *, seed, rows, device) -> [(label, args, kwargs), ...]
                           the family's edge cases (large magnitudes, zero rows, masked rows: the
-                          helpers are in kernels/edges.py); default none
+                          helpers are in kernels/edges.py; `args` may be a function returning
+                          (args, kwargs), drawn when its trial runs); default none
   VERIFY_STRIDED          False: the odd-shape trial passes contiguous inputs only; default True
   SPACE_SPREAD            True: `space` is ordered so that any prefix is a spread of it (tune/order.py):
                           the evolutionary search's first population follows that order instead of

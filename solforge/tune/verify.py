@@ -35,7 +35,9 @@ slower) and its outputs come back to the device.
 Family hooks (all optional but make_inputs and the reference): `verify_rows(wl)` (the size the odd
 shape replaces), `output_tolerance(wl)`, `norm_error_bound(wl)` (a float, or a tuple with one per
 output, None for none), `edge_inputs(wl, *, seed, rows, device)` -> [(label, args, kwargs)] (`rows`:
-the odd shape's, for a family whose configs are valid only near the workload's row count),
+the odd shape's, for a family whose configs are valid only near the workload's row count; `args`
+may be a function returning (args, kwargs), called when its trial runs: inputs too large to hold
+several sets of at once),
 `VERIFY_STRIDED = False` (a family whose launcher takes contiguous inputs only).
 """
 
@@ -90,7 +92,8 @@ class _Trial:
     rows: int | None = None  # None: the workload's
     model: bool = False  # the model's path: no out=, the launcher's result is checked
     strided: bool = False
-    edge: tuple[tuple[Any, ...], dict[str, Any]] | None = field(default=None, compare=False)
+    # (args, kwargs), or (a function returning them, {}): edge_inputs
+    edge: tuple[Any, dict[str, Any]] | None = field(default=None, compare=False)
     reuse: bool = False  # a large workload: the inputs (and reference) of the first trial, called again
 
 
@@ -188,7 +191,7 @@ def _plan(family: ModuleType, workload: Workload, trials: int, seed: int, device
                        strided=strided))
     for label, args, kwargs in registry.edge_inputs(family, workload, seed=seed + 7919 * (k + 1), rows=odd,
                                                      device=device):
-        plan.append(_Trial(f"edge '{label}'", 0, edge=(tuple(args), dict(kwargs))))
+        plan.append(_Trial(f"edge '{label}'", 0, edge=(args if callable(args) else tuple(args), dict(kwargs))))
     if not large:
         plan.append(model)
     # the odd shape again, contiguous, as the model passes it
@@ -334,7 +337,7 @@ def verify(family: ModuleType, workload: Workload, launch: Launch, *, trials: in
                 # free the previous trial's tensors (kept while shared) before drawing new ones
                 shared = args = kwargs = before = ref = None
                 if t.edge is not None:
-                    args, kwargs = t.edge
+                    args, kwargs = t.edge[0]() if callable(t.edge[0]) else t.edge
                 elif probe is not None:
                     (args, kwargs), probe = probe, None
                 else:
