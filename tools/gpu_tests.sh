@@ -10,6 +10,8 @@
 # PART=i/n (1-based) runs the i-th of n parts of the test files (balanced by size; the timing files
 # with the last part), for a host too small to run the whole suite in one call:
 #   PART=1/2 DEADLINE=580 GPUS=0 WORKERS=12 OUT=/tmp/out bash tools/gpu_tests.sh
+# FILES="tests/test_a.py tests/test_b.py" runs those files only (what a change touches), the timing
+# files among them alone after the rest as always.
 #
 # Writes $OUT/tests-all.txt, $OUT/tests-timing.txt and $OUT/tests.txt (each file's last line:
 # pytest's summary, then rc=), and $OUT/install.txt.
@@ -39,11 +41,20 @@ for f in files:  # largest first, each to the lightest part
         print(f"tests/{f}")
 PY
 )
+if [ -n "${FILES:-}" ]; then  # the named files: the timing ones among them keep their own run
+  files=() timing=()
+  for f in $FILES; do
+    case " $TIMING " in *" $f "*) timing+=("$f") ;; *) files+=("$f") ;; esac
+  done
+  TIMING="${timing[*]}"
+fi
 [ "$part" = "$parts" ] || TIMING=""
 reserve=5; [ -n "$TIMING" ] && reserve=120  # the timing files' time after
-PYTEST_GPUS=$GPUS timeout $(( $(left) - reserve )) python -m pytest -q -p no:cacheprovider -rf \
-    -n $(( ${WORKERS:-4} * ${#gpus[@]} )) --dist loadgroup "${files[@]}" > "$OUT/tests-all.txt" 2>&1
-echo "rc=$?" >> "$OUT/tests-all.txt"
+if [ ${#files[@]} -gt 0 ]; then  # (no file named would make pytest collect every one)
+  PYTEST_GPUS=$GPUS timeout $(( $(left) - reserve )) python -m pytest -q -p no:cacheprovider -rf \
+      -n $(( ${WORKERS:-4} * ${#gpus[@]} )) --dist loadgroup "${files[@]}" > "$OUT/tests-all.txt" 2>&1
+  echo "rc=$?" >> "$OUT/tests-all.txt"
+fi
 if [ -n "$TIMING" ]; then
   CUDA_VISIBLE_DEVICES=${gpus[0]} timeout $(( $(left) - 5 )) python -m pytest -q -p no:cacheprovider -rf \
       $TIMING > "$OUT/tests-timing.txt" 2>&1
