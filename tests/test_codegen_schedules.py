@@ -444,7 +444,8 @@ def test_validity_of_the_new_variants() -> None:
 
 def test_a_huge_row_is_split_to_fill_the_sms() -> None:
     """A loss's mean over 1G values (KernelBench's MSELoss): programs of 128K values each, 8192 of
-    them (as Inductor's split reduction), not two an SM (256); the space goes up to 8192 for such
+    them (as Inductor's split reduction), not two an SM (256), where only row values are stored (a
+    region storing every point keeps 1024); the space goes up to 8192 for such
     rows, not for a row of 1M (each split keeps 32K columns at least), and holds no schedule whose
     combining tile would spill (8192 partials on 2 warps). A mean of squares over 131067 values
     (odd) in 8192 splits of one 16-wide chunk, the last one 11 wide, against the reference (fake traces for the shapes:
@@ -460,6 +461,13 @@ def test_a_huge_row_is_split_to_fill_the_sms() -> None:
     h = SC.heuristic(fr.lowered)
     assert h.variant == "split" and h.splits == 8192 and SC.is_valid(h, fr.lowered), h
     assert not SC.is_valid(dataclasses.replace(h, num_warps=2), fr.lowered)  # 128 partials a thread
+    # only the row's first program of the storing phase combines the partials (none else loads them)
+    assert "if sp == 0:" in generate(fr.lowered, h)
+    # values stored at every point (x / ||x||: each program of the last phase reads every partial,
+    # splits^2 loads) keep about eight programs an SM
+    (fr,) = RG.form_regions(trace(lambda x: x / x.norm(), huge).graph)
+    h = SC.heuristic(fr.lowered)
+    assert h.variant == "split" and h.splits == 1024 and "if sp == 0:" not in generate(fr.lowered, h), h
     low, ins = _region(lambda x: x.pow(2).mean(), _r(131067))
     c = SC.Schedule("split", 16, 1, 4, 0, 1, 8192)
     assert SC.is_valid(c, low), c

@@ -158,6 +158,15 @@ def splits_ok(schedule: Schedule, region: Lowered) -> bool:
         region.space.cols and (schedule.variant != "split" or _combine_ok(schedule))
 
 
+def _row_values_only(region: Lowered) -> bool:
+    """One reduction stage and row values alone to store (a loss's mean): a split's only later
+    phase is its row's first program combining the partials. Otherwise every program of each later
+    phase reads every partial of its row (splits^2 loads), which many short programs would make
+    count."""
+    an = region.analysis
+    return region.space.stages == 1 and all(an.kinds[o] == "row" for o in region.graph.outputs)
+
+
 def _combine_ok(schedule: Schedule) -> bool:
     """A split's combining phase holds its rows' partials (a power of two of them) as one tile."""
     return _tile_ok(schedule.rows * triton.next_power_of_2(schedule.splits), schedule.num_warps)
@@ -426,9 +435,10 @@ def heuristic(region: Lowered) -> Schedule:
                                               triton.next_power_of_2(triton.cdiv(2 * SMS, programs))), region, c)
     elif width > 8192 and s.rows < 2 * SMS and not region.scans:
         splits = triton.next_power_of_2(triton.cdiv(2 * SMS, max(s.rows, 1)))
-        if s.cols >= _HUGE_COLS:  # about _FILL_SPLIT programs an SM (a power of two, not above), or more
-            splits = max(splits, triton.next_power_of_2(triton.cdiv(_FILL_SPLIT * SMS, max(s.rows, 1))) // 2,
-                         triton.next_power_of_2(s.cols // _SPLIT_VALUES))
+        if s.cols >= _HUGE_COLS:  # about _FILL_SPLIT programs an SM (a power of two, not above)
+            splits = max(splits, triton.next_power_of_2(triton.cdiv(_FILL_SPLIT * SMS, max(s.rows, 1))) // 2)
+            if _row_values_only(region):  # or more: programs of _SPLIT_VALUES values
+                splits = max(splits, triton.next_power_of_2(s.cols // _SPLIT_VALUES))
         c = _fewest_valid_splits(Schedule("split", 2048, 1, 8, cd, 1, splits), region,
                                  Schedule("looped", 2048, 1, 8, cd))
     elif width <= 8192:

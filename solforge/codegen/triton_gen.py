@@ -782,6 +782,12 @@ class _Reduction:
         for phase in range(1, len(stages) + 2):
             g.line(f"if PHASE == {phase}:")
             g.depth += 1
+            # the stores of row values only: the row's first program combines the partials and
+            # stores them, the others load nothing (all of them would read every partial)
+            first = phase > len(stages) and not self.loop_outs
+            if first:
+                g.line("if sp == 0:")
+                g.depth += 1
             g.push()
             acc = dict(g.acc)
             self.combine(stages[phase - 1] if phase <= len(stages) else self.sp.stages + 1)
@@ -791,7 +797,7 @@ class _Reduction:
                 self.body([], store=True)
             g.acc = acc
             g.pop()
-            g.depth -= 1
+            g.depth -= 2 if first else 1
 
     def open_cols(self, start: str, tail: bool | None = None) -> tuple[str, ...]:
         """The columns of one chunk from `start`; `tail`: whether they may pass the row's end
