@@ -386,6 +386,9 @@ def test_edge_rows_verify_a_generated_region() -> None:
     edges = G.edge_inputs(wl, seed=0, device=DEVICE)
     assert [label for label, _, _ in edges] == ["all-zero row", "constant row", "spike row"]
     assert all(callable(make) for _, make, _ in edges)  # drawn when the trial runs
+    with torch.device("meta"):  # past LARGE_BYTES of inputs: the all-zero row alone
+        (big,) = RG.form_regions(trace(norm, torch.empty(1 << 16, 1 << 13), torch.empty(1 << 13)).graph)
+    assert [label for label, _, _ in G.edge_inputs(G.workload_for(big.lowered.ir), seed=0)] == ["all-zero row"]
     args, _ = edges[0][1]()
     assert bool((args[0][0] == 0).all()) and bool((args[0][1] != 0).all())  # x's first row, x the largest
 
