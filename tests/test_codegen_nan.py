@@ -187,3 +187,26 @@ def test_integer_floor_division_and_remainder_are_exact() -> None:
     got = RT.run(fr.lowered, SC.heuristic(fr.lowered), [env[i] for i in fr.inputs])
     for o, g in zip(fr.outputs, got, strict=True):
         assert torch.equal(g, env[o]), (o.name, g, env[o])
+
+
+def test_integer_sums_are_exact() -> None:
+    """A sum, max and min of int64 values past 2^24 and a count of booleans accumulate in int64 (in
+    fp32 they rounded): exact under every variant of the space, none of which splits (the
+    workspace holds fp32 partials)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-(2**40), 2**40, (3, 5000), generator=g).to(torch.get_default_device())
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x.sum(-1), x.amax(-1), x.amin(-1, keepdim=True), (x > 0).sum(-1), (x % 7 == 0).sum(-1).float() / 5000
+
+    gm = trace(f, x)
+    env = values(gm, x)
+    (fr,) = RG.form_regions(gm.graph)
+    space = SC.space(fr.lowered)
+    assert space and all(c.splits == 1 for c in space)
+    picks = list(dict.fromkeys([SC.heuristic(fr.lowered)] + [next(c for c in space if c.variant == v)
+                                                             for v in sorted({c.variant for c in space})]))
+    for c in picks:
+        got = RT.run(fr.lowered, c, [env[a] for a in fr.inputs])
+        for o, g_ in zip(fr.outputs, got, strict=True):
+            assert torch.equal(g_, env[o]), (c.encode(), o.name, g_, env[o])

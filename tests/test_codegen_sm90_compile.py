@@ -208,6 +208,8 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[], list[torch.Tensor]]]] = 
     # NaN-keeping max/min (helper combine functions for the reductions), C's fmod (float %), torch's
     # floor division and remainder
     "amax_amin_long": (lambda x: (x.amax(-1), x.amin(-1) * 2), lambda: [_r(2, 70001)]),
+    "int_sums": (lambda x: (x.sum(-1), x.amax(-1), (x > 0).sum(-1), torch.div(x, 3, rounding_mode="floor")),
+                 lambda: [torch.randint(-100, 100, (3, 3000))]),
     "clamp_fmod_floor": (lambda x: (torch.remainder(x.clamp(-1, 1), 0.3), torch.div(x, 0.7, rounding_mode="floor"),
                                     torch.fmod(F.hardswish(x), 0.2)), lambda: [_r(3, 1001)]),
     # two chained 3-D max pools (216 loads a point; before the code cap a 256 x 32 tile on 16 warps

@@ -261,13 +261,13 @@ class _Builder:
         ds = _dims(dims, len(s))
         out = tuple(1 if d in ds else n for d, n in enumerate(s)) if keepdim else \
             tuple(n for d, n in enumerate(s) if d not in ds)
-        if self.nodes[x.id].ktype != "f":  # accumulate in fp32 (an integer sum is exact below 2^24)
-            x = self.pw("to_f", x, ktype="f")
+        if self.nodes[x.id].ktype != "f":  # integers and booleans accumulate in int64: exact
+            x = self.pw("to_i", x, params=("int64",), ktype="i")
         if math.prod(s[d] for d in ds) == 1 and math.prod(s) > 0:
             # over dims of size 1 a sum, max or min is its input: no loop of its own (a logsumexp of
             # a (B, 1) row sum, after a GEMM, would otherwise reduce a per-row value)
             return self.reshape(x, out)
-        return self.add("reduce", fn, (x.id,), (ds, keepdim), out, "f")
+        return self.add("reduce", fn, (x.id,), (ds, keepdim), out, self.nodes[x.id].ktype)
 
     def arg_reduce(self, fn: str, x: V, dims: tuple[int, ...], out: Sequence[int]) -> V:
         """argmax/argmin (the first index of the max/min along the reduced dims, as a flat index
@@ -1504,6 +1504,12 @@ class Lowered:
         """Holds an index-returning reduction (argmax, max.dim): no split schedule (its partials
         would be (value, index) pairs the fp32 workspace does not hold)."""
         return any(n.kind == "reduce" and n.fn in ARG_FNS for n in self.graph.nodes)
+
+    @property
+    def int_reduces(self) -> bool:
+        """Holds a sum, max or min of integers (int64 accumulators: exact, where fp32 is not past
+        2^24): no split schedule (the workspace holds fp32 partials)."""
+        return any(n.kind == "reduce" and n.fn not in ARG_FNS and n.ktype == "i" for n in self.graph.nodes)
 
 
 def prepare(ir: RegionIR) -> Lowered:

@@ -213,7 +213,7 @@ def is_valid(schedule: Schedule, region: Lowered) -> bool:
         return False
     if region.scans and c.variant not in ("rows", "looped"):
         return False
-    if region.arg_reduces and c.splits != 1:
+    if (region.arg_reduces or region.int_reduces) and c.splits != 1:
         return False
     if not (_pow2(c.rblock) and c.splits >= 1) or (c.variant != "tiles" and c.rblock != 1) or \
             (c.variant not in ("split", "tiles") and c.splits != 1):

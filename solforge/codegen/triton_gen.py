@@ -147,6 +147,11 @@ PW: dict[str, Callable[[Sequence[str], Sequence[object]], str]] = {
 # ops whose operands keep their own kernel types (the template converts, or compares as they are)
 _OWN_TYPES = {"to_b", "to_f", "to_i", "round", "round_bf16", "not", "isnan", "where", "and", "or"}
 _IDENT = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
+_IDENT_INT = {"sum": "0", "max": str(-(2**63)), "min": str(2**63 - 1)}  # int64 accumulators
+
+
+def _ident(fn: str, ktype: str) -> str:
+    return _IDENT_INT[fn] if ktype == "i" else _IDENT[fn]
 _COMBINE = {"sum": "{a} + {v}", "max": "tl.maximum({a}, {v}, " + _NAN + ")",
             "min": "tl.minimum({a}, {v}, " + _NAN + ")"}
 # max and min reduce through combine functions that keep a NaN (tl.max/tl.min, like tl.maximum by
@@ -897,7 +902,9 @@ class _Reduction:
             if self.looped:
                 accs = {i: g.fresh("a") for i in mine}
                 for i, a in accs.items():
-                    g.line(f"{a} = tl.full({self.shape}, {_IDENT[g.g.nodes[i].fn]}, tl.float32)")
+                    n = g.g.nodes[i]
+                    g.line(f"{a} = tl.full({self.shape}, {_ident(n.fn, n.ktype)}, "
+                           f"{'tl.int64' if n.ktype == 'i' else 'tl.float32'})")
                 for (_, d), (av, ai) in paccs.items():
                     g.line(f"{av} = tl.full({self.shape}, {_IDENT[d]}, tl.float32)")
                     g.line(f"{ai} = tl.full({self.shape}, {self.K}, {self.itype})")
@@ -922,7 +929,7 @@ class _Reduction:
                     v, _ = g.value(node.inputs[0], loop)
                     full = f"tl.broadcast_to({v}, {self.shape})"
                     if g.rmask or g.kmask:
-                        full = f"tl.where(m, {full}, {_IDENT[node.fn]})"
+                        full = f"tl.where(m, {full}, {_ident(node.fn, node.ktype)})"
                     if self.looped:
                         a = accs[i]
                         # the pair's sum keeps its own accumulator: as the lanes' counts x running
