@@ -148,10 +148,6 @@ PW: dict[str, Callable[[Sequence[str], Sequence[object]], str]] = {
 _OWN_TYPES = {"to_b", "to_f", "to_i", "round", "round_bf16", "not", "isnan", "where", "and", "or"}
 _IDENT = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}
 _IDENT_INT = {"sum": "0", "max": str(-(2**63)), "min": str(2**63 - 1)}  # int64 accumulators
-
-
-def _ident(fn: str, ktype: str) -> str:
-    return _IDENT_INT[fn] if ktype == "i" else _IDENT[fn]
 _COMBINE = {"sum": "{a} + {v}", "max": "tl.maximum({a}, {v}, " + _NAN + ")",
             "min": "tl.minimum({a}, {v}, " + _NAN + ")"}
 # max and min reduce through combine functions that keep a NaN (tl.max/tl.min, like tl.maximum by
@@ -164,6 +160,11 @@ _HELPERS = {
     for d, fn in (("max", "maximum"), ("min", "minimum"))
 }
 _SCAN = {"sum": ("tl.cumsum", "+", "0.0"), "prod": ("tl.cumprod", "*", "1.0")}  # scan, combine, identity
+
+
+def _ident(fn: str, ktype: str) -> str:
+    """A reduction's identity for its accumulator's kernel type."""
+    return _IDENT_INT[fn] if ktype == "i" else _IDENT[fn]
 
 
 def _cstrides(shape: Sequence[int]) -> list[int]:
