@@ -411,3 +411,22 @@ def test_edge_rows_verify_a_generated_region() -> None:
         assert v.passed, v.reason
         v = verify(G, wl, bad, device=DEVICE)
         assert not v.passed and case in (v.reason or ""), (case, v.reason)
+
+
+def test_edge_rows_skip_an_expanded_input() -> None:
+    """An input expanded along its last dim (stride 0) has no row of its own to rewrite: the edge
+    rows go to the next largest input, and the real kernel passes them."""
+    from solforge.tune.verify import verify
+
+    def f(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + b) * 2
+
+    x, b = _r(6, 1).expand(6, 40), _r(40)
+    (fr,) = RG.form_regions(trace(f, x, b).graph)
+    wl = G.workload_for(fr.lowered.ir)
+    assert fr.lowered.ir.inputs[0].stride[-1] == 0
+    edges = G.edge_inputs(wl, seed=0, device=DEVICE)
+    args, _ = edges[0][1]()
+    assert bool((args[1] == 0).all())  # b: the input rewritten
+    v = verify(G, wl, G.generated, device=DEVICE)
+    assert v.passed, v.reason

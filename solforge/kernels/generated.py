@@ -233,7 +233,9 @@ def edge_inputs(workload: Workload, *, seed: int, rows: int | None = None,
 
     ir = region(workload).ir
     spans = index_inputs(ir)
-    floats = [i for i, m in enumerate(ir.inputs) if m.dtype.is_floating_point and i not in spans and m.numel > 1]
+    # a row along the last dim must be distinct memory to write (not an expanded input's)
+    floats = [i for i, m in enumerate(ir.inputs) if m.dtype.is_floating_point and i not in spans and m.numel > 1
+              and m.shape and (m.stride[-1] != 0 or m.shape[-1] == 1)]
     if not floats:
         return []
     arg = max(floats, key=lambda i: (ir.inputs[i].numel, -i))
