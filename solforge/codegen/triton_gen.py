@@ -432,10 +432,16 @@ class _Gen:
                 return sc[key]
         sh = self.ivar(f"{j} - {before}") if before else j
         cond = self.ivar(f"({sh} >= 0) & ({sh} < {n})" if before else f"{sh} < {n}")
+        sn, name = self.g.nodes[src], self.fresh("v")
         self.pmask.append(cond)
+        if sn.kind == "load" and sn.ktype == node.ktype == "f":
+            # the input itself: the load's masked-off lanes read the fill (a pool's -inf or 0)
+            self.line(f"{name} = {self.load(sn, (*idx[:dim], sh, *idx[dim + 1:]), _lit(fill, 'f'))}")
+            self.pmask.pop()
+            self.scopes[-1][key] = (name, "f")
+            return name, "f"
         v, kt = self.value(src, (*idx[:dim], sh, *idx[dim + 1:]))
         self.pmask.pop()
-        name = self.fresh("v")
         self.line(f"{name} = tl.where({cond}, {v}, {_lit(fill, kt)})")
         self.scopes[-1][key] = (name, kt)
         return name, kt
@@ -467,7 +473,9 @@ class _Gen:
         off = len(shape) - len(src)
         return tuple("0" if n == 1 else idx[k + off] for k, n in enumerate(src))
 
-    def load(self, node: KNode, idx: tuple[str, ...]) -> str:
+    def load(self, node: KNode, idx: tuple[str, ...], other: str = "0") -> str:
+        """Input node's value at idx; `other`: what a masked-off lane reads (a pad's fill, where the
+        pad reads its input directly: no select after the load)."""
         i = node.params[0]
         terms = self.address(idx, node.shape, self.runs[i], lambda d: f"s_in{i}_{d}")
         if not terms:
@@ -477,7 +485,7 @@ class _Gen:
             mask = self.mask_for(off)
             if self.pmask:
                 mask = " & ".join([*self.pmask, *([mask] if mask else [])])
-            e = f"tl.load(in{i} + {off}" + (f", mask={mask}, other=0" if mask else "") + self.eviction(i) + ")"
+            e = f"tl.load(in{i} + {off}" + (f", mask={mask}, other={other}" if mask else "") + self.eviction(i) + ")"
         return f"{e}.to(tl.float32)" if node.ktype == "f" else e
 
     def eviction(self, i: int) -> str:
