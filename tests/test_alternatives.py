@@ -274,6 +274,9 @@ def test_an_alternative_absorbs_the_producers_only_its_region_reads() -> None:
         got, why = generated_wins(f, timed(results[1], g_us, 108.0), meaningful=True, absorbed=True)
         assert got is wins, why
         assert "18.0 µs" in why and "absorbed" in why
+    # the note names the absorbed ops where their names are given
+    why = generated_wins(f, timed(results[1], 15.0, 108.0), meaningful=True, absorbed=("masked_fill", "mul_1"))[1]
+    assert "them 8.0 µs (masked_fill, mul_1) = 18.0 µs" in why, why
     # a region's eager time below the family's (noise) charges nothing
     assert generated_wins(f, timed(results[1], 9.0, 95.0), meaningful=True, absorbed=True)[0]
     assert not generated_wins(f, timed(results[1], 11.0, 95.0), meaningful=True, absorbed=True)[0]

@@ -110,13 +110,14 @@ def _time(r: TuneResult) -> float | None:
 
 
 def generated_wins(family: TuneResult, alternative: TuneResult, *, meaningful: bool,
-                   absorbed: bool = False) -> tuple[bool, str]:
+                   absorbed: bool | Sequence[str] = False) -> tuple[bool, str]:
     """The selection rule: the generated kernel wins only when it verified and, where times mean
     something, was measured faster than the family's verified kernel (a tie goes to the family);
     or when the family has no verified kernel at all. Off the GPU the interpreter's times rank
     nothing: the family keeps its region. An alternative that `absorbed` producers
     (plan/alternatives.py) replaces the family's kernel and those ops as eager ran them: the family
-    is charged their time, its alternative's region's eager time less its own (at least 0)."""
+    is charged their time, its alternative's region's eager time less its own (at least 0); the
+    note names them where `absorbed` holds their names (the graph's)."""
     g, f = _time(alternative), _time(family)
     if g is None:
         return False, "the generated alternative has no verified kernel"
@@ -131,7 +132,9 @@ def generated_wins(family: TuneResult, alternative: TuneResult, *, meaningful: b
         if not (family.baseline.ok and alternative.baseline.ok):
             return False, "the absorbed ops' eager time is not known: the family's kernel is kept"
         extra = max(0.0, alternative.baseline.p50_us - family.baseline.p50_us)
-        name = f"{name} {f:,.1f} µs + the absorbed ops as eager ran them {extra:,.1f} µs ="
+        names = list(absorbed) if not isinstance(absorbed, bool) else []
+        which = f" ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})" if names else ""
+        name = f"{name} {f:,.1f} µs + the absorbed ops as eager ran them {extra:,.1f} µs{which} ="
         f += extra
     if g < f:
         return True, f"generated {g:,.1f} µs < {name} {f:,.1f} µs"
@@ -152,7 +155,7 @@ def pick_alternatives(groups: Sequence[_plan.WorkloadGroup], results: Sequence[T
         if g.alternative_of is None or g.alternative_of not in by_wl:
             continue
         fam = by_wl[g.alternative_of]
-        wins, why = generated_wins(fam, r, meaningful=meaningful, absorbed=bool(g.absorbed))
+        wins, why = generated_wins(fam, r, meaningful=meaningful, absorbed=g.absorbed)
         picks[g.alternative_of] = Pick(g.alternative_of, g.workload, wins, why, _time(fam), _time(r))
         if wins:
             won[g.alternative_of] = dataclasses.replace(r, workload=g.alternative_of)
